@@ -1,0 +1,49 @@
+"""The ``openforge`` command: one front door, one subcommand per component.
+
+Each subcommand is implemented by a component's own ``cli`` module, imported
+only when that subcommand runs; this keeps ``openforge --help`` fast and keeps
+components independent of each other.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from collections.abc import Callable, Sequence
+
+# subcommand -> (module, function, one-line help)
+COMMANDS: dict[str, tuple[str, str, str]] = {
+    "sidecar": ("openforge_sidecar.cli", "main", "run the capture sidecar (mitmproxy + capture addon)"),
+    "collector": ("openforge_trainer.cli", "collector_main", "run the trajectory collector (gRPC + durable store)"),
+    "trajectories": ("openforge_trainer.cli", "trajectories_main", "inspect and export captured trajectories"),
+    "test-engine": ("openforge_trainer.cli", "test_engine_main", "serve the deterministic token-in/token-out test engine"),
+    "tokenizer": ("openforge_trainer.cli", "tokenizer_main", "build the tiny offline tokenizer and chat template"),
+}
+
+
+def _usage() -> str:
+    lines = ["usage: openforge <command> [options]", "", "commands:"]
+    width = max(len(name) for name in COMMANDS)
+    for name, (_, _, summary) in COMMANDS.items():
+        lines.append(f"  {name.ljust(width)}  {summary}")
+    lines.append("")
+    lines.append("Run `openforge <command> --help` for a command's options.")
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if not args or args[0] in {"-h", "--help", "help"}:
+        print(_usage())
+        return 0
+    name, rest = args[0], args[1:]
+    if name not in COMMANDS:
+        print(f"openforge: unknown command {name!r}\n\n{_usage()}", file=sys.stderr)
+        return 2
+    module_name, function_name, _ = COMMANDS[name]
+    function: Callable[[list[str]], int] = getattr(importlib.import_module(module_name), function_name)
+    return function(rest)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

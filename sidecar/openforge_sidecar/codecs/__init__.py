@@ -1,0 +1,83 @@
+"""Wire codecs: one module per wire API, each pure (no I/O).
+
+A codec parses the harness's request into the canonical model, builds the
+response body (or the SSE stream) the real API would have sent, and, for
+passthrough capture, parses an upstream's response back into the canonical
+model. ``for_path`` picks the codec that serves an HTTP path.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+from openforge_sidecar import conversation, sse
+
+
+class StreamEncoder(Protocol):
+    """Turns canonical stream events into one API's SSE bytes, in order.
+
+    ``start`` returns the events that open the stream (may be b"");
+    ``encode`` is called per event; the :class:`~conversation.StreamEnd`
+    event produces every closing event (``[DONE]``, ``message_stop``,
+    ``response.completed``...).
+    """
+
+    def start(self) -> bytes: ...
+
+    def encode(self, event: conversation.StreamEvent) -> bytes: ...
+
+
+class StreamDecoder(Protocol):
+    """Turns one API's SSE events (from an upstream) into canonical events."""
+
+    def feed(self, event: sse.Event) -> list[conversation.StreamEvent]: ...
+
+
+class Codec(Protocol):
+    api: conversation.WireApi
+    #: HTTP paths (suffixes after any base path prefix) this codec serves.
+    paths: tuple[str, ...]
+
+    def parse_request(self, body: bytes) -> conversation.ChatRequest:
+        """Parse and validate; raise CodecError naming the field at fault."""
+        ...
+
+    def build_response(
+        self,
+        request: conversation.ChatRequest,
+        completion: conversation.Completion,
+        *,
+        response_id: str,
+        created: int,
+    ) -> dict[str, Any]: ...
+
+    def stream_encoder(
+        self, request: conversation.ChatRequest, *, response_id: str, created: int
+    ) -> StreamEncoder: ...
+
+    def parse_response(self, body: bytes) -> conversation.Completion: ...
+
+    def stream_decoder(self) -> StreamDecoder: ...
+
+    def error_body(self, status: int, message: str) -> dict[str, Any]:
+        """The error JSON the real API returns for this status."""
+        ...
+
+    def tool_call_id(self, seed: str) -> str:
+        """A tool-call id in this API's own style (``call_…``, ``toolu_…``)."""
+        ...
+
+
+def all_codecs() -> list[Codec]:
+    from openforge_sidecar.codecs import anthropic_messages, openai_chat, openai_responses
+
+    return [openai_chat.CODEC, openai_responses.CODEC, anthropic_messages.CODEC]
+
+
+def for_path(path: str) -> Codec | None:
+    """The codec serving ``path`` (query string ignored), or None."""
+    path = path.split("?", 1)[0].rstrip("/")
+    for codec in all_codecs():
+        if any(path.endswith(suffix) for suffix in codec.paths):
+            return codec
+    return None

@@ -1,0 +1,111 @@
+"""Server-sent events: an incremental parser and an encoder.
+
+The parser follows the WHATWG event-stream rules: lines end in CRLF, LF or
+CR; a blank line dispatches the event; ``data`` lines join with "\\n"; lines
+starting with ":" are comments; a field name without a colon has an empty
+value; one leading space after the colon is dropped. It accepts bytes in
+chunks cut anywhere (even inside a UTF-8 sequence or between CR and LF) and
+yields each event as soon as its blank line arrives.
+"""
+
+from __future__ import annotations
+
+import codecs
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    data: str
+    event: str | None = None
+    id: str | None = None
+    retry: int | None = None
+
+
+class SSEParser:
+    """Feed bytes, get the events completed so far."""
+
+    def __init__(self) -> None:
+        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self._line = ""
+        self._pending_cr = False
+        self._data: list[str] = []
+        self._event: str | None = None
+        self._id: str | None = None
+        self._retry: int | None = None
+        self._has_fields = False
+
+    def feed(self, chunk: bytes) -> list[Event]:
+        return self._feed_text(self._decoder.decode(chunk))
+
+    def close(self) -> list[Event]:
+        """End of stream: an event without its blank line is discarded, per spec."""
+        self._feed_text(self._decoder.decode(b"", final=True))
+        self._line = ""
+        self._reset()
+        return []
+
+    @property
+    def has_partial(self) -> bool:
+        """True when bytes of an unfinished event are buffered (truncation)."""
+        return bool(self._line) or self._has_fields
+
+    def _feed_text(self, text: str) -> list[Event]:
+        events: list[Event] = []
+        start = 0
+        for i, ch in enumerate(text):
+            if ch == "\n" and self._pending_cr and i == start:
+                # the LF of a CRLF whose CR ended the previous chunk/line
+                self._pending_cr = False
+                start = i + 1
+                continue
+            self._pending_cr = False
+            if ch in "\r\n":
+                self._line += text[start:i]
+                start = i + 1
+                self._pending_cr = ch == "\r"
+                event = self._process_line(self._line)
+                self._line = ""
+                if event is not None:
+                    events.append(event)
+        self._line += text[start:]
+        return events
+
+    def _process_line(self, line: str) -> Event | None:
+        if not line:
+            if not self._has_fields:
+                return None
+            event = Event("\n".join(self._data), self._event, self._id, self._retry)
+            has_data = bool(self._data)
+            self._reset()
+            return event if has_data else None
+        if line.startswith(":"):
+            return None
+        name, sep, value = line.partition(":")
+        if sep and value.startswith(" "):
+            value = value[1:]
+        self._has_fields = True
+        if name == "data":
+            self._data.append(value)
+        elif name == "event":
+            self._event = value
+        elif name == "id":
+            if "\0" not in value:
+                self._id = value
+        elif name == "retry":
+            if value.isdigit():
+                self._retry = int(value)
+        return None
+
+    def _reset(self) -> None:
+        self._data = []
+        self._event = None
+        self._retry = None
+        self._has_fields = False
+
+
+def encode(data: str, event: str | None = None) -> bytes:
+    """One event, ready for the wire. Multi-line data becomes several lines."""
+    head = f"event: {event}\n" if event is not None else ""
+    body = "".join(f"data: {line}\n" for line in data.split("\n"))
+    return (head + body + "\n").encode()
