@@ -16,8 +16,8 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "sidecar": ("openforge_sidecar.cli", "main", "run the capture sidecar (mitmproxy + capture addon)"),
     "collector": ("openforge_trainer.cli", "collector_main", "run the trajectory collector (gRPC + durable store)"),
     "trajectories": ("openforge_trainer.cli", "trajectories_main", "inspect and export captured trajectories"),
-    "test-engine": ("openforge_trainer.cli", "test_engine_main", "serve the deterministic token-in/token-out test engine"),
-    "tokenizer": ("openforge_trainer.cli", "tokenizer_main", "build the tiny offline tokenizer and chat template"),
+    "test-engine": ("openforge_trainer.testengine", "main", "serve the deterministic token-in/token-out test engine"),
+    "tokenizer": ("openforge_trainer.tokenizer_build", "main", "build the tiny offline tokenizer and chat template"),
 }
 
 

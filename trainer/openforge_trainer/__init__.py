@@ -1,0 +1,1 @@
+"""OpenForge trainer side: collector, durable store, export, engines and training."""
