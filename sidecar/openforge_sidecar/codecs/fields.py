@@ -1,0 +1,144 @@
+"""Typed reads from decoded JSON, each failure a CodecError naming its path.
+
+Codecs parse request and response bodies through these helpers so that
+every bad value is reported with the JSON path at fault
+(``messages[2].content[0].type``) and nothing but CodecError escapes.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from openforge_sidecar.codecs.errors import CodecError
+
+_MISSING: Any = object()
+
+
+def load_object(body: bytes) -> dict[str, Any]:
+    """The body as a JSON object, or CodecError with field ""."""
+    try:
+        value = json.loads(body)
+    except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError
+        raise CodecError(f"body is not valid JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise CodecError(f"body must be a JSON object, not {type_name(value)}")
+    return value
+
+
+def dumps(value: Any) -> str:
+    """Compact JSON text, non-ASCII kept as is (the form used on every wire)."""
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+
+
+def join(path: str, key: str | int) -> str:
+    if isinstance(key, int):
+        return f"{path}[{key}]"
+    return f"{path}.{key}" if path else key
+
+
+def type_name(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int | float):
+        return "number"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, list):
+        return "array"
+    return "object"
+
+
+def wrong_type(expected: str, value: Any, path: str) -> CodecError:
+    return CodecError(f"expected {expected}, got {type_name(value)}", field=path)
+
+
+def as_object(value: Any, path: str) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise wrong_type("an object", value, path)
+    return value
+
+
+def as_list(value: Any, path: str) -> list[Any]:
+    if not isinstance(value, list):
+        raise wrong_type("an array", value, path)
+    return value
+
+
+def as_str(value: Any, path: str) -> str:
+    if not isinstance(value, str):
+        raise wrong_type("a string", value, path)
+    return value
+
+
+def required(obj: dict[str, Any], key: str, path: str) -> Any:
+    value = obj.get(key, _MISSING)
+    if value is _MISSING:
+        raise CodecError("required field is missing", field=join(path, key))
+    return value
+
+
+def req_str(obj: dict[str, Any], key: str, path: str) -> str:
+    return as_str(required(obj, key, path), join(path, key))
+
+
+def req_list(obj: dict[str, Any], key: str, path: str) -> list[Any]:
+    return as_list(required(obj, key, path), join(path, key))
+
+
+def opt_str(obj: dict[str, Any], key: str, path: str) -> str | None:
+    value = obj.get(key)
+    return None if value is None else as_str(value, join(path, key))
+
+
+def opt_bool(obj: dict[str, Any], key: str, path: str) -> bool | None:
+    value = obj.get(key)
+    if value is None or isinstance(value, bool):
+        return value
+    raise wrong_type("a boolean", value, join(path, key))
+
+
+def opt_int(obj: dict[str, Any], key: str, path: str) -> int | None:
+    value = obj.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise wrong_type("an integer", value, join(path, key))
+    return value
+
+
+def opt_number(obj: dict[str, Any], key: str, path: str) -> float | None:
+    value = obj.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise wrong_type("a number", value, join(path, key))
+    return float(value)
+
+
+def opt_object(obj: dict[str, Any], key: str, path: str) -> dict[str, Any] | None:
+    value = obj.get(key)
+    return None if value is None else as_object(value, join(path, key))
+
+
+def stop_list(obj: dict[str, Any], key: str, path: str) -> tuple[str, ...]:
+    """A stop field: null, one string, or an array of strings."""
+    value = obj.get(key)
+    if value is None:
+        return ()
+    if isinstance(value, str):
+        return (value,)
+    items = as_list(value, join(path, key))
+    return tuple(as_str(s, join(join(path, key), i)) for i, s in enumerate(items))
+
+
+def unsupported(kind: str, value: Any, path: str) -> CodecError:
+    shown = value if isinstance(value, str) else type_name(value)
+    return CodecError(f"unsupported {kind} {shown!r}", field=path)
+
+
+def rest(obj: dict[str, Any], modelled: frozenset[str]) -> dict[str, Any]:
+    """The top-level fields the canonical model does not cover, kept verbatim."""
+    return {k: v for k, v in obj.items() if k not in modelled}
