@@ -34,9 +34,15 @@ class SSEParser:
         self._id: str | None = None
         self._retry: int | None = None
         self._has_fields = False
+        self._at_start = True
 
     def feed(self, chunk: bytes) -> list[Event]:
-        return self._feed_text(self._decoder.decode(chunk))
+        text = self._decoder.decode(chunk)
+        if self._at_start and text:
+            self._at_start = False
+            if text.startswith("\ufeff"):  # a leading BOM is not part of the stream
+                text = text[1:]
+        return self._feed_text(text)
 
     def close(self) -> list[Event]:
         """End of stream: an event without its blank line is discarded, per spec."""

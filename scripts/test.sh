@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# The whole test suite: set up the environment, then lint, type-check, check
+# the import contracts, and run pytest. This is what CI runs (.ci/run).
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root"
+venv=$(bash scripts/setup.sh | tail -n 1)
+export PATH="$venv/bin:$PATH"
+if [ -x scripts/install_harnesses.sh ] || [ -f scripts/install_harnesses.sh ]; then
+  bash scripts/install_harnesses.sh >&2
+fi
+echo "== ruff"; ruff check .
+echo "== mypy"; mypy
+echo "== import contracts"; lint-imports
+echo "== pytest"
+set +e
+python -m pytest "$@"
+rc=$?
+set -e
+if [ "$rc" -eq 5 ]; then echo "pytest collected no tests" >&2; exit 1; fi
+exit "$rc"

@@ -1,0 +1,571 @@
+"""The capture addon: answers a harness's LLM calls from the policy and records them.
+
+In ``tokens`` mode (for training) each LLM request is parsed by its wire
+codec, rendered into prompt token IDs by the rollout's token history, and
+rewritten in flight into a token-in/token-out ``/v1/completions`` request to
+the engine; the engine's token stream is relayed back to the harness in the
+harness's own wire format as it arrives (``flow.response.stream``). In
+``passthrough`` mode the request goes upstream unchanged and a tee watches
+the answer go by. Either way the finished call becomes a record that is
+fsync'd to the spool, then streamed to the collector by the exporter.
+
+Traffic that is not an LLM call passes through untouched. Bad requests get
+the error the real API would give. Every outcome is counted in ``stats``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import queue
+import threading
+import time
+import urllib.parse
+import urllib.request
+import uuid
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from mitmproxy import ctx, exceptions, http
+
+from openforge.trajectory.v1 import trajectory_pb2 as pb
+
+from openforge_sidecar import codecs, conversation, engine, history, records, redact, relay, spool, tee, template
+from openforge_sidecar import exporter as exporting
+from openforge_sidecar.codecs import Codec
+from openforge_sidecar.codecs.errors import CodecError
+
+log = logging.getLogger("openforge.sidecar")
+
+CONTROL_PREFIX = "/openforge/v1/"
+CONTROL_HOST = "openforge.sidecar"
+MODES = ("tokens", "passthrough")
+INFLIGHT_JOURNAL = "inflight.journal"
+
+
+@dataclass(slots=True)
+class _Call:
+    """What the addon keeps about one LLM call while it is in flight."""
+
+    index: int
+    codec: Codec
+    request: conversation.ChatRequest
+    request_json: bytes
+    headers: dict[str, str]
+    received_ns: int
+    started: float
+    plan: history.Plan | None = None
+    relay: relay.Relay | None = None
+    tee: tee.Tee | None = None
+    response_id: str = ""
+    finished: bool = False
+    notes: list[str] = field(default_factory=list)
+
+
+class _Writer:
+    """Appends records to the spool from one thread, fsync per batch.
+
+    Keeps the event loop free of disk waits; the exporter is told after each
+    batch is durable.
+    """
+
+    def __init__(self, store: spool.Spool, on_durable: Any) -> None:
+        self._spool = store
+        self._on_durable = on_durable
+        self._queue: queue.Queue[pb.Record | None] = queue.Queue()
+        self._thread = threading.Thread(target=self._run, name="openforge-spool", daemon=True)
+        self._thread.start()
+
+    def put(self, record: pb.Record) -> None:
+        self._queue.put(record)
+
+    def close(self) -> None:
+        self._queue.put(None)
+        self._thread.join()
+
+    def _run(self) -> None:
+        stop = False
+        while not stop:
+            batch = [self._queue.get()]
+            while not self._queue.empty():
+                batch.append(self._queue.get_nowait())
+            stop = None in batch
+            records_ = [r for r in batch if r is not None]
+            if records_:
+                self._spool.append(records_)
+                self._on_durable()
+
+
+class Capture:
+    def __init__(self) -> None:
+        self.stats: Counter[str] = Counter()
+        self._history: history.TokenHistory | None = None
+        self._tokenizer: template.PolicyTokenizer | None = None
+        self._spool: spool.Spool | None = None
+        self._writer: _Writer | None = None
+        self._exporter: exporting.Exporter | None = None
+        self._exporter_task: asyncio.Task[None] | None = None
+        self._next_call = 0
+        self._next_lost = 0
+        self._finished = False
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._journal: int | None = None
+
+    # --- mitmproxy lifecycle ------------------------------------------------
+
+    def load(self, loader: Any) -> None:
+        loader.add_option("openforge_mode", str, "tokens", "tokens: render and generate token-in/token-out from the engine (training); passthrough: forward unchanged to the upstream and record what it returns.")
+        loader.add_option("openforge_engine", str, "", "Base URL of the inference engine (vLLM or `openforge serve`), e.g. http://127.0.0.1:8000. Required in tokens mode.")
+        loader.add_option("openforge_engine_model", str, "", "Model name sent to the engine (default: the engine's first model).")
+        loader.add_option("openforge_tokenizer", str, "", "Directory or engine URL holding tokenizer.json and tokenizer_config.json (default: the engine).")
+        loader.add_option("openforge_max_model_len", int, 32768, "Context length of the policy; max_tokens is capped so prompt + completion fit.")
+        loader.add_option("openforge_spool", str, "", "Directory of the durable spool (required).")
+        loader.add_option("openforge_collector", str, "", "host:port of the trajectory collector; empty: spool only.")
+        loader.add_option("openforge_collector_token_file", str, "", "File holding the collector's bearer token.")
+        loader.add_option("openforge_flush_timeout", float, 30.0, "Seconds to wait on shutdown for the collector to acknowledge everything.")
+        loader.add_option("openforge_job", str, "local", "RolloutJob name recorded with every record.")
+        loader.add_option("openforge_rollout_id", str, "", "Rollout id (default: a new UUID).")
+        loader.add_option("openforge_task_id", str, "", "Task id of this rollout.")
+        loader.add_option("openforge_sample_index", int, 0, "Sample index within the task's group.")
+        loader.add_option("openforge_attempt", int, 0, "Attempt number of this rollout.")
+        loader.add_option("openforge_harness", str, "", "Harness name, for the record.")
+        loader.add_option("openforge_policy_version", int, 0, "Policy version when the engine does not report one.")
+        loader.add_option("openforge_max_body", int, 32 * 1024 * 1024, "Largest LLM request body accepted, in bytes.")
+
+    def configure(self, updated: set[str]) -> None:
+        opts = ctx.options
+        if "openforge_mode" in updated and opts.openforge_mode not in MODES:
+            raise exceptions.OptionsError(f"openforge_mode must be one of {MODES}, not {opts.openforge_mode!r}")
+        if opts.openforge_mode == "tokens" and not opts.openforge_engine:
+            raise exceptions.OptionsError("openforge_engine is required in tokens mode")
+        if not opts.openforge_spool:
+            raise exceptions.OptionsError("openforge_spool is required: every call is spooled before it is exported")
+        if not opts.openforge_rollout_id:
+            opts.openforge_rollout_id = uuid.uuid4().hex
+
+    async def running(self) -> None:
+        opts = ctx.options
+        self._loop = asyncio.get_running_loop()
+        directory = Path(opts.openforge_spool)
+        self._spool = spool.Spool(directory)
+        resume = _resume(self._spool, directory / INFLIGHT_JOURNAL)
+        self._next_call, self._next_lost, self._finished = resume.next_call, resume.next_lost, resume.finished
+        self._journal = os.open(directory / INFLIGHT_JOURNAL, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        if opts.openforge_collector:
+            token = Path(opts.openforge_collector_token_file).read_text().strip() if opts.openforge_collector_token_file else None
+            self._exporter = exporting.Exporter(self._spool, opts.openforge_collector, token=token)
+            self._exporter_task = asyncio.create_task(self._exporter.run())
+        self._writer = _Writer(self._spool, self._notify_exporter)
+        for index in resume.vanished_calls:
+            self._lose(f"the sidecar stopped while call {index} was in flight", whole=False, call_index=index)
+        if not resume.started:
+            self._writer.put(
+                records.started(
+                    job=opts.openforge_job,
+                    rollout_id=opts.openforge_rollout_id,
+                    task_id=opts.openforge_task_id,
+                    sample_index=opts.openforge_sample_index,
+                    attempt=opts.openforge_attempt,
+                    harness=opts.openforge_harness,
+                    policy_version=opts.openforge_policy_version,
+                    labels={},
+                )
+            )
+        if opts.openforge_mode == "tokens":
+            try:
+                await asyncio.to_thread(self._ensure_tokenizer)
+            except OSError as exc:  # engine not up yet: retried on the first call
+                log.warning("tokenizer not loaded yet (%s); will retry on the first call", exc)
+        if self._next_call:
+            log.warning("sidecar restarted: resuming at call %d; token history starts a new segment", self._next_call)
+
+    async def done(self) -> None:
+        if self._writer is not None:
+            await asyncio.to_thread(self._writer.close)
+        if self._exporter is not None:
+            ok = await self._exporter.flush(ctx.options.openforge_flush_timeout)
+            if not ok:
+                log.error(
+                    "collector did not acknowledge %d spooled records before shutdown; "
+                    "they stay in %s and are sent when a sidecar restarts on it",
+                    self._spool.unacked_count if self._spool else -1,
+                    ctx.options.openforge_spool,
+                )
+            await self._exporter.stop()
+        if self._journal is not None:
+            os.close(self._journal)
+            self._journal = None
+        log.info("openforge capture stats: %s", dict(self.stats))
+
+    # --- HTTP hooks -----------------------------------------------------------
+
+    async def request(self, flow: http.HTTPFlow) -> None:
+        path = flow.request.path
+        if path.startswith(CONTROL_PREFIX) or flow.request.pretty_host == CONTROL_HOST:
+            await self._control(flow)
+            return
+        codec = codecs.for_path(path) if flow.request.method == "POST" else None
+        if codec is None:
+            self.stats["non_llm_passed"] += 1
+            return
+        body = flow.request.get_content(strict=False) or b""
+        limit = ctx.options.openforge_max_body
+        try:
+            if len(body) > limit:
+                raise CodecError(f"request body of {len(body)} bytes exceeds the limit of {limit}", status=413)
+            request = codec.parse_request(body)
+        except CodecError as exc:
+            self._reject(flow, codec, exc.status, str(exc))
+            self._record_rejected(flow, codec, body if len(body) <= limit else b"", exc)
+            return
+        call = _Call(
+            index=self._take_call_index(),
+            codec=codec,
+            request=request,
+            request_json=body,
+            headers=redact.headers(flow.request.headers.items()),
+            received_ns=time.time_ns(),
+            started=time.monotonic(),
+        )
+        flow.metadata["openforge"] = call
+        self.stats["calls"] += 1
+        self.stats["streamed" if request.stream else "unstreamed"] += 1
+        if ctx.options.openforge_mode == "tokens":
+            await self._to_engine(flow, call)
+
+    def responseheaders(self, flow: http.HTTPFlow) -> None:
+        call: _Call | None = flow.metadata.get("openforge")
+        if call is None or flow.response is None:
+            return
+        response = flow.response
+        if ctx.options.openforge_mode == "passthrough":
+            call.tee = tee.Tee(
+                codec=call.codec,
+                streamed="text/event-stream" in response.headers.get("content-type", ""),
+                content_encoding=response.headers.get("content-encoding", ""),
+            )
+            response.stream = call.tee
+            return
+        if response.status_code != 200 or call.relay is None:
+            return  # the engine's error is translated whole in `response`
+        for name in ("content-length", "content-encoding", "etag"):
+            response.headers.pop(name, None)
+        response.headers["content-type"] = "text/event-stream" if call.request.stream else "application/json"
+        if call.request.stream:
+            response.headers["cache-control"] = "no-cache"
+        response.stream = call.relay
+
+    async def response(self, flow: http.HTTPFlow) -> None:
+        call: _Call | None = flow.metadata.get("openforge")
+        if call is None or call.finished or flow.response is None:
+            return
+        if ctx.options.openforge_mode == "passthrough":
+            self._finish_passthrough(flow, call)
+        else:
+            self._finish_tokens(flow, call)
+
+    def error(self, flow: http.HTTPFlow) -> None:
+        call: _Call | None = flow.metadata.get("openforge")
+        if call is None or call.finished:
+            return
+        message = flow.error.msg if flow.error else "unknown error"
+        self.stats["failed_calls"] += 1
+        self._spool_call(call, status=flow.response.status_code if flow.response else 502, error=f"connection failed: {message}")
+
+    # --- tokens mode ----------------------------------------------------------
+
+    async def _to_engine(self, flow: http.HTTPFlow, call: _Call) -> None:
+        try:
+            tokenizer = self._tokenizer or await asyncio.to_thread(self._ensure_tokenizer)
+        except OSError as exc:
+            self._fail(flow, call, 503, f"policy tokenizer unavailable: {exc}")
+            return
+        assert self._history is not None
+        call.plan = self._history.plan(call.request)
+        body = engine.completion_request(
+            model=ctx.options.openforge_engine_model or call.request.model,
+            prompt_ids=call.plan.prompt_ids,
+            sampling=call.request.sampling,
+            stop_token_ids=tokenizer.stop_token_ids,
+            max_model_len=ctx.options.openforge_max_model_len,
+        )
+        call.response_id = _response_id(call.codec, call.index)
+        call.relay = relay.Relay(
+            codec=call.codec,
+            request=call.request,
+            detokenizer=tokenizer.detokenizer(),
+            prompt_tokens=len(call.plan.prompt_ids),
+            response_id=call.response_id,
+            created=int(time.time()),
+        )
+        target = urllib.parse.urlsplit(ctx.options.openforge_engine)
+        flow.request.scheme = target.scheme or "http"
+        flow.request.host = target.hostname or "127.0.0.1"
+        flow.request.port = target.port or (443 if flow.request.scheme == "https" else 80)
+        flow.request.path = target.path.rstrip("/") + "/v1/completions"
+        flow.request.method = "POST"
+        for name in list(flow.request.headers.keys()):
+            if name.lower() not in ("host", "user-agent"):
+                del flow.request.headers[name]
+        flow.request.headers["host"] = target.netloc
+        flow.request.headers["content-type"] = "application/json"
+        flow.request.headers["accept-encoding"] = "identity"
+        flow.request.content = json.dumps(body, separators=(",", ":")).encode()
+
+    def _finish_tokens(self, flow: http.HTTPFlow, call: _Call) -> None:
+        assert flow.response is not None
+        response = flow.response
+        if response.status_code != 200 or call.relay is None or not call.relay.done:
+            detail = (response.get_content(strict=False) or b"")[:500].decode(errors="replace")
+            self.stats["engine_errors"] += 1
+            status = 400 if response.status_code == 400 else 502
+            self._fail(flow, call, status, f"engine answered {response.status_code}: {detail}")
+            return
+        result = call.relay
+        if result.error:
+            self.stats["engine_errors"] += 1
+        if result.engine_prompt_ids is not None and call.plan is not None and result.engine_prompt_ids != call.plan.prompt_ids:
+            call.notes.append("engine echoed different prompt_token_ids")
+            self.stats["prompt_mismatch"] += 1
+        if self._history is not None and call.plan is not None and result.completion is not None and not result.error:
+            self._history.record(call.request, call.plan, result.completion.message, result.token_ids)
+        self._spool_call(call, status=200, error=result.error or "; ".join(call.notes))
+
+    def _record_rejected(self, flow: http.HTTPFlow, codec: Codec, body: bytes, exc: CodecError) -> None:
+        """A refused LLM request is a call too: recorded, with its error."""
+        call = _Call(
+            index=self._take_call_index(),
+            codec=codec,
+            request=conversation.ChatRequest(api=codec.api, model="", messages=()),
+            request_json=body,
+            headers=redact.headers(flow.request.headers.items()),
+            received_ns=time.time_ns(),
+            started=time.monotonic(),
+        )
+        self._spool_call(call, status=exc.status, error=f"rejected: {exc}", response_json=json.dumps(codec.error_body(exc.status, str(exc))).encode())
+
+    def _fail(self, flow: http.HTTPFlow, call: _Call, status: int, message: str) -> None:
+        self._reject(flow, call.codec, status, message)
+        self._spool_call(call, status=status, error=message)
+
+    # --- passthrough mode -------------------------------------------------------
+
+    def _finish_passthrough(self, flow: http.HTTPFlow, call: _Call) -> None:
+        assert flow.response is not None
+        result = call.tee
+        if result is None:  # body was not streamed through the tee (e.g. set by another addon)
+            result = tee.Tee(codec=call.codec, streamed=False, content_encoding="")
+            result(flow.response.get_content(strict=False) or b"")
+        if not result.done:
+            result(b"")
+        response_json = result.response_json
+        if result.completion is not None and (call.request.stream or not response_json):
+            body = call.codec.build_response(call.request, result.completion, response_id=_response_id(call.codec, call.index), created=int(time.time()))
+            response_json = json.dumps(body, separators=(",", ":")).encode()
+        status = flow.response.status_code
+        error = result.error or ("" if status < 400 else f"upstream answered {status}")
+        self._spool_call(call, status=status, error=error, response_json=response_json)
+
+    # --- records ------------------------------------------------------------------
+
+    def _spool_call(self, call: _Call, *, status: int, error: str, response_json: bytes | None = None) -> None:
+        call.finished = True
+        opts = ctx.options
+        now = time.monotonic()
+        result = call.relay
+        source = result if result is not None else call.tee
+        first = result.first_output_at if result is not None else None
+        completion = source.completion if source is not None else None
+        finish = completion.finish_reason if completion is not None and not error else "error"
+        plan = call.plan
+        prompt_ids = plan.prompt_ids if plan is not None else (call.tee.prompt_ids or [] if call.tee else [])
+        if error:
+            self.stats["calls_with_error"] += 1
+        model_call = records.model_call(
+            call_index=call.index,
+            api=call.codec.api,
+            token_mode=opts.openforge_mode == "tokens",
+            stream=call.request.stream,
+            model=call.request.model,
+            request_json=call.request_json,
+            response_json=response_json if response_json is not None else (result.response_json if result else b""),
+            http_status=status,
+            request_headers=call.headers,
+            prompt_ids=prompt_ids,
+            completion_ids=source.token_ids if source is not None else [],
+            logprobs=source.logprobs if source is not None else [],
+            finish_reason=finish,
+            segment_index=plan.segment_index if plan else 0,
+            segment_reason=plan.segment_reason if plan else "",
+            prefix_token_count=plan.prefix_token_count if plan else 0,
+            policy_version=opts.openforge_policy_version,
+            received_ns=call.received_ns,
+            ttft_ms=(first - call.started) * 1000 if first is not None and call.request.stream else 0.0,
+            total_ms=(now - call.started) * 1000,
+            error=error,
+        )
+        self._put(records.call(job=opts.openforge_job, rollout_id=opts.openforge_rollout_id, model_call=model_call))
+        self.stats["spooled_calls"] += 1
+
+    def _put(self, record: pb.Record) -> None:
+        if self._writer is None:
+            raise RuntimeError("capture addon is not running (no spool writer)")
+        self._writer.put(record)
+
+    def _lose(self, reason: str, *, whole: bool, call_index: int = 0) -> None:
+        opts = ctx.options
+        self._put(records.lost(job=opts.openforge_job, rollout_id=opts.openforge_rollout_id, index=self._next_lost, reason=reason, call_index=call_index, whole=whole))
+        self._next_lost += 1
+        self.stats["lost_reported"] += 1
+
+    def _take_call_index(self) -> int:
+        """Claim the next call index and note it in the in-flight journal.
+
+        The journal is written (not fsync'd: it must survive a killed
+        process, not a lost machine) before the call is answered, so that a
+        sidecar restarted on this spool can report every call that was in
+        flight when it died as lost, never drop it silently.
+        """
+        index = self._next_call
+        self._next_call += 1
+        if self._journal is not None:
+            os.write(self._journal, f"{index}\n".encode())
+        return index
+
+    def _notify_exporter(self) -> None:
+        if self._exporter is not None and self._loop is not None:
+            self._loop.call_soon_threadsafe(self._exporter.notify)
+
+    def _ensure_tokenizer(self) -> template.PolicyTokenizer:
+        if self._tokenizer is None:
+            opts = ctx.options
+            self._tokenizer = template.PolicyTokenizer.load(opts.openforge_tokenizer or opts.openforge_engine)
+            reason = "sidecar_restarted" if self._next_call else "first"
+            self._history = history.TokenHistory(self._tokenizer, first_reason=reason)
+        return self._tokenizer
+
+    # --- control API ------------------------------------------------------------------
+
+    async def _control(self, flow: http.HTTPFlow) -> None:
+        """``/openforge/v1/stats`` and ``/openforge/v1/rollout/finish``."""
+        path = flow.request.path.split("?", 1)[0]
+        if path == CONTROL_PREFIX + "stats":
+            flow.response = _json_response(200, self.snapshot())
+            return
+        if path == CONTROL_PREFIX + "rollout/finish" and flow.request.method == "POST":
+            try:
+                body = json.loads(flow.request.get_content(strict=False) or b"{}")
+                result = _finish_payload(body)
+            except ValueError as exc:
+                flow.response = _json_response(400, {"error": str(exc)})
+                return
+            await self._finish_rollout(flow, *result)
+            return
+        flow.response = _json_response(404, {"error": f"no control endpoint {path}"})
+
+    async def _finish_rollout(self, flow: http.HTTPFlow, exit_code: int, reward: float | None, grader_output: str, status: str, wait: float) -> None:
+        opts = ctx.options
+        if not self._finished:
+            self._finished = True
+            self._put(
+                records.finished(
+                    job=opts.openforge_job,
+                    rollout_id=opts.openforge_rollout_id,
+                    exit_code=exit_code,
+                    reward=reward,
+                    grader_output=grader_output,
+                    call_count=self._next_call,
+                    status=status,
+                )
+            )
+        acked = True
+        if wait > 0 and self._exporter is not None:
+            acked = await self._exporter.flush(wait)
+        flow.response = _json_response(200, {**self.snapshot(), "acknowledged": acked})
+
+    def snapshot(self) -> dict[str, Any]:
+        merge_rate = self._history.merge_rate if self._history else 0.0
+        exporter_stats = self._exporter.stats() if self._exporter else {}
+        return {
+            "rollout_id": ctx.options.openforge_rollout_id,
+            "calls": self._next_call,
+            "merge_rate": merge_rate,
+            "counters": dict(self.stats),
+            "exporter": exporter_stats,
+            "unacked": self._spool.unacked_count if self._spool else 0,
+        }
+
+    def _reject(self, flow: http.HTTPFlow, codec: Codec, status: int, message: str) -> None:
+        self.stats[f"rejected_{status}"] += 1
+        log.warning("answering %d to %s %s: %s", status, flow.request.method, redact.path(flow.request.path), message)
+        flow.response = _json_response(status, codec.error_body(status, message))
+
+
+def _json_response(status: int, body: dict[str, Any]) -> http.Response:
+    return http.Response.make(status, json.dumps(body).encode(), {"content-type": "application/json"})
+
+
+def _response_id(codec: Codec, index: int) -> str:
+    prefix = {"openai_chat": "chatcmpl", "openai_responses": "resp", "anthropic_messages": "msg"}.get(codec.api.value, "gen")
+    return f"{prefix}_{uuid.uuid4().hex[:24]}{index:04d}"
+
+
+def _finish_payload(body: Any) -> tuple[int, float | None, str, str, float]:
+    if not isinstance(body, dict):
+        raise ValueError("body must be a JSON object")
+    exit_code = body.get("exit_code", 0)
+    reward = body.get("reward")
+    if not isinstance(exit_code, int):
+        raise ValueError("exit_code must be an integer")
+    if reward is not None and not isinstance(reward, int | float):
+        raise ValueError("reward must be a number or null")
+    grader = body.get("grader_output", "")
+    status = body.get("status", "succeeded" if exit_code == 0 else "failed")
+    wait = body.get("wait_seconds", 0)
+    if not isinstance(wait, int | float) or wait < 0:
+        raise ValueError("wait_seconds must be a non-negative number")
+    return exit_code, None if reward is None else float(reward), str(grader), str(status), float(wait)
+
+
+@dataclass(slots=True)
+class _Resume:
+    next_call: int = 0
+    next_lost: int = 0
+    started: bool = False
+    finished: bool = False
+    vanished_calls: list[int] = field(default_factory=list)
+
+
+def _resume(store: spool.Spool, journal: Path) -> _Resume:
+    """Where a sidecar restarted on an existing spool picks up.
+
+    Call indexes continue after the highest one begun (so idempotency keys
+    never collide), and calls that were begun but neither spooled nor
+    already reported lost are returned for reporting.
+    """
+    resume = _Resume()
+    spooled: set[int] = set()
+    reported: set[int] = set()
+    for record in store.records_after(0):
+        kind = record.WhichOneof("body")
+        if kind == "call":
+            spooled.add(record.call.call_index)
+        elif kind == "lost":
+            resume.next_lost += 1
+            if not record.lost.whole_rollout:
+                reported.add(record.lost.call_index)
+        elif kind == "started":
+            resume.started = True
+        elif kind == "finished":
+            resume.finished = True
+    begun = {int(line) for line in journal.read_text().split()} if journal.exists() else set()
+    resume.next_call = max(begun | spooled, default=-1) + 1
+    resume.vanished_calls = sorted(begun - spooled - reported)
+    return resume
+
+
+addons = [Capture()]

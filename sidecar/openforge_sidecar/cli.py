@@ -1,0 +1,105 @@
+"""``openforge sidecar``: run mitmproxy with the capture addon.
+
+The sidecar is mitmproxy (``mitmdump``) with :mod:`openforge_sidecar.capture`
+loaded; this command only turns friendly flags into mitmproxy arguments.
+Three network modes:
+
+* ``reverse`` (default): the harness's base URL points at the sidecar, which
+  forwards non-LLM paths to ``--upstream`` (default: the engine).
+* ``regular``: the harness uses the sidecar as ``HTTP(S)_PROXY`` and trusts
+  its CA (``--confdir``/mitmproxy-ca-cert.pem); LLM calls to any host are
+  captured, other traffic passes through.
+* ``transparent``: traffic redirected by iptables (set up by the operator's
+  init container) is intercepted; as ``regular`` otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from openforge_sidecar import capture
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="openforge sidecar", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--listen", default="127.0.0.1:8090", help="host:port to listen on (default %(default)s)")
+    parser.add_argument("--mode", choices=("reverse", "regular", "transparent"), default="reverse", help="network mode (default %(default)s)")
+    parser.add_argument("--capture", choices=capture.MODES, default="tokens", help="tokens: token-in/token-out from the engine; passthrough: forward unchanged")
+    parser.add_argument("--engine", default="", help="engine base URL (tokens mode), e.g. http://127.0.0.1:8000")
+    parser.add_argument("--engine-model", default="", help="model name to send to the engine")
+    parser.add_argument("--tokenizer", default="", help="tokenizer directory or URL (default: the engine)")
+    parser.add_argument("--max-model-len", type=int, default=32768, help="policy context length")
+    parser.add_argument("--upstream", default="", help="reverse-mode upstream for passthrough and non-LLM paths (default: the engine)")
+    parser.add_argument("--spool", required=True, type=Path, help="spool directory (durable, fsync'd)")
+    parser.add_argument("--collector", default="", help="collector host:port; empty: spool only")
+    parser.add_argument("--collector-token-file", default="", help="file holding the collector bearer token")
+    parser.add_argument("--flush-timeout", type=float, default=30.0, help="seconds to wait for acks on shutdown")
+    parser.add_argument("--job", default="local")
+    parser.add_argument("--rollout-id", default="")
+    parser.add_argument("--task-id", default="")
+    parser.add_argument("--sample-index", type=int, default=0)
+    parser.add_argument("--attempt", type=int, default=0)
+    parser.add_argument("--harness", default="")
+    parser.add_argument("--policy-version", type=int, default=0)
+    parser.add_argument("--confdir", default="", help="mitmproxy confdir holding the CA (regular/transparent modes)")
+    parser.add_argument("--verbose", action="store_true", help="log every flow")
+    return parser
+
+
+def mitmdump_args(ns: argparse.Namespace) -> list[str]:
+    """The mitmdump command line for parsed ``openforge sidecar`` flags (pure)."""
+    host, _, port = ns.listen.rpartition(":")
+    if not host or not port.isdigit():
+        raise SystemExit(f"openforge sidecar: --listen must be host:port, not {ns.listen!r}")
+    if ns.capture == "tokens" and not ns.engine:
+        raise SystemExit("openforge sidecar: --engine is required with --capture tokens")
+    upstream = ns.upstream or ns.engine
+    if ns.mode == "reverse":
+        if not upstream:
+            raise SystemExit("openforge sidecar: --upstream is required in reverse passthrough mode")
+        mode = f"reverse:{upstream}"
+    else:
+        mode = ns.mode
+    args = [
+        "--mode", mode,
+        "--listen-host", host,
+        "--listen-port", port,
+        "-s", str(Path(capture.__file__)),
+        "--set", "connection_strategy=lazy",
+        "--set", f"openforge_mode={ns.capture}",
+        "--set", f"openforge_engine={ns.engine}",
+        "--set", f"openforge_engine_model={ns.engine_model}",
+        "--set", f"openforge_tokenizer={ns.tokenizer}",
+        "--set", f"openforge_max_model_len={ns.max_model_len}",
+        "--set", f"openforge_spool={ns.spool}",
+        "--set", f"openforge_collector={ns.collector}",
+        "--set", f"openforge_collector_token_file={ns.collector_token_file}",
+        "--set", f"openforge_flush_timeout={ns.flush_timeout}",
+        "--set", f"openforge_job={ns.job}",
+        "--set", f"openforge_rollout_id={ns.rollout_id}",
+        "--set", f"openforge_task_id={ns.task_id}",
+        "--set", f"openforge_sample_index={ns.sample_index}",
+        "--set", f"openforge_attempt={ns.attempt}",
+        "--set", f"openforge_harness={ns.harness}",
+        "--set", f"openforge_policy_version={ns.policy_version}",
+    ]
+    if ns.confdir:
+        args += ["--set", f"confdir={ns.confdir}"]
+    if not ns.verbose:
+        args += ["--set", "flow_detail=0", "--set", "termlog_verbosity=warn"]
+    return args
+
+
+def main(argv: list[str]) -> int:
+    ns = build_parser().parse_args(argv)
+    ns.spool.mkdir(parents=True, exist_ok=True)
+    from mitmproxy.tools.main import mitmdump
+
+    mitmdump(mitmdump_args(ns))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,115 @@
+"""The engine side of token-in/token-out generation, as pure functions.
+
+The sidecar asks the inference engine for ``/v1/completions`` with a prompt of
+token IDs, streaming, with logprobs and ``return_token_ids`` (vLLM >= 0.10.2;
+``openforge serve`` and the test engine speak the same dialect). This module
+builds that request body and reads the engine's stream chunks back into
+token IDs, logprobs and a finish reason; it does no I/O.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from openforge_sidecar import conversation
+
+
+class EngineError(ValueError):
+    """The engine's stream did not have the shape vLLM gives it."""
+
+
+def completion_request(
+    *,
+    model: str,
+    prompt_ids: list[int],
+    sampling: conversation.SamplingParams,
+    stop_token_ids: frozenset[int],
+    max_model_len: int | None = None,
+    default_max_tokens: int = 1024,
+) -> dict[str, Any]:
+    """The ``/v1/completions`` body for one model call.
+
+    Special tokens are kept in the text (``skip_special_tokens`` false) but the
+    sidecar only ever trusts ``token_ids``; stop strings are left to the
+    engine so the token record matches what it returned.
+    """
+    max_tokens = sampling.max_tokens or default_max_tokens
+    if max_model_len is not None:
+        max_tokens = max(1, min(max_tokens, max_model_len - len(prompt_ids)))
+    body: dict[str, Any] = {
+        "model": model,
+        "prompt": prompt_ids,
+        "max_tokens": max_tokens,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "logprobs": 1,
+        "return_token_ids": True,
+        "skip_special_tokens": False,
+        "stop_token_ids": sorted(stop_token_ids),
+    }
+    if sampling.temperature is not None:
+        body["temperature"] = sampling.temperature
+    if sampling.top_p is not None:
+        body["top_p"] = sampling.top_p
+    if sampling.seed is not None:
+        body["seed"] = sampling.seed
+    if sampling.stop:
+        body["stop"] = list(sampling.stop)
+    return body
+
+
+@dataclass(slots=True)
+class EngineChunk:
+    """What one engine stream chunk added."""
+
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    finish_reason: str | None = None
+    prompt_token_ids: list[int] | None = None
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+
+
+def parse_chunk(data: str) -> EngineChunk:
+    """Read one ``data:`` payload of the engine's completions stream."""
+    try:
+        body = json.loads(data)
+    except ValueError as exc:
+        raise EngineError(f"engine chunk is not JSON: {data[:80]!r}") from exc
+    if not isinstance(body, dict):
+        raise EngineError("engine chunk is not a JSON object")
+    if "error" in body or body.get("object") == "error":
+        error = body.get("error", body)
+        message = error.get("message", error) if isinstance(error, dict) else error
+        raise EngineError(f"engine error: {message}")
+    chunk = EngineChunk()
+    usage = body.get("usage")
+    if isinstance(usage, dict):
+        chunk.prompt_tokens = usage.get("prompt_tokens")
+        chunk.completion_tokens = usage.get("completion_tokens")
+    for choice in body.get("choices") or []:
+        if choice.get("index", 0) != 0:
+            continue
+        token_ids = choice.get("token_ids")
+        if token_ids is None:
+            if choice.get("text"):
+                raise EngineError(
+                    "engine chunk has text but no token_ids: "
+                    "the engine must support return_token_ids (vLLM >= 0.10.2)"
+                )
+            token_ids = []
+        chunk.token_ids = [int(t) for t in token_ids]
+        logprobs = choice.get("logprobs") or {}
+        values = logprobs.get("token_logprobs") or []
+        chunk.logprobs = [float(v) if v is not None else 0.0 for v in values]
+        if len(chunk.logprobs) != len(chunk.token_ids):
+            raise EngineError(
+                f"engine chunk has {len(chunk.token_ids)} token_ids "
+                f"but {len(chunk.logprobs)} token_logprobs"
+            )
+        if choice.get("prompt_token_ids") is not None:
+            chunk.prompt_token_ids = [int(t) for t in choice["prompt_token_ids"]]
+        chunk.finish_reason = choice.get("finish_reason")
+    return chunk

@@ -1,0 +1,187 @@
+"""One rollout's token history: which prompt tokens a model call gets.
+
+A sidecar serves one rollout, so it sees every call of that rollout. When a
+request continues an earlier conversation (same system prompt and tools, the
+earlier messages unchanged, the assistant reply we generated echoed back,
+then new turns) the new prompt is the earlier call's prompt + completion
+token IDs, exactly, followed by the tokens of the new turns only: past
+assistant turns are never re-rendered, so what is trained on is exactly
+what was sampled. Anything else starts a new segment, with the reason.
+
+Several conversations may interleave (a harness's side calls for titles,
+sub-agents, compaction), so the history keeps the last few conversation
+heads and continues whichever one the request extends.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from openforge_sidecar import conversation
+
+
+class Renderer(Protocol):
+    """The policy tokenizer + chat template, as the history needs it."""
+
+    eos_token: str
+    stop_token_ids: frozenset[int]
+
+    def render(
+        self,
+        messages: Sequence[conversation.Message],
+        tools: Sequence[conversation.Tool],
+        *,
+        add_generation_prompt: bool,
+    ) -> str: ...
+
+    def encode(self, text: str) -> list[int]: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """The prompt for one call and how it relates to the calls before it."""
+
+    prompt_ids: list[int]
+    segment_index: int
+    segment_reason: str  # "" when the call extends an earlier one
+    prefix_token_count: int
+
+
+@dataclass(slots=True)
+class _Head:
+    """The end of one conversation: everything the next call may extend."""
+
+    messages: tuple[conversation.Message, ...]  # request messages + our reply
+    tools: tuple[conversation.Tool, ...]
+    token_ids: list[int]  # prompt + completion, exactly as the engine saw them
+    stopped: bool  # the completion ended with a stop token
+    segment_index: int
+
+
+def _norm_message(message: conversation.Message) -> tuple[object, ...]:
+    """What must match for a message to count as unchanged.
+
+    Tool-call ids and reasoning are left out: harnesses rewrite ids into their
+    API's style and many drop reasoning from history, neither of which
+    changes the tokens we keep. Arguments compare as parsed JSON.
+    """
+    calls = tuple(
+        (call.name, json.dumps(call.parsed_arguments(), sort_keys=True))
+        for call in message.tool_calls
+    )
+    results = tuple(
+        (part.text.strip(), tuple(p.url for p in part.content if isinstance(p, conversation.ImagePart)))
+        for part in message.parts
+        if isinstance(part, conversation.ToolResultPart)
+    )
+    images = tuple(p.url for p in message.parts if isinstance(p, conversation.ImagePart))
+    return (message.role, message.text.strip(), calls, results, images)
+
+
+class TokenHistory:
+    """Plans each call's prompt tokens and remembers what was generated."""
+
+    def __init__(self, renderer: Renderer, *, max_heads: int = 8, first_reason: str = "first") -> None:
+        self._renderer = renderer
+        self._heads: list[_Head] = []
+        self._max_heads = max_heads
+        self._segments = 0
+        self._first_reason = first_reason
+        self.calls = 0
+        self.merged = 0
+
+    @property
+    def merge_rate(self) -> float:
+        """Calls that extended an earlier call, over calls after the first."""
+        return self.merged / (self.calls - 1) if self.calls > 1 else 0.0
+
+    def plan(self, request: conversation.ChatRequest) -> Plan:
+        self.calls += 1
+        messages = request.messages
+        head, reason = self._find_head(messages, request.tools)
+        if head is not None:
+            delta = self._delta_text(head, messages, request.tools)
+            if delta is not None:
+                self.merged += 1
+                prefix = list(head.token_ids)
+                return Plan(prefix + self._renderer.encode(delta), head.segment_index, "", len(prefix))
+            reason = "template_not_prefix_stable"
+        segment = self._segments
+        self._segments += 1
+        text = self._renderer.render(messages, request.tools, add_generation_prompt=True)
+        return Plan(self._renderer.encode(text), segment, reason, 0)
+
+    def record(
+        self,
+        request: conversation.ChatRequest,
+        plan: Plan,
+        reply: conversation.Message,
+        completion_ids: Sequence[int],
+    ) -> None:
+        """Remember the conversation this call ended, for the next call to extend."""
+        stopped = bool(completion_ids) and completion_ids[-1] in self._renderer.stop_token_ids
+        head = _Head(
+            request.messages + (reply,),
+            request.tools,
+            plan.prompt_ids + list(completion_ids),
+            stopped,
+            plan.segment_index,
+        )
+        self._heads = [h for h in self._heads if h.segment_index != plan.segment_index]
+        self._heads.append(head)
+        del self._heads[: -self._max_heads]
+
+    def _find_head(
+        self, messages: tuple[conversation.Message, ...], tools: tuple[conversation.Tool, ...]
+    ) -> tuple[_Head | None, str]:
+        if not self._heads:
+            return None, self._first_reason
+        reason = "history_rewritten"
+        normalized = [_norm_message(m) for m in messages]
+        for head in reversed(self._heads):
+            known = len(head.messages)
+            if len(messages) <= known:
+                if len(messages) == known - 1 and normalized == [_norm_message(m) for m in head.messages[:-1]]:
+                    reason = "retry"
+                continue
+            if normalized[:known] != [_norm_message(m) for m in head.messages]:
+                if messages and head.messages and normalized[0] != _norm_message(head.messages[0]):
+                    reason = "system_changed" if reason == "history_rewritten" else reason
+                continue
+            if head.tools != tools:
+                reason = "tools_changed"
+                continue
+            return head, ""
+        return None, reason
+
+    def _delta_text(
+        self,
+        head: _Head,
+        messages: tuple[conversation.Message, ...],
+        tools: tuple[conversation.Tool, ...],
+    ) -> str | None:
+        """The text the new turns add after the head's tokens, or None.
+
+        The template's rendering of the head (ending in its end-of-turn token
+        and separator) must be a prefix of the new rendering; the delta is
+        what follows, preceded by the end-of-turn token when the completion
+        stopped without one (cut by length) and by the separator the template
+        puts after it.
+        """
+        render = self._renderer.render
+        # Both renderings use the harness's view of the history, so details
+        # it rewrites (ids, dropped reasoning) cancel out of the delta.
+        before = render(messages[: len(head.messages)], tools, add_generation_prompt=False)
+        after = render(messages, tools, add_generation_prompt=True)
+        if not after.startswith(before):
+            return None
+        eos = self._renderer.eos_token
+        cut = before.rfind(eos)
+        if cut < 0:
+            return None
+        separator = before[cut + len(eos) :]
+        closing = "" if head.stopped else eos
+        return closing + separator + after[len(before) :]

@@ -1,0 +1,132 @@
+"""Relays the engine's token stream to the harness in the harness's wire API.
+
+A :class:`Relay` is the callable mitmproxy runs on each chunk of the engine's
+response (``flow.response.stream``): it parses the engine's SSE, keeps every
+token ID and logprob, detokenizes incrementally, parses reasoning and tool
+calls out of the text, and returns the bytes of the harness's own events for
+those tokens at once, so tokens reach the harness as they are generated. For
+a harness that asked for no stream it returns nothing until the end, then the
+whole JSON body. It does no I/O; what it gathered is read once it is done.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+
+from openforge_sidecar import conversation, engine, sse, template, toolparse
+from openforge_sidecar.codecs import Codec
+
+
+class Relay:
+    def __init__(
+        self,
+        *,
+        codec: Codec,
+        request: conversation.ChatRequest,
+        detokenizer: template.IncrementalDetokenizer,
+        prompt_tokens: int,
+        response_id: str,
+        created: int,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._codec = codec
+        self._request = request
+        self._detokenizer = detokenizer
+        self._prompt_tokens = prompt_tokens
+        self._response_id = response_id
+        self._created = created
+        self._clock = clock
+        self._sse = sse.SSEParser()
+        self._parser = toolparse.OutputParser(
+            lambda index: codec.tool_call_id(f"{response_id}/{index}")
+        )
+        self._encoder = (
+            codec.stream_encoder(request, response_id=response_id, created=created)
+            if request.stream
+            else None
+        )
+        self._started = False
+        self.events: list[conversation.StreamEvent] = []
+        self.token_ids: list[int] = []
+        self.logprobs: list[float] = []
+        self.engine_finish_reason: str | None = None
+        self.engine_prompt_ids: list[int] | None = None
+        self.error: str | None = None
+        self.done = False
+        self.first_output_at: float | None = None
+        self.completion: conversation.Completion | None = None
+        #: The non-streamed body equivalent to what the harness received.
+        self.response_json: bytes = b""
+
+    def __call__(self, data: bytes) -> bytes:
+        if self.done:
+            return b""
+        if not data:
+            return self._finish()
+        out: list[bytes] = []
+        for event in self._sse.feed(data):
+            if event.data.strip() == "[DONE]":
+                continue
+            try:
+                chunk = engine.parse_chunk(event.data)
+            except engine.EngineError as exc:
+                self.error = str(exc)
+                continue
+            out.append(self._take(chunk))
+        return self._emit(b"".join(out))
+
+    def _take(self, chunk: engine.EngineChunk) -> bytes:
+        if chunk.prompt_token_ids is not None:
+            self.engine_prompt_ids = chunk.prompt_token_ids
+        if chunk.finish_reason is not None:
+            self.engine_finish_reason = chunk.finish_reason
+        if not chunk.token_ids:
+            return b""
+        self.token_ids.extend(chunk.token_ids)
+        self.logprobs.extend(chunk.logprobs)
+        text = "".join(self._detokenizer.push(t) for t in chunk.token_ids)
+        return self._encode(self._parser.feed(text))
+
+    def _encode(self, events: list[conversation.StreamEvent]) -> bytes:
+        self.events.extend(events)
+        if self._encoder is None or not events:
+            return b""
+        head = b""
+        if not self._started:
+            self._started = True
+            head = self._encoder.start()
+        return head + b"".join(self._encoder.encode(e) for e in events)
+
+    def _finish(self) -> bytes:
+        self.done = True
+        if self.engine_finish_reason is None and self.error is None:
+            self.error = "engine stream ended before its finish_reason (truncated)"
+        tail = self._parser.feed(self._detokenizer.flush())
+        reason = self.engine_finish_reason or "error"
+        closing = self._parser.finish(reason if reason in ("stop", "length") else "stop")
+        usage = conversation.Usage(self._prompt_tokens, len(self.token_ids))
+        if self.error is not None:
+            # Leave the harness's stream unterminated, as a cut connection
+            # would: its SDK then reports the failure instead of a silently
+            # shortened answer.
+            out = self._encode(tail)
+            self.completion = conversation.assemble([*self.events, conversation.StreamEnd("error", usage)])
+            return self._emit(out)
+        closing = [
+            conversation.StreamEnd(e.finish_reason, usage) if isinstance(e, conversation.StreamEnd) else e
+            for e in closing
+        ]
+        out = self._encode([*tail, *closing])
+        self.completion = conversation.assemble(self.events)
+        body = self._codec.build_response(
+            self._request, self.completion, response_id=self._response_id, created=self._created
+        )
+        self.response_json = json.dumps(body, separators=(",", ":")).encode()
+        return self._emit(out if self._encoder is not None else self.response_json)
+
+    def _emit(self, out: bytes) -> bytes:
+        if out and self.first_output_at is None:
+            self.first_output_at = self._clock()
+        return out

@@ -1,0 +1,63 @@
+import json
+
+import pytest
+
+from openforge_sidecar import conversation, engine
+
+
+def test_completion_request_caps_max_tokens_to_the_context():
+    body = engine.completion_request(
+        model="tiny",
+        prompt_ids=[1] * 90,
+        sampling=conversation.SamplingParams(max_tokens=50, temperature=0.5, stop=("END",)),
+        stop_token_ids=frozenset({7, 3}),
+        max_model_len=100,
+    )
+    assert body["max_tokens"] == 10
+    assert body["prompt"] == [1] * 90
+    assert body["stream"] is True and body["return_token_ids"] is True
+    assert body["stop_token_ids"] == [3, 7]
+    assert body["temperature"] == 0.5 and body["stop"] == ["END"]
+    assert "top_p" not in body
+
+
+def test_parse_chunk_reads_vllm_stream_chunk():
+    data = {
+        "id": "cmpl-1",
+        "object": "text_completion",
+        "choices": [
+            {
+                "index": 0,
+                "text": "hi",
+                "logprobs": {"tokens": ["hi"], "token_logprobs": [-0.5], "text_offset": [0], "top_logprobs": [{"hi": -0.5}]},
+                "finish_reason": None,
+                "token_ids": [42],
+                "prompt_token_ids": [1, 2, 3],
+            }
+        ],
+    }
+    chunk = engine.parse_chunk(json.dumps(data))
+    assert chunk.token_ids == [42]
+    assert chunk.logprobs == [-0.5]
+    assert chunk.prompt_token_ids == [1, 2, 3]
+    assert chunk.finish_reason is None
+
+
+def test_parse_chunk_reads_usage_chunk():
+    chunk = engine.parse_chunk(json.dumps({"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 4}}))
+    assert (chunk.prompt_tokens, chunk.completion_tokens, chunk.token_ids) == (3, 4, [])
+
+
+@pytest.mark.parametrize(
+    ("payload", "message"),
+    [
+        ("not json", "not JSON"),
+        ("[1]", "not a JSON object"),
+        ('{"object": "error", "message": "boom"}', "boom"),
+        ('{"choices": [{"index": 0, "text": "x"}]}', "return_token_ids"),
+        ('{"choices": [{"index": 0, "token_ids": [1, 2], "logprobs": {"token_logprobs": [-1]}}]}', "2 token_ids but 1"),
+    ],
+)
+def test_parse_chunk_rejects_what_vllm_never_sends(payload, message):
+    with pytest.raises(engine.EngineError, match=message):
+        engine.parse_chunk(payload)

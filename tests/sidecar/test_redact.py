@@ -1,0 +1,24 @@
+from openforge_sidecar import redact
+
+
+def test_headers_redacts_every_credential_and_keeps_the_rest():
+    kept = redact.headers(
+        [
+            ("Authorization", "Bearer sk-secret"),
+            ("x-api-key", "sk-ant-secret"),
+            ("Cookie", "session=1"),
+            ("Content-Type", "application/json"),
+            ("anthropic-version", "2023-06-01"),
+        ]
+    )
+    assert "sk-secret" not in str(kept) and "sk-ant-secret" not in str(kept) and "session=1" not in str(kept)
+    assert kept["authorization"] == redact.REDACTED
+    assert kept["content-type"] == "application/json"
+    assert kept["anthropic-version"] == "2023-06-01"
+
+
+def test_path_redacts_credential_query_parameters():
+    out = redact.path("/v1beta/models/m:generateContent?key=AIzaSECRET&alt=sse")
+    assert "AIzaSECRET" not in out
+    assert "alt=sse" in out
+    assert redact.path("/v1/messages") == "/v1/messages"
