@@ -1,0 +1,318 @@
+"""Streams the spool to the collector until every record is acknowledged.
+
+The exporter runs as one asyncio task beside the proxy. A session opens a
+channel, asks the collector (``GetWatermark``) what it already holds of each
+rollout still unacknowledged here, then keeps one ``Push`` stream open:
+a sender writes unacknowledged records (at most ``window`` in flight) and
+sleeps until :meth:`Exporter.notify` says more were appended; a receiver
+reads Acks. Acks may come for any record; the spool's ack mark only moves
+over a contiguous run (a persister task writes it, coalescing bursts so the
+fsync is paid once per burst, not once per ack) and then deletes fully
+acknowledged segments.
+
+Any failure (collector down, stream broken, token refused) ends the session;
+the next starts after a capped exponential backoff and resends from the ack
+mark, skipping what was already acked out of order. Redelivered records are
+acknowledged as duplicates by the collector, so resending is always safe.
+
+A record the collector refuses (``Ack.error``) would be refused again: it is
+counted, logged, and treated as acknowledged so it cannot block the spool.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import random
+from typing import Any
+
+import grpc
+from openforge.trajectory.v1 import trajectory_pb2, trajectory_pb2_grpc
+
+from openforge_sidecar import spool as spool_module
+
+log = logging.getLogger(__name__)
+
+Record = Any  # trajectory_pb2.Record
+
+
+class _StreamEnded(Exception):
+    """The collector closed the Push stream (it should not, but may on shutdown)."""
+
+
+class _Refused(Exception):
+    """The collector ended the Push stream before accepting it."""
+
+    def __init__(self, code: grpc.StatusCode, details: str) -> None:
+        super().__init__(f"{code.name}: {details}")
+        self.code = code
+
+
+class Exporter:
+    """Streams ``spool`` to the collector at ``target`` (``host:port``).
+
+    ``start()`` in a running loop, ``await flush(timeout)`` to drain (on
+    SIGTERM), ``await stop()``. ``token`` is sent as a bearer token.
+    """
+
+    def __init__(
+        self,
+        spool: spool_module.Spool,
+        target: str,
+        *,
+        token: str | None = None,
+        batch_size: int = 256,
+        window: int = 1024,
+        backoff_initial_s: float = 0.1,
+        backoff_max_s: float = 10.0,
+        rpc_timeout_s: float = 10.0,
+    ) -> None:
+        self.spool = spool
+        self.target = target
+        self.batch_size = batch_size
+        self.window = window
+        self.backoff_initial_s = backoff_initial_s
+        self.backoff_max_s = backoff_max_s
+        self.rpc_timeout_s = rpc_timeout_s
+        self._metadata: tuple[tuple[str, str], ...] = (
+            (("authorization", f"Bearer {token}"),) if token else ()
+        )
+        self._stats = dict.fromkeys(
+            ("sent", "acked", "duplicates", "refused", "skipped", "reconnects", "sessions"), 0
+        )
+        self._last_error = ""
+        # Sequences above the durable mark that are already acknowledged.
+        self._done: set[int] = set()
+        self._contiguous = spool.acked
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._wake = asyncio.Event()
+        self._ack_progress = asyncio.Event()
+        self._persisted = asyncio.Event()
+        self._window_open = asyncio.Event()
+        self._in_flight = 0
+        self._tasks: list[asyncio.Task[None]] = []
+
+    # -- lifecycle -------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start the exporter's tasks in the running event loop."""
+        if self._tasks:
+            return
+        self._loop = asyncio.get_running_loop()
+        self.spool.add_listener(self.notify)
+        self._tasks = [
+            asyncio.create_task(self._run(), name="exporter"),
+            asyncio.create_task(self._persist_forever(), name="exporter-persist"),
+        ]
+
+    async def stop(self) -> None:
+        """Stop streaming, after making the ack mark reached so far durable."""
+        self.spool.remove_listener(self.notify)
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks = []
+        await self._persist()
+
+    def notify(self) -> None:
+        """Records were appended. Callable from any thread."""
+        loop = self._loop
+        if loop is None or loop.is_closed():
+            return
+        with contextlib.suppress(RuntimeError):  # loop closing: nothing left to wake
+            loop.call_soon_threadsafe(self._wake.set)
+
+    async def flush(self, timeout: float) -> bool:
+        """Wait until everything appended so far is acknowledged and the mark durable."""
+        target = self.spool.last_sequence
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while self.spool.acked < target:
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                return False
+            self._persisted.clear()
+            if self.spool.acked >= target:
+                break
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._persisted.wait(), remaining)
+        return True
+
+    def stats(self) -> dict[str, int]:
+        """Counters: sent, acked, duplicates, refused, skipped, reconnects, sessions,
+        plus the spool's current unacked count."""
+        return {**self._stats, "unacked": self.spool.unacked_count}
+
+    @property
+    def last_error(self) -> str:
+        return self._last_error
+
+    # -- sessions -------------------------------------------------------------
+
+    async def _run(self) -> None:
+        delay = self.backoff_initial_s
+        while True:
+            acked_before = self._stats["acked"] + self._stats["skipped"]
+            try:
+                await self._session()
+            except (
+                grpc.aio.AioRpcError, _Refused, _StreamEnded, asyncio.InvalidStateError
+            ) as exc:  # fmt: skip
+                self._note_failure(exc)
+            except Exception as exc:  # the exporter must outlive any one bad session
+                log.exception("exporter session failed unexpectedly")
+                self._last_error = f"{type(exc).__name__}: {exc}"
+            if self._stats["acked"] + self._stats["skipped"] > acked_before:
+                delay = self.backoff_initial_s
+            self._stats["reconnects"] += 1
+            await asyncio.sleep(delay * random.uniform(0.5, 1.0))
+            delay = min(delay * 2, self.backoff_max_s)
+
+    def _note_failure(self, exc: BaseException) -> None:
+        code: grpc.StatusCode | None = None
+        if isinstance(exc, grpc.aio.AioRpcError):
+            code, message = exc.code(), f"{exc.code().name}: {exc.details()}"
+        elif isinstance(exc, _Refused):
+            code, message = exc.code, str(exc)
+        else:
+            message = f"{type(exc).__name__}: {exc}"
+        if code in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED):
+            log.error("collector %s refused the exporter: %s", self.target, message)
+        else:
+            log.warning("collector %s: %s; will reconnect", self.target, message)
+        self._last_error = message
+
+    async def _session(self) -> None:
+        self._stats["sessions"] += 1
+        async with grpc.aio.insecure_channel(self.target) as channel:
+            stub = trajectory_pb2_grpc.TrajectoryServiceStub(channel)
+            await self._skip_held(stub)
+            call = await self._open(stub)
+            self._in_flight = 0
+            self._window_open.set()
+            tasks = [
+                asyncio.create_task(self._send(call), name="exporter-send"),
+                asyncio.create_task(self._receive(call), name="exporter-receive"),
+            ]
+            try:
+                done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for task in tasks:
+                    task.cancel()
+                call.cancel()
+                await asyncio.gather(*tasks, return_exceptions=True)
+            for task in done:
+                task.result()
+            raise _StreamEnded("the collector ended the Push stream")
+
+    async def _open(self, stub: Any) -> Any:
+        """Open the Push stream and wait for the collector to accept it.
+
+        The collector sends its initial metadata once the token is checked.
+        Waiting for it before the first write matters: a write that races the
+        collector's refusal makes grpc report INTERNAL instead of the real
+        status (grpc/grpc#36066).
+        """
+        call = stub.Push(metadata=self._metadata)
+        await call.initial_metadata()
+        if call.done():
+            raise _Refused(await call.code(), await call.details())
+        return call
+
+    async def _skip_held(self, stub: Any) -> None:
+        """Treat as acked what the collector already holds (acks lost in a crash)."""
+        pending = await asyncio.to_thread(self._unacked, self._contiguous)
+        rollouts = sorted({record.rollout_id for record in pending})
+        watermarks: dict[str, int] = {}
+        for rollout_id in rollouts:
+            reply = await stub.GetWatermark(
+                trajectory_pb2.WatermarkRequest(rollout_id=rollout_id),
+                metadata=self._metadata,
+                timeout=self.rpc_timeout_s,
+            )
+            watermarks[rollout_id] = int(reply.contiguous_sequence)
+        for record in pending:
+            sequence = int(record.sequence)
+            if sequence <= watermarks.get(record.rollout_id, 0) and sequence not in self._done:
+                self._done.add(sequence)
+                self._stats["skipped"] += 1
+        self._advance()
+
+    def _unacked(self, after: int, limit: int | None = None) -> list[Record]:
+        return list(itertools.islice(self.spool.records_after(after), limit))
+
+    async def _send(self, call: Any) -> None:
+        cursor = self._contiguous
+        while True:
+            self._wake.clear()
+            batch = await asyncio.to_thread(self._unacked, cursor, self.batch_size)
+            if not batch:
+                await self._wake.wait()
+                continue
+            for record in batch:
+                cursor = int(record.sequence)
+                if cursor in self._done:
+                    continue
+                while self._in_flight >= self.window:
+                    self._window_open.clear()
+                    await self._window_open.wait()
+                await call.write(record)
+                self._in_flight += 1
+                self._stats["sent"] += 1
+
+    async def _receive(self, call: Any) -> None:
+        while True:
+            ack = await call.read()
+            if ack is grpc.aio.EOF:
+                return
+            self._on_ack(ack)
+
+    def _on_ack(self, ack: Record) -> None:
+        sequence = int(ack.sequence)
+        self._in_flight = max(0, self._in_flight - 1)
+        self._window_open.set()
+        if ack.error:
+            self._stats["refused"] += 1
+            log.error(
+                "collector refused record %s (sequence %d): %s; it will not be retried",
+                ack.idempotency_key, sequence, ack.error,
+            )  # fmt: skip
+        elif ack.duplicate:
+            self._stats["duplicates"] += 1
+        self._stats["acked"] += 1
+        if sequence > self._contiguous:
+            self._done.add(sequence)
+            self._advance()
+
+    def _advance(self) -> None:
+        advanced = False
+        while self._contiguous + 1 in self._done:
+            self._contiguous += 1
+            self._done.discard(self._contiguous)
+            advanced = True
+        if advanced:
+            self._ack_progress.set()
+
+    # -- the durable mark ------------------------------------------------------
+
+    async def _persist_forever(self) -> None:
+        while True:
+            await self._ack_progress.wait()
+            self._ack_progress.clear()
+            try:
+                await self._persist()
+            except OSError:
+                log.exception("spool %s: cannot write the ack mark; retrying", self.spool.directory)
+                self._ack_progress.set()
+                await asyncio.sleep(self.backoff_max_s)
+
+    async def _persist(self) -> None:
+        if self._contiguous > self.spool.acked:
+            await asyncio.to_thread(self._mark_and_compact, self._contiguous)
+        self._persisted.set()
+
+    def _mark_and_compact(self, sequence: int) -> None:
+        self.spool.mark_acked(sequence)
+        self.spool.compact()

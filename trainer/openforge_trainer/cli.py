@@ -1,0 +1,208 @@
+"""``openforge collector`` and ``openforge trajectories``.
+
+The front door (``openforge.cli``) calls these with the arguments that
+follow the subcommand.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import signal
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from openforge_trainer import collector, export
+from openforge_trainer import store as store_module
+
+# -- openforge collector -------------------------------------------------------
+
+
+def collector_main(argv: Sequence[str]) -> int:
+    parser = argparse.ArgumentParser(
+        prog="openforge collector",
+        description="Receive trajectory records from sidecars and store them durably.",
+    )
+    parser.add_argument("--store", required=True, type=Path, help="SQLite store file")
+    parser.add_argument(
+        "--listen", default="127.0.0.1:50051", help="HOST:PORT to bind (default %(default)s)"
+    )
+    parser.add_argument(
+        "--token-file", type=Path, help="file holding the bearer token sidecars must present"
+    )
+    parser.add_argument(
+        "--grace", type=float, default=5.0, help="seconds in-flight streams get on shutdown"
+    )
+    args = parser.parse_args(list(argv))
+    token = None
+    if args.token_file is not None:
+        try:
+            token = args.token_file.read_text().strip()
+        except OSError as exc:
+            parser.error(f"--token-file: {exc}")
+        if not token:
+            parser.error(f"--token-file: {args.token_file} is empty")
+    try:
+        return asyncio.run(_run_collector(args.store, args.listen, token, args.grace))
+    except OSError as exc:
+        print(f"openforge collector: {exc}", file=sys.stderr)
+        return 1
+
+
+async def _run_collector(store: Path, listen: str, token: str | None, grace: float) -> int:
+    running, port = await collector.serve(store, listen=listen, token=token)
+    host = listen.rsplit(":", 1)[0]
+    print(f"openforge collector: listening on {host}:{port} (store {store})", flush=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    await stop.wait()
+    print("openforge collector: stopping", flush=True)
+    await running.stop(grace)
+    return 0
+
+
+# -- openforge trajectories ----------------------------------------------------
+
+
+def trajectories_main(argv: Sequence[str]) -> int:
+    parser = argparse.ArgumentParser(
+        prog="openforge trajectories", description="Inspect and export captured trajectories."
+    )
+    commands = parser.add_subparsers(dest="command", required=True)
+    ls = commands.add_parser("ls", help="list rollouts")
+    ls.add_argument("--store", required=True, type=Path)
+    ls.add_argument("--job", help="only this job (default: every job)")
+    show = commands.add_parser("show", help="show one rollout call by call")
+    show.add_argument("rollout")
+    show.add_argument("--store", required=True, type=Path)
+    out = commands.add_parser("export", help="write training rows of a job's complete rollouts")
+    out.add_argument("--store", required=True, type=Path)
+    out.add_argument("--job", required=True)
+    out.add_argument("--format", required=True, choices=sorted(export.WRITERS))
+    out.add_argument("--out", required=True, type=Path)
+    args = parser.parse_args(list(argv))
+    if not args.store.is_file():
+        print(f"openforge trajectories: --store: no store at {args.store}", file=sys.stderr)
+        return 2
+    with store_module.Store(args.store) as store:
+        if args.command == "ls":
+            return _ls(store, args.job)
+        if args.command == "show":
+            return _show(store, args.rollout)
+        return _export(store, args.job, args.format, args.out)
+
+
+def _ls(store: store_module.Store, job: str | None) -> int:
+    header = ("rollout", "task", "sample", "status", "reward", "calls", "segments")
+    table: list[tuple[str, ...]] = [header]
+    for name in [job] if job else store.jobs():
+        for rollout in store.rollouts(name):
+            found, _ = export.segments(store.calls(rollout.rollout_id))
+            table.append(
+                (
+                    rollout.rollout_id,
+                    rollout.task_id,
+                    str(rollout.sample_index),
+                    _status(rollout),
+                    f"{rollout.reward:g}" if rollout.has_reward else "-",
+                    f"{rollout.calls_stored}/{rollout.call_count_expected}"
+                    if rollout.finished
+                    else str(rollout.calls_stored),
+                    str(len(found)),
+                )
+            )
+    widths = [max(len(row[i]) for row in table) for i in range(len(header))]
+    for row in table:
+        print("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)))
+    return 0
+
+
+def _status(rollout: store_module.Rollout) -> str:
+    if not rollout.finished:
+        return "running"
+    if not rollout.complete:
+        return f"{rollout.status or 'finished'} (incomplete)"
+    return rollout.status or "finished"
+
+
+def _show(store: store_module.Store, rollout_id: str) -> int:
+    rollout = store.rollout(rollout_id)
+    if rollout is None:
+        print(f"openforge trajectories: no rollout {rollout_id!r}", file=sys.stderr)
+        return 1
+    reward = f"{rollout.reward:g}" if rollout.has_reward else "-"
+    print(
+        f"rollout {rollout.rollout_id}  job {rollout.job}  task {rollout.task_id}"
+        f"  sample {rollout.sample_index}  attempt {rollout.attempt}  harness {rollout.harness}"
+    )
+    print(f"status {_status(rollout)}  exit {rollout.exit_code}  reward {reward}")
+    for call in store.calls(rollout_id):
+        reason = f" ({call.segment_reason})" if call.segment_reason else ""
+        print(
+            f"#{call.call_index}  {call.wire_api}  stream={'yes' if call.stream else 'no'}"
+            f"  prompt={len(call.prompt_token_ids)} completion={len(call.completion_token_ids)}"
+            f"  finish={call.finish_reason or '-'}  segment={call.segment_index}{reason}"
+            f"  policy={call.policy_version}  http={call.http_status}"
+        )
+        if call.error:
+            print(f"    error: {call.error}")
+        print(f"    response: {summarize_response(call.response_json)}")
+    for lost in store.lost(rollout.job):
+        if lost.rollout_id == rollout_id:
+            what = "whole rollout" if lost.whole_rollout else f"call #{lost.call_index}"
+            print(f"lost {what}: {lost.reason}")
+    return 0
+
+
+def summarize_response(body: bytes, limit: int = 160) -> str:
+    """A one-line summary of a response JSON: its text and the tools it called."""
+    if not body:
+        return "(none)"
+    try:
+        document = json.loads(body)
+    except ValueError:
+        return f"(not JSON, {len(body)} bytes)"
+    texts: list[str] = []
+    tools: list[str] = []
+    _walk(document, texts, tools)
+    text = " ".join(" ".join(texts).split())
+    if len(text) > limit:
+        text = text[: limit - 1] + "…"
+    parts = [json.dumps(text, ensure_ascii=False)] if text else []
+    if tools:
+        parts.append("tools: " + ", ".join(tools))
+    return "; ".join(parts) or "(no text)"
+
+
+def _walk(node: Any, texts: list[str], tools: list[str]) -> None:
+    if isinstance(node, dict):
+        if isinstance(node.get("name"), str) and ("arguments" in node or "input" in node):
+            tools.append(node["name"])
+        for key, value in node.items():
+            if key in {"content", "text"} and isinstance(value, str):
+                texts.append(value)
+            else:
+                _walk(value, texts, tools)
+    elif isinstance(node, list):
+        for item in node:
+            _walk(item, texts, tools)
+
+
+def _export(store: store_module.Store, job: str, format: str, out: Path) -> int:
+    try:
+        rows, stats = export.job_rows(store, job)
+    except export.ExportError as exc:
+        print(f"openforge trajectories export: {exc}", file=sys.stderr)
+        return 1
+    count = export.WRITERS[format](rows, out)
+    print(
+        f"wrote {count} rows from {stats.rollouts} complete rollouts to {out}"
+        f" (merge rate {stats.merge_rate:.1%}, split on token mismatch {stats.split_on_mismatch},"
+        f" untokenized calls {stats.untokenized})"
+    )
+    return 0

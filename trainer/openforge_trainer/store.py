@@ -1,0 +1,445 @@
+"""The collector's durable store of trajectory records.
+
+SQLite, in WAL mode with ``synchronous=FULL``:
+
+* one file, in the standard library, nothing to run beside the trainer;
+* transactions are crash-safe: with ``synchronous=FULL`` a commit has been
+  fsync'd to the WAL before it returns, so a record the collector acks
+  survives a power cut, not only a process crash (``NORMAL`` may lose the
+  last commits on power loss, which would break the ack promise);
+* WAL lets readers (``openforge trajectories``, the trainer) read while the
+  collector writes, without blocking either;
+* the ``idempotency_key`` primary key makes redelivery harmless for free:
+  ``INSERT OR IGNORE`` stores a record once and tells us it was a duplicate.
+
+Tables: ``records`` holds every record (its serialized protobuf in ``body``)
+and ``rollouts`` one summary row per rollout, kept up to date in the same
+transaction as the records that change it. ``records.call_index`` (NULL for
+records that are not model calls) lets completeness be checked by SQL.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sqlite3
+import threading
+import time
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+from openforge.trajectory.v1 import trajectory_pb2
+
+Record = Any  # trajectory_pb2.Record (the generated module is untyped for mypy)
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS records (
+    idempotency_key TEXT PRIMARY KEY,
+    job TEXT NOT NULL,
+    rollout_id TEXT NOT NULL,
+    sequence INTEGER NOT NULL,
+    kind TEXT NOT NULL,
+    call_index INTEGER,
+    body BLOB NOT NULL,
+    stored_at REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS records_by_rollout ON records (rollout_id, kind, call_index);
+CREATE INDEX IF NOT EXISTS records_by_sequence ON records (rollout_id, sequence);
+CREATE INDEX IF NOT EXISTS records_by_job_kind ON records (job, kind);
+CREATE TABLE IF NOT EXISTS rollouts (
+    rollout_id TEXT PRIMARY KEY,
+    job TEXT NOT NULL,
+    task_id TEXT NOT NULL DEFAULT '',
+    sample_index INTEGER NOT NULL DEFAULT 0,
+    attempt INTEGER NOT NULL DEFAULT 0,
+    harness TEXT NOT NULL DEFAULT '',
+    policy_version INTEGER NOT NULL DEFAULT 0,
+    started INTEGER NOT NULL DEFAULT 0,
+    status TEXT NOT NULL DEFAULT '',
+    exit_code INTEGER NOT NULL DEFAULT 0,
+    reward REAL NOT NULL DEFAULT 0,
+    has_reward INTEGER NOT NULL DEFAULT 0,
+    call_count_expected INTEGER NOT NULL DEFAULT 0,
+    calls_stored INTEGER NOT NULL DEFAULT 0,
+    finished INTEGER NOT NULL DEFAULT 0,
+    trained_at REAL,
+    trained_checkpoint TEXT
+);
+CREATE INDEX IF NOT EXISTS rollouts_by_job ON rollouts (job, task_id, sample_index);
+"""
+
+_ROLLOUT_COLUMNS = (
+    "r.rollout_id, r.job, r.task_id, r.sample_index, r.attempt, r.harness, r.policy_version,"
+    " r.started, r.status, r.exit_code, r.reward, r.has_reward, r.call_count_expected,"
+    " r.calls_stored, r.finished, r.trained_at, r.trained_checkpoint,"
+    " (SELECT COUNT(DISTINCT c.call_index) FROM records c"
+    "   WHERE c.rollout_id = r.rollout_id AND c.kind = 'call'"
+    "   AND c.call_index < r.call_count_expected) AS calls_present"
+)
+
+
+class StoreError(Exception):
+    """A record cannot be stored as given (names the field at fault)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Rollout:
+    rollout_id: str
+    job: str
+    task_id: str
+    sample_index: int
+    attempt: int
+    harness: str
+    policy_version: int
+    started: bool
+    status: str
+    exit_code: int
+    reward: float
+    has_reward: bool
+    call_count_expected: int
+    calls_stored: int
+    finished: bool
+    trained_at: float | None
+    trained_checkpoint: str | None
+    calls_present: int  # distinct call indices in 0..call_count_expected-1 stored
+
+    @property
+    def complete(self) -> bool:
+        """Finished, and every call it announced is stored."""
+        return self.finished and self.calls_present == self.call_count_expected
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelCall:
+    """One stored model call (the parts of ``ModelCall`` training and tools use)."""
+
+    rollout_id: str
+    sequence: int
+    call_index: int
+    wire_api: str
+    capture_mode: str
+    stream: bool
+    model: str
+    http_status: int
+    prompt_token_ids: tuple[int, ...]
+    completion_token_ids: tuple[int, ...]
+    completion_logprobs: tuple[float, ...]
+    finish_reason: str
+    segment_index: int
+    segment_reason: str
+    prefix_token_count: int
+    policy_version: int
+    token_exact: bool
+    error: str
+    time_to_first_token_ms: float
+    total_ms: float
+    request_json: bytes
+    response_json: bytes
+
+    @classmethod
+    def from_record(cls, record: Record) -> ModelCall:
+        call = record.call
+        return cls(
+            rollout_id=record.rollout_id,
+            sequence=int(record.sequence),
+            call_index=int(call.call_index),
+            wire_api=trajectory_pb2.WireApi.Name(call.wire_api),
+            capture_mode=trajectory_pb2.CaptureMode.Name(call.capture_mode),
+            stream=bool(call.stream),
+            model=call.model,
+            http_status=int(call.http_status),
+            prompt_token_ids=tuple(call.prompt_token_ids),
+            completion_token_ids=tuple(call.completion_token_ids),
+            completion_logprobs=tuple(call.completion_logprobs),
+            finish_reason=call.finish_reason,
+            segment_index=int(call.segment_index),
+            segment_reason=call.segment_reason,
+            prefix_token_count=int(call.prefix_token_count),
+            policy_version=int(call.policy_version),
+            token_exact=bool(call.token_exact),
+            error=call.error,
+            time_to_first_token_ms=float(call.timings.time_to_first_token_ms),
+            total_ms=float(call.timings.total_ms),
+            request_json=bytes(call.request_json),
+            response_json=bytes(call.response_json),
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class LostRecord:
+    rollout_id: str
+    sequence: int
+    reason: str
+    call_index: int
+    whole_rollout: bool
+
+
+class Store:
+    """The durable record store. Thread-safe (one connection behind a lock)."""
+
+    def __init__(self, path: Path | str) -> None:
+        self.path = Path(path)
+        self._lock = threading.Lock()
+        self._db = sqlite3.connect(
+            self.path, check_same_thread=False, isolation_level=None, timeout=30.0
+        )
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=FULL")
+        self._db.executescript(_SCHEMA)
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- writing -------------------------------------------------------------
+
+    def put(self, records: Sequence[Record]) -> list[bool]:
+        """Store a batch in one transaction; True per newly stored record.
+
+        False means the record was already stored (same idempotency key).
+        Raises StoreError, storing nothing, if a record lacks a required field.
+        """
+        for record in records:
+            check(record)
+        now = time.time()
+        stored: list[bool] = []
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                for record in records:
+                    stored.append(self._insert(record, now))
+                self._db.execute("COMMIT")
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+        return stored
+
+    def _insert(self, record: Record, now: float) -> bool:
+        kind = record.WhichOneof("body")
+        call_index = int(record.call.call_index) if kind == "call" else None
+        cursor = self._db.execute(
+            "INSERT OR IGNORE INTO records"
+            " (idempotency_key, job, rollout_id, sequence, kind, call_index, body, stored_at)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            (
+                record.idempotency_key,
+                record.job,
+                record.rollout_id,
+                int(record.sequence),
+                kind,
+                call_index,
+                record.SerializeToString(),
+                now,
+            ),
+        )
+        if cursor.rowcount == 0:
+            return False
+        self._db.execute(
+            "INSERT OR IGNORE INTO rollouts (rollout_id, job) VALUES (?, ?)",
+            (record.rollout_id, record.job),
+        )
+        if kind == "started":
+            self._apply_started(record.rollout_id, record.started)
+        elif kind == "call":
+            self._db.execute(
+                "UPDATE rollouts SET calls_stored = calls_stored + 1 WHERE rollout_id = ?",
+                (record.rollout_id,),
+            )
+        elif kind == "finished":
+            self._apply_finished(record.rollout_id, record.finished)
+        return True
+
+    def _apply_started(self, rollout_id: str, started: Any) -> None:
+        self._db.execute(
+            "UPDATE rollouts SET task_id = ?, sample_index = ?, attempt = ?, harness = ?,"
+            " policy_version = ?, started = 1 WHERE rollout_id = ?",
+            (
+                started.task_id,
+                int(started.sample_index),
+                int(started.attempt),
+                started.harness,
+                int(started.policy_version),
+                rollout_id,
+            ),
+        )
+
+    def _apply_finished(self, rollout_id: str, finished: Any) -> None:
+        self._db.execute(
+            "UPDATE rollouts SET status = ?, exit_code = ?, reward = ?, has_reward = ?,"
+            " call_count_expected = ?, finished = 1 WHERE rollout_id = ?",
+            (
+                finished.status,
+                int(finished.exit_code),
+                float(finished.reward),
+                int(finished.has_reward),
+                int(finished.call_count),
+                rollout_id,
+            ),
+        )
+
+    def mark_trained(self, rollout_ids: Iterable[str], checkpoint: str) -> int:
+        """Record that these rollouts went into ``checkpoint``; returns rows changed."""
+        ids = list(rollout_ids)
+        now = time.time()
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                changed = 0
+                for rollout_id in ids:
+                    cursor = self._db.execute(
+                        "UPDATE rollouts SET trained_at = ?, trained_checkpoint = ?"
+                        " WHERE rollout_id = ?",
+                        (now, checkpoint, rollout_id),
+                    )
+                    changed += cursor.rowcount
+                self._db.execute("COMMIT")
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+        return changed
+
+    # -- reading -------------------------------------------------------------
+
+    def _query(self, sql: str, params: Sequence[object] = ()) -> list[tuple[Any, ...]]:
+        with self._lock:
+            return self._db.execute(sql, params).fetchall()
+
+    def jobs(self) -> list[str]:
+        return [row[0] for row in self._query("SELECT DISTINCT job FROM rollouts ORDER BY job")]
+
+    def rollout(self, rollout_id: str) -> Rollout | None:
+        rows = self._query(
+            f"SELECT {_ROLLOUT_COLUMNS} FROM rollouts r WHERE r.rollout_id = ?", (rollout_id,)
+        )
+        return _rollout(rows[0]) if rows else None
+
+    def rollouts(self, job: str) -> list[Rollout]:
+        rows = self._query(
+            f"SELECT {_ROLLOUT_COLUMNS} FROM rollouts r WHERE r.job = ?"
+            " ORDER BY r.task_id, r.sample_index, r.attempt, r.rollout_id",
+            (job,),
+        )
+        return [_rollout(row) for row in rows]
+
+    def complete_rollouts(self, job: str) -> list[Rollout]:
+        return [rollout for rollout in self.rollouts(job) if rollout.complete]
+
+    def groups(self, job: str, *, untrained_only: bool = False) -> dict[str, list[Rollout]]:
+        """Complete rollouts grouped by task (a GRPO group), by sample index."""
+        groups: dict[str, list[Rollout]] = {}
+        for rollout in self.complete_rollouts(job):
+            if untrained_only and rollout.trained_at is not None:
+                continue
+            groups.setdefault(rollout.task_id, []).append(rollout)
+        return groups
+
+    def calls(self, rollout_id: str) -> list[ModelCall]:
+        rows = self._query(
+            "SELECT body FROM records WHERE rollout_id = ? AND kind = 'call'"
+            " ORDER BY call_index, sequence",
+            (rollout_id,),
+        )
+        return [ModelCall.from_record(_parse(row[0])) for row in rows]
+
+    def records(self, rollout_id: str) -> list[Record]:
+        """Every stored record of a rollout, in sequence order."""
+        rows = self._query(
+            "SELECT body FROM records WHERE rollout_id = ? ORDER BY sequence", (rollout_id,)
+        )
+        return [_parse(row[0]) for row in rows]
+
+    def lost(self, job: str) -> list[LostRecord]:
+        rows = self._query(
+            "SELECT body FROM records WHERE job = ? AND kind = 'lost' ORDER BY rollout_id, sequence",
+            (job,),
+        )
+        result = []
+        for (body,) in rows:
+            record = _parse(body)
+            result.append(
+                LostRecord(
+                    rollout_id=record.rollout_id,
+                    sequence=int(record.sequence),
+                    reason=record.lost.reason,
+                    call_index=int(record.lost.call_index),
+                    whole_rollout=bool(record.lost.whole_rollout),
+                )
+            )
+        return result
+
+    def record_count(self, job: str | None = None) -> int:
+        if job is None:
+            return int(self._query("SELECT COUNT(*) FROM records")[0][0])
+        return int(self._query("SELECT COUNT(*) FROM records WHERE job = ?", (job,))[0][0])
+
+    def watermark(self, rollout_id: str) -> int:
+        """The highest sequence n such that 1..n are all stored for this rollout.
+
+        A sidecar serves one rollout per spool, so a rollout's sequences start
+        at 1; 0 when sequence 1 is not stored.
+        """
+        rows = self._query(
+            "SELECT sequence FROM records WHERE rollout_id = ? ORDER BY sequence", (rollout_id,)
+        )
+        contiguous = 0
+        for (sequence,) in rows:
+            if sequence == contiguous + 1:
+                contiguous = sequence
+            elif sequence > contiguous + 1:
+                break
+        return contiguous
+
+
+def check(record: Record) -> None:
+    """Raise StoreError naming the first required field ``record`` lacks."""
+    if not record.idempotency_key:
+        raise StoreError("idempotency_key is required")
+    if not record.rollout_id:
+        raise StoreError(f"record {record.idempotency_key!r}: rollout_id is required")
+    if not record.job:
+        raise StoreError(f"record {record.idempotency_key!r}: job is required")
+    if record.WhichOneof("body") is None:
+        raise StoreError(
+            f"record {record.idempotency_key!r}: body is required"
+            " (one of started, call, finished, lost)"
+        )
+
+
+def _parse(body: bytes) -> Record:
+    record = trajectory_pb2.Record()
+    record.ParseFromString(body)
+    return record
+
+
+def _rollout(row: tuple[Any, ...]) -> Rollout:
+    (
+        rollout_id, job, task_id, sample_index, attempt, harness, policy_version, started,
+        status, exit_code, reward, has_reward, expected, calls_stored, finished, trained_at,
+        trained_checkpoint, calls_present,
+    ) = row  # fmt: skip
+    return Rollout(
+        rollout_id=rollout_id,
+        job=job,
+        task_id=task_id,
+        sample_index=sample_index,
+        attempt=attempt,
+        harness=harness,
+        policy_version=policy_version,
+        started=bool(started),
+        status=status,
+        exit_code=exit_code,
+        reward=reward,
+        has_reward=bool(has_reward),
+        call_count_expected=expected,
+        calls_stored=calls_stored,
+        finished=bool(finished),
+        trained_at=trained_at,
+        trained_checkpoint=trained_checkpoint,
+        calls_present=calls_present,
+    )
