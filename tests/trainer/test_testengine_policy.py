@@ -1,0 +1,103 @@
+"""The test engine's scripted policy, as a pure function of the prompt text."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from openforge_trainer import testengine_policy as policy
+from openforge_trainer import tokenizer_build
+
+
+def tool(name: str, parameters: dict[str, Any]) -> dict[str, Any]:
+    return {"type": "function", "function": {"name": name, "parameters": parameters}}
+
+
+def prompt(tools: list[dict[str, Any]], messages: list[dict[str, Any]]) -> str:
+    return tokenizer_build.render_chat(messages, tools, add_generation_prompt=True)
+
+
+def test_parses_turns_and_tools_from_a_rendered_prompt() -> None:
+    shell = tool("shell", {"type": "object", "properties": {}})
+    text = prompt(
+        [shell], [{"role": "user", "content": "a\nb"}, {"role": "assistant", "content": "c"}]
+    )
+    assert [(t.role, t.content) for t in policy.completed_turns(text)] == [
+        ("system", text.split("<|im_start|>system\n", 1)[1].split("<|im_end|>")[0]),
+        ("user", "a\nb"),
+        ("assistant", "c"),
+    ]
+    assert policy.offered_tools(text) == [shell["function"]]
+    assert policy.offered_tools("no tools here") == []
+
+
+def test_first_matching_shell_tool_wins_in_offered_order() -> None:
+    tools = [
+        tool("read", {}),
+        tool("exec_command", {"properties": {"cmd": {"type": "string"}}, "required": ["cmd"]}),
+        tool("shell", {"properties": {"command": {"type": "array"}}}),
+    ]
+    answer = policy.respond(prompt(tools, [{"role": "user", "content": "Now RUN `ls -l` please"}]))
+    assert answer == policy.tool_call_text("exec_command", {"cmd": "ls -l"})
+    assert (
+        answer
+        == '<tool_call>\n{"name": "exec_command", "arguments": {"cmd": "ls -l"}}\n</tool_call>'
+    )
+
+
+def test_required_parameters_get_plausible_defaults() -> None:
+    parameters = {
+        "properties": {
+            "command": {"type": ["array", "null"]},
+            "workdir": {"type": "string"},
+            "timeout_ms": {"type": "integer"},
+            "sandbox": {"type": "string", "enum": ["on", "off"]},
+            "login": {"type": "boolean", "default": True},
+            "justification": {"type": "string"},
+            "env": {"type": "object"},
+            "optional": {"type": "string"},
+        },
+        "required": [
+            "command",
+            "workdir",
+            "timeout_ms",
+            "sandbox",
+            "login",
+            "justification",
+            "env",
+        ],
+    }
+    assert policy.arguments_for(parameters, "pwd") == {
+        "command": ["bash", "-lc", "pwd"],
+        "workdir": ".",
+        "timeout_ms": 60000,
+        "sandbox": "on",
+        "login": True,
+        "justification": "run the command",
+        "env": {},
+    }
+    assert policy.arguments_for({}, "pwd") == {"command": "pwd"}
+
+
+def test_answers_done_without_a_command_or_tool() -> None:
+    shell = tool("shell", {})
+    assert policy.respond(prompt([shell], [{"role": "user", "content": "hello"}])) == "Done."
+    assert policy.respond(prompt([], [{"role": "user", "content": "run `ls`"}])) == "Done."
+    assert policy.respond("") == "Done."
+
+
+def test_tool_responses_answer_with_the_last_outputs_first_line() -> None:
+    messages = [
+        {"role": "user", "content": "run `ls`"},
+        {"role": "tool", "content": "first"},
+        {"role": "tool", "content": "\n\nsecond output\nmore"},
+    ]
+    assert policy.respond(prompt([tool("shell", {})], messages)) == "Done: second output"
+    empty = [{"role": "user", "content": "run `ls`"}, {"role": "tool", "content": ""}]
+    assert policy.respond(prompt([], empty)) == "Done."
+
+
+def test_reasoning_opens_the_answer_with_a_think_block() -> None:
+    text = prompt([], [{"role": "user", "content": "hi"}])
+    assert policy.respond(text, reasoning=True) == (
+        "<think>\nThere is nothing to run.\n</think>\n\nDone."
+    )

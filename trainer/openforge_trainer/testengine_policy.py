@@ -1,0 +1,151 @@
+"""The test engine's "policy": a deterministic script over the prompt text.
+
+It reads a prompt rendered with the tiny tokenizer's chat template (ChatML
+turns, tools listed one JSON object per line in a ``<tools>`` block) and
+answers the way a well-behaved agent model would on a one-tool-call task:
+
+* last turn is a user message asking to ``run `some command```: call the
+  first offered shell-like tool, with arguments shaped by that tool's JSON
+  schema (an array ``command`` gets ``["bash", "-lc", cmd]``, a string one
+  gets ``cmd``; other required parameters get plausible defaults);
+* last turn holds tool responses: "Done: <first line of the last output>";
+* anything else: "Done.".
+
+The answer text is laid out exactly as the chat template renders an assistant
+turn, so re-rendering the parsed answer reproduces it. It excludes the stop
+token, which the engine appends.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from typing import Any
+
+SHELL_TOOL_NAMES = (
+    "shell",
+    "exec_command",
+    "Bash",
+    "bash",
+    "exec",
+    "shell_command",
+    "run_shell_command",
+    "run_command",
+    "execute_command",
+)
+
+_TOOLS_BLOCK = re.compile(r"<tools>\n(.*?)\n</tools>", re.DOTALL)
+_COMMAND = re.compile(r"\brun\b[^`]*?`([^`]+)`", re.IGNORECASE)
+_TOOL_RESPONSE = re.compile(r"<tool_response>\n(.*?)\n</tool_response>", re.DOTALL)
+_TURN_START = "<|im_start|>"
+_TURN_END = "<|im_end|>"
+
+
+@dataclass(frozen=True, slots=True)
+class Turn:
+    role: str
+    content: str
+
+
+def respond(prompt: str, *, reasoning: bool = False) -> str:
+    """The assistant's answer to a rendered prompt (without the stop token)."""
+    turns = completed_turns(prompt)
+    last = turns[-1] if turns else Turn("user", "")
+    if last.role == "user" and last.content.startswith("<tool_response>"):
+        return _think(reasoning, "The command has finished.") + _done(last.content)
+    match = _COMMAND.search(last.content) if last.role == "user" else None
+    tool = _shell_tool(offered_tools(prompt)) if match else None
+    if match is None or tool is None:
+        return _think(reasoning, "There is nothing to run.") + "Done."
+    arguments = arguments_for(tool.get("parameters") or {}, match.group(1))
+    return _think(reasoning, "I will run the command.") + tool_call_text(tool["name"], arguments)
+
+
+def completed_turns(prompt: str) -> list[Turn]:
+    """The ChatML turns of a prompt that are closed by ``<|im_end|>``."""
+    turns = []
+    for segment in prompt.split(_TURN_START)[1:]:
+        if _TURN_END not in segment:
+            continue  # the generation prompt (or a cut turn)
+        role, _, content = segment.split(_TURN_END, 1)[0].partition("\n")
+        turns.append(Turn(role, content))
+    return turns
+
+
+def offered_tools(prompt: str) -> list[dict[str, Any]]:
+    """The function tools listed in the system turn's ``<tools>`` block."""
+    block = _TOOLS_BLOCK.search(prompt)
+    if block is None:
+        return []
+    tools = []
+    for line in block.group(1).splitlines():
+        try:
+            tool = json.loads(line)
+        except ValueError:
+            continue
+        function = tool.get("function", tool) if isinstance(tool, dict) else None
+        if isinstance(function, dict) and isinstance(function.get("name"), str):
+            tools.append(function)
+    return tools
+
+
+def arguments_for(parameters: dict[str, Any], command: str) -> dict[str, Any]:
+    """Arguments for a shell tool with JSON schema ``parameters`` running ``command``."""
+    properties = parameters.get("properties") or {}
+    key = next((k for k in ("command", "cmd") if k in properties), "command")
+    as_array = _schema_type(properties.get(key) or {}) == "array"
+    arguments: dict[str, Any] = {key: ["bash", "-lc", command] if as_array else command}
+    for name in parameters.get("required") or []:
+        if name not in arguments:
+            arguments[name] = _default(name, properties.get(name) or {})
+    return arguments
+
+
+def tool_call_text(name: str, arguments: dict[str, Any]) -> str:
+    """A tool call exactly as the chat template renders it (``tojson`` spacing)."""
+    payload = json.dumps(arguments, ensure_ascii=False)
+    return f'<tool_call>\n{{"name": "{name}", "arguments": {payload}}}\n</tool_call>'
+
+
+def _shell_tool(tools: list[dict[str, Any]]) -> dict[str, Any] | None:
+    return next((t for t in tools if t["name"] in SHELL_TOOL_NAMES), None)
+
+
+def _think(enabled: bool, thought: str) -> str:
+    return f"<think>\n{thought}\n</think>\n\n" if enabled else ""
+
+
+def _done(tool_responses: str) -> str:
+    outputs = _TOOL_RESPONSE.findall(tool_responses)
+    lines = [line.strip() for line in (outputs[-1] if outputs else "").splitlines()]
+    first = next((line for line in lines if line), "")
+    return f"Done: {first}" if first else "Done."
+
+
+def _schema_type(schema: dict[str, Any]) -> str | None:
+    kind = schema.get("type")
+    if isinstance(kind, list):
+        kind = next((k for k in kind if k != "null"), None)
+    return kind if isinstance(kind, str) else None
+
+
+def _default(name: str, schema: dict[str, Any]) -> Any:
+    """A plausible value for a required parameter we know nothing else about."""
+    if "default" in schema:
+        return schema["default"]
+    if isinstance(schema.get("enum"), list) and schema["enum"]:
+        return schema["enum"][0]
+    kind = _schema_type(schema)
+    lowered = name.lower()
+    if kind in ("integer", "number"):
+        return 60000 if "timeout" in lowered else 1
+    if kind == "boolean":
+        return False
+    if kind == "array":
+        return []
+    if kind == "object":
+        return {}
+    if lowered in ("workdir", "cwd", "dir", "directory", "working_directory", "path"):
+        return "."
+    return "run the command"
