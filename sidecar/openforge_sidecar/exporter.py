@@ -7,8 +7,9 @@ a sender writes unacknowledged records (at most ``window`` in flight) and
 sleeps until :meth:`Exporter.notify` says more were appended; a receiver
 reads Acks. Acks may come for any record; the spool's ack mark only moves
 over a contiguous run (a persister task writes it, coalescing bursts so the
-fsync is paid once per burst, not once per ack) and then deletes fully
-acknowledged segments.
+fsync is paid once per burst, not once per ack); with ``compact=True`` it
+then deletes fully acknowledged segments. Compaction is off by default
+because the capture addon rereads the whole spool when it restarts.
 
 Any failure (collector down, stream broken, token refused) ends the session;
 the next starts after a capped exponential backoff and resends from the ack
@@ -53,8 +54,9 @@ class _Refused(Exception):
 class Exporter:
     """Streams ``spool`` to the collector at ``target`` (``host:port``).
 
-    ``start()`` in a running loop, ``await flush(timeout)`` to drain (on
-    SIGTERM), ``await stop()``. ``token`` is sent as a bearer token.
+    ``start()`` in a running loop (or run ``await run()`` as a task),
+    ``await flush(timeout)`` to drain (on SIGTERM), ``await stop()``.
+    ``token`` is sent as a bearer token.
     """
 
     def __init__(
@@ -68,6 +70,7 @@ class Exporter:
         backoff_initial_s: float = 0.1,
         backoff_max_s: float = 10.0,
         rpc_timeout_s: float = 10.0,
+        compact: bool = False,
     ) -> None:
         self.spool = spool
         self.target = target
@@ -76,6 +79,7 @@ class Exporter:
         self.backoff_initial_s = backoff_initial_s
         self.backoff_max_s = backoff_max_s
         self.rpc_timeout_s = rpc_timeout_s
+        self.compact = compact
         self._metadata: tuple[tuple[str, str], ...] = (
             (("authorization", f"Bearer {token}"),) if token else ()
         )
@@ -106,6 +110,21 @@ class Exporter:
             asyncio.create_task(self._run(), name="exporter"),
             asyncio.create_task(self._persist_forever(), name="exporter-persist"),
         ]
+
+    async def run(self) -> None:
+        """Start, then run until cancelled or stopped; stops cleanly either way.
+
+        Returns when :meth:`stop` ends it; raises CancelledError when cancelled.
+        """
+        self.start()
+        try:
+            await asyncio.gather(*self._tasks)
+        except asyncio.CancelledError:
+            current = asyncio.current_task()
+            if current is not None and current.cancelling():
+                raise
+        finally:
+            await self.stop()
 
     async def stop(self) -> None:
         """Stop streaming, after making the ack mark reached so far durable."""
@@ -315,4 +334,5 @@ class Exporter:
 
     def _mark_and_compact(self, sequence: int) -> None:
         self.spool.mark_acked(sequence)
-        self.spool.compact()
+        if self.compact:
+            self.spool.compact()

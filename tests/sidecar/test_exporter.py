@@ -99,12 +99,39 @@ def test_acknowledged_segments_are_compacted(tmp_path: Path) -> None:
             for i in range(30):
                 s.append(records("r1", 1, start=i))
             assert len(list((tmp_path / "small").glob("segment-*"))) >= 4
-            e = fast(s, f"127.0.0.1:{port}")
+            keep = fast(s, f"127.0.0.1:{port}")
+            keep.start()
+            assert await keep.flush(10)
+            await keep.stop()
+            assert len(list((tmp_path / "small").glob("segment-*"))) >= 4  # off by default
+            s.append(records("r1", 1, start=30))
+            e = fast(s, f"127.0.0.1:{port}", compact=True)
             e.start()
             assert await e.flush(10)
             await e.stop()
             assert len(list((tmp_path / "small").glob("segment-*"))) == 1
-            assert running.store.record_count() == 30
+            assert running.store.record_count() == 31
+
+    run(tmp_path, body)
+
+
+def test_run_as_a_task_until_stopped(tmp_path: Path) -> None:
+    async def body(running: collector.Collector, port: int, s: spool.Spool) -> None:
+        e = fast(s, f"127.0.0.1:{port}")
+        task = asyncio.create_task(e.run())
+        s.append(records("r1", 5))
+        assert await e.flush(10)
+        await e.stop()
+        await task  # ends normally when stopped
+        assert s.acked == 5
+        cancelled = asyncio.create_task(e.run())
+        s.append(records("r1", 1, start=5))
+        assert await e.flush(10)
+        cancelled.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await cancelled
+        assert not e._tasks
+        assert_stored_exactly(running, s)
 
     run(tmp_path, body)
 
