@@ -114,6 +114,7 @@ class Capture:
         self._finished = False
         self._loop: asyncio.AbstractEventLoop | None = None
         self._journal: int | None = None
+        self._engine_model = ""
 
     # --- mitmproxy lifecycle ------------------------------------------------
 
@@ -126,7 +127,7 @@ class Capture:
         loader.add_option("openforge_spool", str, "", "Directory of the durable spool (required).")
         loader.add_option("openforge_collector", str, "", "host:port of the trajectory collector; empty: spool only.")
         loader.add_option("openforge_collector_token_file", str, "", "File holding the collector's bearer token.")
-        loader.add_option("openforge_flush_timeout", float, 30.0, "Seconds to wait on shutdown for the collector to acknowledge everything.")
+        loader.add_option("openforge_flush_timeout", int, 30, "Seconds to wait on shutdown for the collector to acknowledge everything.")
         loader.add_option("openforge_job", str, "local", "RolloutJob name recorded with every record.")
         loader.add_option("openforge_rollout_id", str, "", "Rollout id (default: a new UUID).")
         loader.add_option("openforge_task_id", str, "", "Task id of this rollout.")
@@ -257,7 +258,7 @@ class Capture:
         response.headers["content-type"] = "text/event-stream" if call.request.stream else "application/json"
         if call.request.stream:
             response.headers["cache-control"] = "no-cache"
-        response.stream = call.relay
+        response.stream = _guarded(call.relay)
 
     async def response(self, flow: http.HTTPFlow) -> None:
         call: _Call | None = flow.metadata.get("openforge")
@@ -287,7 +288,7 @@ class Capture:
         assert self._history is not None
         call.plan = self._history.plan(call.request)
         body = engine.completion_request(
-            model=ctx.options.openforge_engine_model or call.request.model,
+            model=ctx.options.openforge_engine_model or self._engine_model,
             prompt_ids=call.plan.prompt_ids,
             sampling=call.request.sampling,
             stop_token_ids=tokenizer.stop_token_ids,
@@ -297,7 +298,8 @@ class Capture:
         call.relay = relay.Relay(
             codec=call.codec,
             request=call.request,
-            detokenizer=tokenizer.detokenizer(),
+            detokenizer=template.IncrementalDetokenizer(tokenizer),
+            stop_token_ids=tokenizer.stop_token_ids,
             prompt_tokens=len(call.plan.prompt_ids),
             response_id=call.response_id,
             created=int(time.time()),
@@ -444,6 +446,8 @@ class Capture:
         if self._tokenizer is None:
             opts = ctx.options
             self._tokenizer = template.PolicyTokenizer.load(opts.openforge_tokenizer or opts.openforge_engine)
+            if not opts.openforge_engine_model:
+                self._engine_model = _served_model(opts.openforge_engine)
             reason = "sidecar_restarted" if self._next_call else "first"
             self._history = history.TokenHistory(self._tokenizer, first_reason=reason)
         return self._tokenizer
@@ -503,6 +507,39 @@ class Capture:
         self.stats[f"rejected_{status}"] += 1
         log.warning("answering %d to %s %s: %s", status, flow.request.method, redact.path(flow.request.path), message)
         flow.response = _json_response(status, codec.error_body(status, message))
+
+
+def _guarded(transform: relay.Relay) -> Any:
+    """The relay as mitmproxy's stream callable.
+
+    Nothing to send must be an empty *list*: mitmproxy writes an empty bytes
+    chunk as-is, and on a chunked HTTP/1.1 response that is the terminator,
+    which would end the harness's stream early. An exception escaping a
+    stream callable kills the connection without a trace, so it is logged
+    and kept on the relay (the call is spooled with the error) first.
+    """
+
+    def stream(data: bytes) -> list[bytes]:
+        try:
+            out = transform(data)
+        except Exception as exc:
+            log.exception("relaying the engine's stream failed")
+            transform.error = f"relay failed: {exc!r}"
+            transform.done = True
+            raise
+        return [out] if out else []
+
+    return stream
+
+
+def _served_model(engine_url: str) -> str:
+    """The engine's model name, from its OpenAI-style ``/v1/models``."""
+    with urllib.request.urlopen(engine_url.rstrip("/") + "/v1/models", timeout=10) as response:
+        body = json.load(response)
+    models = body.get("data") or []
+    if not models or not isinstance(models[0], dict) or "id" not in models[0]:
+        raise OSError(f"engine at {engine_url} lists no model in /v1/models")
+    return str(models[0]["id"])
 
 
 def _json_response(status: int, body: dict[str, Any]) -> http.Response:
@@ -567,5 +604,3 @@ def _resume(store: spool.Spool, journal: Path) -> _Resume:
     resume.vanished_calls = sorted(begun - spooled - reported)
     return resume
 
-
-addons = [Capture()]

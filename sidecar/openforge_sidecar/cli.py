@@ -19,7 +19,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from openforge_sidecar import capture
+from openforge_sidecar import addon, capture
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -35,7 +35,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--spool", required=True, type=Path, help="spool directory (durable, fsync'd)")
     parser.add_argument("--collector", default="", help="collector host:port; empty: spool only")
     parser.add_argument("--collector-token-file", default="", help="file holding the collector bearer token")
-    parser.add_argument("--flush-timeout", type=float, default=30.0, help="seconds to wait for acks on shutdown")
+    parser.add_argument("--flush-timeout", type=int, default=30, help="seconds to wait for acks on shutdown")
     parser.add_argument("--job", default="local")
     parser.add_argument("--rollout-id", default="")
     parser.add_argument("--task-id", default="")
@@ -66,7 +66,7 @@ def mitmdump_args(ns: argparse.Namespace) -> list[str]:
         "--mode", mode,
         "--listen-host", host,
         "--listen-port", port,
-        "-s", str(Path(capture.__file__)),
+        "-s", str(Path(addon.__file__)),
         "--set", "connection_strategy=lazy",
         "--set", f"openforge_mode={ns.capture}",
         "--set", f"openforge_engine={ns.engine}",

@@ -26,6 +26,7 @@ class Relay:
         codec: Codec,
         request: conversation.ChatRequest,
         detokenizer: template.IncrementalDetokenizer,
+        stop_token_ids: frozenset[int],
         prompt_tokens: int,
         response_id: str,
         created: int,
@@ -34,6 +35,7 @@ class Relay:
         self._codec = codec
         self._request = request
         self._detokenizer = detokenizer
+        self._stop_token_ids = stop_token_ids
         self._prompt_tokens = prompt_tokens
         self._response_id = response_id
         self._created = created
@@ -86,7 +88,8 @@ class Relay:
             return b""
         self.token_ids.extend(chunk.token_ids)
         self.logprobs.extend(chunk.logprobs)
-        text = "".join(self._detokenizer.push(t) for t in chunk.token_ids)
+        # Stop tokens end the turn; their text is not part of the answer.
+        text = "".join(self._detokenizer.push(t) for t in chunk.token_ids if t not in self._stop_token_ids)
         return self._encode(self._parser.feed(text))
 
     def _encode(self, events: list[conversation.StreamEvent]) -> bytes:

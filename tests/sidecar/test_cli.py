@@ -2,7 +2,7 @@ from pathlib import Path
 
 import pytest
 
-from openforge_sidecar import capture, cli
+from openforge_sidecar import addon, cli
 
 
 def args(*argv: str) -> list[str]:
@@ -13,7 +13,7 @@ def test_reverse_tokens_mode_targets_the_engine_and_loads_the_addon():
     out = args("--engine", "http://127.0.0.1:8000", "--listen", "127.0.0.1:9000", "--job", "j1")
     assert out[out.index("--mode") + 1] == "reverse:http://127.0.0.1:8000"
     assert out[out.index("--listen-port") + 1] == "9000"
-    assert out[out.index("-s") + 1] == str(Path(capture.__file__))
+    assert out[out.index("-s") + 1] == str(Path(addon.__file__))
     assert "openforge_job=j1" in out and "openforge_mode=tokens" in out
 
 

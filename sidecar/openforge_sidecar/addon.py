@@ -1,0 +1,10 @@
+"""The script mitmproxy loads: ``mitmdump -s <path of this file> --set openforge_...``.
+
+mitmproxy imports a script under a name of its own, outside ``sys.modules``,
+which dataclasses cannot live in; so the addon lives in
+:mod:`openforge_sidecar.capture` and this file only hands it over.
+"""
+
+from openforge_sidecar import capture
+
+addons = [capture.Capture()]
