@@ -88,6 +88,8 @@ class Procs:
         self.tmp_path = tmp_path
         self.started: list[Proc] = []
 
+    free_port = staticmethod(free_port)
+
     def start(self, name: str, args: list[str], port: int) -> Proc:
         proc = Proc(args, port, self.tmp_path / f"{name}.log").start()
         self.started.append(proc)

@@ -70,18 +70,30 @@ class _Writer:
     """Appends records to the spool from one thread, fsync per batch.
 
     Keeps the event loop free of disk waits; the exporter is told after each
-    batch is durable.
+    batch is durable. ``put`` returns a ticket; ``wait`` blocks until every
+    record up to that ticket is durable.
     """
 
     def __init__(self, store: spool.Spool, on_durable: Any) -> None:
         self._spool = store
         self._on_durable = on_durable
         self._queue: queue.Queue[pb.Record | None] = queue.Queue()
+        self._durable = threading.Condition()
+        self._queued = 0
+        self._written = 0
         self._thread = threading.Thread(target=self._run, name="openforge-spool", daemon=True)
         self._thread.start()
 
-    def put(self, record: pb.Record) -> None:
+    def put(self, record: pb.Record) -> int:
+        with self._durable:
+            self._queued += 1
+            ticket = self._queued
         self._queue.put(record)
+        return ticket
+
+    def wait(self, ticket: int, timeout: float | None = None) -> bool:
+        with self._durable:
+            return self._durable.wait_for(lambda: self._written >= ticket, timeout)
 
     def close(self) -> None:
         self._queue.put(None)
@@ -97,6 +109,9 @@ class _Writer:
             records_ = [r for r in batch if r is not None]
             if records_:
                 self._spool.append(records_)
+                with self._durable:
+                    self._written += len(records_)
+                    self._durable.notify_all()
                 self._on_durable()
 
 
@@ -115,6 +130,7 @@ class Capture:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._journal: int | None = None
         self._engine_model = ""
+        self._restarted = False
 
     # --- mitmproxy lifecycle ------------------------------------------------
 
@@ -155,6 +171,7 @@ class Capture:
         self._spool = spool.Spool(directory)
         resume = _resume(self._spool, directory / INFLIGHT_JOURNAL)
         self._next_call, self._next_lost, self._finished = resume.next_call, resume.next_lost, resume.finished
+        self._restarted = resume.next_call > 0
         self._journal = os.open(directory / INFLIGHT_JOURNAL, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         if opts.openforge_collector:
             token = Path(opts.openforge_collector_token_file).read_text().strip() if opts.openforge_collector_token_file else None
@@ -181,8 +198,8 @@ class Capture:
                 await asyncio.to_thread(self._ensure_tokenizer)
             except OSError as exc:  # engine not up yet: retried on the first call
                 log.warning("tokenizer not loaded yet (%s); will retry on the first call", exc)
-        if self._next_call:
-            log.warning("sidecar restarted: resuming at call %d; token history starts a new segment", self._next_call)
+        if self._restarted:
+            log.warning("sidecar restarted: resuming at call %d; token history starts a new segment", resume.next_call)
 
     async def done(self) -> None:
         if self._writer is not None:
@@ -413,10 +430,10 @@ class Capture:
         self._put(records.call(job=opts.openforge_job, rollout_id=opts.openforge_rollout_id, model_call=model_call))
         self.stats["spooled_calls"] += 1
 
-    def _put(self, record: pb.Record) -> None:
+    def _put(self, record: pb.Record) -> int:
         if self._writer is None:
             raise RuntimeError("capture addon is not running (no spool writer)")
-        self._writer.put(record)
+        return self._writer.put(record)
 
     def _lose(self, reason: str, *, whole: bool, call_index: int = 0) -> None:
         opts = ctx.options
@@ -448,7 +465,7 @@ class Capture:
             self._tokenizer = template.PolicyTokenizer.load(opts.openforge_tokenizer or opts.openforge_engine)
             if not opts.openforge_engine_model:
                 self._engine_model = _served_model(opts.openforge_engine)
-            reason = "sidecar_restarted" if self._next_call else "first"
+            reason = "sidecar_restarted" if self._restarted else "first"
             self._history = history.TokenHistory(self._tokenizer, first_reason=reason)
         return self._tokenizer
 
@@ -475,7 +492,7 @@ class Capture:
         opts = ctx.options
         if not self._finished:
             self._finished = True
-            self._put(
+            ticket = self._put(
                 records.finished(
                     job=opts.openforge_job,
                     rollout_id=opts.openforge_rollout_id,
@@ -486,6 +503,8 @@ class Capture:
                     status=status,
                 )
             )
+            assert self._writer is not None
+            await asyncio.to_thread(self._writer.wait, ticket)
         acked = True
         if wait > 0 and self._exporter is not None:
             acked = await self._exporter.flush(wait)

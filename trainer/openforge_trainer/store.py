@@ -73,7 +73,7 @@ _ROLLOUT_COLUMNS = (
     " r.started, r.status, r.exit_code, r.reward, r.has_reward, r.call_count_expected,"
     " r.calls_stored, r.finished, r.trained_at, r.trained_checkpoint,"
     " (SELECT COUNT(DISTINCT c.call_index) FROM records c"
-    "   WHERE c.rollout_id = r.rollout_id AND c.kind = 'call'"
+    "   WHERE c.rollout_id = r.rollout_id AND c.kind IN ('call', 'lost')"
     "   AND c.call_index < r.call_count_expected) AS calls_present"
 )
 
@@ -101,11 +101,13 @@ class Rollout:
     finished: bool
     trained_at: float | None
     trained_checkpoint: str | None
-    calls_present: int  # distinct call indices in 0..call_count_expected-1 stored
+    # distinct call indices in 0..call_count_expected-1 accounted for: stored,
+    # or reported lost by the sidecar (a lost call is never waited for)
+    calls_present: int
 
     @property
     def complete(self) -> bool:
-        """Finished, and every call it announced is stored."""
+        """Finished, and every call it announced is stored or reported lost."""
         return self.finished and self.calls_present == self.call_count_expected
 
 
@@ -222,7 +224,11 @@ class Store:
 
     def _insert(self, record: Record, now: float) -> bool:
         kind = record.WhichOneof("body")
-        call_index = int(record.call.call_index) if kind == "call" else None
+        call_index = None
+        if kind == "call":
+            call_index = int(record.call.call_index)
+        elif kind == "lost" and not record.lost.whole_rollout:
+            call_index = int(record.lost.call_index)
         cursor = self._db.execute(
             "INSERT OR IGNORE INTO records"
             " (idempotency_key, job, rollout_id, sequence, kind, call_index, body, stored_at)"

@@ -1,0 +1,161 @@
+"""Faults through real processes: nothing the sidecar saw is lost silently.
+
+Each test kills or withholds a real process (collector, sidecar, engine) and
+checks the durable store afterwards: every call is stored exactly once, or
+reported lost with a reason.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from openforge_trainer import store
+
+CHAT = "/v1/chat/completions"
+
+
+def ask(sidecar: Any, text: str = "hi", *, stream: bool = False, timeout: float = 30) -> httpx.Response:
+    return httpx.post(
+        sidecar.url + CHAT,
+        json={"model": "p", "stream": stream, "messages": [{"role": "user", "content": text}]},
+        timeout=timeout,
+    )
+
+
+def stats(sidecar: Any) -> dict[str, Any]:
+    body: dict[str, Any] = httpx.get(f"{sidecar.url}/openforge/v1/stats", timeout=10).json()
+    return body
+
+
+def finish(sidecar: Any, *, wait: float) -> dict[str, Any]:
+    response = httpx.post(
+        f"{sidecar.url}/openforge/v1/rollout/finish",
+        json={"exit_code": 0, "reward": 0.5, "wait_seconds": wait},
+        timeout=wait + 10,
+    )
+    response.raise_for_status()
+    body: dict[str, Any] = response.json()
+    return body
+
+
+def wait_until(predicate: Any, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.1)
+    raise TimeoutError("condition not met in time")
+
+
+def stored(path: Path, rollout: str) -> tuple[store.Rollout | None, list[store.ModelCall], list[store.LostRecord]]:
+    with store.Store(path) as db:
+        return db.rollout(rollout), db.calls(rollout), db.lost("faults")
+
+
+def test_collector_down_then_back_delivers_everything_once(procs: Any, tmp_path: Path) -> None:
+    engine = procs.engine()
+    collector_port = procs.free_port()
+    sidecar = procs.sidecar(
+        "--collector", f"127.0.0.1:{collector_port}", "--job", "faults", "--rollout-id", "r-down", engine=engine,
+    )
+    for text in ("one", "two", "three"):
+        assert ask(sidecar, text).status_code == 200
+    body = finish(sidecar, wait=0.5)
+    assert not body["acknowledged"]  # nobody is listening yet
+    assert body["unacked"] >= 4
+    procs.collector(port=collector_port)
+    db_path = tmp_path / "store.db"
+    wait_until(lambda: stats(sidecar)["unacked"] == 0)
+    rollout, calls, lost = stored(db_path, "r-down")
+    assert rollout is not None and rollout.complete
+    assert [c.call_index for c in calls] == [0, 1, 2]
+    assert lost == []
+    with store.Store(db_path) as db:
+        assert db.record_count("faults") == 5  # started + 3 calls + finished, each once
+
+
+def test_sidecar_killed_mid_call_restarts_and_reports_the_lost_call(procs: Any, tmp_path: Path) -> None:
+    engine = procs.engine("--token-delay-ms", "100")
+    collector = procs.collector()
+    spool = tmp_path / "spool"
+    port = procs.free_port()
+    args = ("--collector", f"127.0.0.1:{collector.port}", "--job", "faults", "--rollout-id", "r-kill")
+    sidecar = procs.sidecar(*args, engine=engine, spool=spool, port=port)
+    assert ask(sidecar, "first").status_code == 200
+    wait_until(lambda: stats(sidecar)["unacked"] == 0)
+
+    # a second call is streaming when the sidecar is killed outright
+    failure: list[BaseException] = []
+
+    def doomed() -> None:
+        try:
+            with httpx.stream("POST", sidecar.url + CHAT, json={"model": "p", "stream": True, "messages": [{"role": "user", "content": "second"}]}, timeout=30) as response:
+                for _ in response.iter_bytes():
+                    pass
+        except httpx.HTTPError as exc:
+            failure.append(exc)
+
+    thread = threading.Thread(target=doomed)
+    thread.start()
+    wait_until(lambda: stats(sidecar)["calls"] == 2)
+    sidecar.stop(signal.SIGKILL)
+    thread.join(30)
+    assert failure, "the harness must see the connection die"
+
+    restarted = procs.sidecar(*args, engine=engine, spool=spool, port=port, name="sidecar-restarted")
+    third = ask(restarted, "third")
+    assert third.status_code == 200
+    done = finish(restarted, wait=20)
+    assert done["acknowledged"], done
+
+    rollout, calls, lost = stored(tmp_path / "store.db", "r-kill")
+    assert rollout is not None and rollout.complete
+    assert [c.call_index for c in calls] == [0, 2]
+    assert calls[1].segment_reason == "sidecar_restarted"
+    assert [(item.call_index, "in flight" in item.reason) for item in lost] == [(1, True)]
+    assert rollout.call_count_expected == 3
+
+
+def test_engine_dying_mid_stream_fails_the_call_and_the_sidecar_keeps_serving(procs: Any, tmp_path: Path) -> None:
+    engine = procs.engine("--token-delay-ms", "100")
+    collector = procs.collector()
+    sidecar = procs.sidecar("--collector", f"127.0.0.1:{collector.port}", "--job", "faults", "--rollout-id", "r-engine", engine=engine)
+    client = openai.OpenAI(base_url=f"{sidecar.url}/v1", api_key="x", max_retries=0)
+    stream = client.chat.completions.create(model="p", messages=[{"role": "user", "content": "hello"}], stream=True)
+    next(iter(stream))  # the first token arrived
+    engine.stop(signal.SIGKILL)
+    with pytest.raises((openai.APIError, httpx.HTTPError)):  # the connection is cut, as a real API's would be
+        for _ in stream:
+            pass
+    # a new engine on the same port; the sidecar carries on
+    procs.start("engine2", engine.args, engine.port)
+    ok = client.chat.completions.create(model="p", messages=[{"role": "user", "content": "again"}])
+    assert ok.choices[0].message.content == "Done."
+    finish(sidecar, wait=20)
+    _, calls, _ = stored(tmp_path / "store.db", "r-engine")
+    assert len(calls) == 2
+    assert calls[0].error and calls[0].finish_reason == "error"
+    assert not calls[1].error and calls[1].token_exact
+
+
+def test_engine_refusal_reaches_the_harness_in_its_api_format(procs: Any, tmp_path: Path) -> None:
+    engine = procs.engine("--max-model-len", "256")
+    sidecar = procs.sidecar("--job", "faults", "--rollout-id", "r-refused", "--max-model-len", "256", engine=engine)
+    response = httpx.post(
+        sidecar.url + "/v1/messages",
+        json={"model": "m", "max_tokens": 10, "messages": [{"role": "user", "content": " ".join(f"word{i}" for i in range(400))}]},
+        timeout=30,
+    )
+    assert response.status_code == 400
+    body = response.json()
+    assert body["type"] == "error" and body["error"]["type"] == "invalid_request_error"
+    assert "engine answered 400" in body["error"]["message"]
+    assert ask(sidecar, "short").status_code == 200
