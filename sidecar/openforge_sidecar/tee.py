@@ -90,9 +90,7 @@ class Tee:
             self._buffer += plain
             return
         for event in self._sse.feed(plain):
-            if event.data.strip() == "[DONE]":
-                continue
-            self.events.extend(self._decoder.feed(event))
+            self.events.extend(self._decoder.feed(event))  # [DONE] included: it ends Chat streams
             try:
                 chunk = json.loads(event.data)
             except ValueError:
