@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import ssl
 import threading
 import zlib
 from collections.abc import Iterator
@@ -139,7 +140,7 @@ def test_regular_proxy_mode_answers_https_calls_from_the_policy(procs: Any, tmp_
     sidecar = procs.sidecar("--mode", "regular", "--confdir", str(confdir), "--rollout-id", "r-proxy", engine=engine)
     ca = confdir / "mitmproxy-ca-cert.pem"
     assert ca.exists()
-    http_client = httpx.Client(proxy=sidecar.url, verify=str(ca))
+    http_client = httpx.Client(proxy=sidecar.url, verify=ssl.create_default_context(cafile=str(ca)))
     client = openai.OpenAI(base_url="https://api.openai.com/v1", api_key="sk-real-looking", http_client=http_client, max_retries=0)
     reply = client.chat.completions.create(model="gpt-x", messages=[{"role": "user", "content": "hello"}])
     assert reply.choices[0].message.content == "Done."
