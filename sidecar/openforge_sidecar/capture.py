@@ -31,10 +31,20 @@ from pathlib import Path
 from typing import Any
 
 from mitmproxy import ctx, exceptions, http
-
 from openforge.trajectory.v1 import trajectory_pb2 as pb
 
-from openforge_sidecar import codecs, conversation, engine, history, records, redact, relay, spool, tee, template
+from openforge_sidecar import (
+    codecs,
+    conversation,
+    engine,
+    history,
+    records,
+    redact,
+    relay,
+    spool,
+    tee,
+    template,
+)
 from openforge_sidecar import exporter as exporting
 from openforge_sidecar.codecs import Codec
 from openforge_sidecar.codecs.errors import CodecError
@@ -298,7 +308,7 @@ class Capture:
 
     async def _to_engine(self, flow: http.HTTPFlow, call: _Call) -> None:
         try:
-            tokenizer = self._tokenizer or await asyncio.to_thread(self._ensure_tokenizer)
+            tokenizer = await self._policy_tokenizer()
         except OSError as exc:
             self._fail(flow, call, 503, f"policy tokenizer unavailable: {exc}")
             return
@@ -458,6 +468,11 @@ class Capture:
     def _notify_exporter(self) -> None:
         if self._exporter is not None and self._loop is not None:
             self._loop.call_soon_threadsafe(self._exporter.notify)
+
+    async def _policy_tokenizer(self) -> template.PolicyTokenizer:
+        if self._tokenizer is not None:
+            return self._tokenizer
+        return await asyncio.to_thread(self._ensure_tokenizer)
 
     def _ensure_tokenizer(self) -> template.PolicyTokenizer:
         if self._tokenizer is None:

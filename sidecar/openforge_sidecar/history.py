@@ -124,7 +124,7 @@ class TokenHistory:
         """Remember the conversation this call ended, for the next call to extend."""
         stopped = bool(completion_ids) and completion_ids[-1] in self._renderer.stop_token_ids
         head = _Head(
-            request.messages + (reply,),
+            (*request.messages, reply),
             request.tools,
             plan.prompt_ids + list(completion_ids),
             stopped,

@@ -98,9 +98,8 @@ class SSEParser:
         elif name == "id":
             if "\0" not in value:
                 self._id = value
-        elif name == "retry":
-            if value.isdigit():
-                self._retry = int(value)
+        elif name == "retry" and value.isdigit():
+            self._retry = int(value)
         return None
 
     def _reset(self) -> None:

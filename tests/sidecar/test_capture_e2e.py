@@ -17,7 +17,6 @@ import anthropic
 import httpx
 import openai
 import pytest
-
 from openforge_trainer import export, store
 
 PROMPT = "Please run `echo hi > hello.txt` and then say done."

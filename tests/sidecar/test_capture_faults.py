@@ -16,7 +16,6 @@ from typing import Any
 import httpx
 import openai
 import pytest
-
 from openforge_trainer import store
 
 CHAT = "/v1/chat/completions"

@@ -23,7 +23,6 @@ from typing import Any
 import httpx
 import openai
 import pytest
-
 from openforge_trainer import store
 
 COMPLETION = {

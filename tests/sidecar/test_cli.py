@@ -1,7 +1,6 @@
 from pathlib import Path
 
 import pytest
-
 from openforge_sidecar import addon, cli
 
 

@@ -1,7 +1,6 @@
 import json
 
 import pytest
-
 from openforge_sidecar import conversation, engine
 
 

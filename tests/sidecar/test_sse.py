@@ -3,7 +3,6 @@ from __future__ import annotations
 import itertools
 from dataclasses import replace
 
-import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from openforge_sidecar import sse
