@@ -158,3 +158,41 @@ def test_engine_refusal_reaches_the_harness_in_its_api_format(procs: Any, tmp_pa
     assert body["type"] == "error" and body["error"]["type"] == "invalid_request_error"
     assert "engine answered 400" in body["error"]["message"]
     assert ask(sidecar, "short").status_code == 200
+
+
+def test_sigterm_flushes_every_spooled_call_to_the_collector(procs: Any, tmp_path: Path) -> None:
+    engine = procs.engine()
+    collector = procs.collector()
+    sidecar = procs.sidecar("--collector", f"127.0.0.1:{collector.port}", "--job", "faults", "--rollout-id", "r-term", engine=engine)
+    for index in range(5):
+        assert ask(sidecar, f"call {index}").status_code == 200
+    assert sidecar.stop(signal.SIGTERM) == 0
+    _, calls, _ = stored(tmp_path / "store.db", "r-term")
+    assert [c.call_index for c in calls] == [0, 1, 2, 3, 4]
+
+
+def test_sigterm_with_the_collector_away_keeps_the_spool_for_the_next_start(procs: Any, tmp_path: Path) -> None:
+    engine = procs.engine()
+    collector_port = procs.free_port()
+    spool = tmp_path / "spool"
+    args = ("--collector", f"127.0.0.1:{collector_port}", "--job", "faults", "--rollout-id", "r-away", "--flush-timeout", "1")
+    sidecar = procs.sidecar(*args, engine=engine, spool=spool)
+    assert ask(sidecar, "kept").status_code == 200
+    sidecar.stop(signal.SIGTERM)
+    assert "did not acknowledge" in sidecar.output()
+    procs.collector(port=collector_port)
+    again = procs.sidecar(*args, engine=engine, spool=spool, name="sidecar-again")
+    finish(again, wait=20)
+    rollout, calls, lost = stored(tmp_path / "store.db", "r-away")
+    assert rollout is not None and rollout.complete and [c.call_index for c in calls] == [0] and lost == []
+
+
+def test_oversized_bodies_are_refused_with_413_and_recorded(procs: Any, tmp_path: Path) -> None:
+    engine = procs.engine()
+    sidecar = procs.sidecar("--rollout-id", "r-big", engine=engine)
+    huge = "x" * (33 * 1024 * 1024)
+    response = httpx.post(sidecar.url + CHAT, json={"model": "p", "messages": [{"role": "user", "content": huge}]}, timeout=60)
+    assert response.status_code == 413
+    assert "exceeds the limit" in response.json()["error"]["message"]
+    assert ask(sidecar, "small").status_code == 200
+    assert stats(sidecar)["counters"]["rejected_413"] == 1
