@@ -29,6 +29,11 @@ def ask(sidecar: Any, text: str = "hi", *, stream: bool = False, timeout: float 
     )
 
 
+def ok(response: httpx.Response) -> httpx.Response:
+    assert response.status_code == 200, response.text
+    return response
+
+
 def stats(sidecar: Any) -> dict[str, Any]:
     body: dict[str, Any] = httpx.get(f"{sidecar.url}/openforge/v1/stats", timeout=10).json()
     return body
@@ -66,7 +71,7 @@ def test_collector_down_then_back_delivers_everything_once(procs: Any, tmp_path:
         "--collector", f"127.0.0.1:{collector_port}", "--job", "faults", "--rollout-id", "r-down", engine=engine,
     )
     for text in ("one", "two", "three"):
-        assert ask(sidecar, text).status_code == 200
+        ok(ask(sidecar, text))
     body = finish(sidecar, wait=0.5)
     assert not body["acknowledged"]  # nobody is listening yet
     assert body["unacked"] >= 4
@@ -82,13 +87,14 @@ def test_collector_down_then_back_delivers_everything_once(procs: Any, tmp_path:
 
 
 def test_sidecar_killed_mid_call_restarts_and_reports_the_lost_call(procs: Any, tmp_path: Path) -> None:
-    engine = procs.engine("--token-delay-ms", "100")
+    # slow enough that the second call is surely still streaming when killed
+    engine = procs.engine("--token-delay-ms", "1000")
     collector = procs.collector()
     spool = tmp_path / "spool"
     port = procs.free_port()
     args = ("--collector", f"127.0.0.1:{collector.port}", "--job", "faults", "--rollout-id", "r-kill")
     sidecar = procs.sidecar(*args, engine=engine, spool=spool, port=port)
-    assert ask(sidecar, "first").status_code == 200
+    ok(ask(sidecar, "first"))
     wait_until(lambda: stats(sidecar)["unacked"] == 0)
 
     # a second call is streaming when the sidecar is killed outright
@@ -157,7 +163,7 @@ def test_engine_refusal_reaches_the_harness_in_its_api_format(procs: Any, tmp_pa
     body = response.json()
     assert body["type"] == "error" and body["error"]["type"] == "invalid_request_error"
     assert "engine answered 400" in body["error"]["message"]
-    assert ask(sidecar, "short").status_code == 200
+    ok(ask(sidecar, "short"))
 
 
 def test_sigterm_flushes_every_spooled_call_to_the_collector(procs: Any, tmp_path: Path) -> None:
@@ -165,7 +171,7 @@ def test_sigterm_flushes_every_spooled_call_to_the_collector(procs: Any, tmp_pat
     collector = procs.collector()
     sidecar = procs.sidecar("--collector", f"127.0.0.1:{collector.port}", "--job", "faults", "--rollout-id", "r-term", engine=engine)
     for index in range(5):
-        assert ask(sidecar, f"call {index}").status_code == 200
+        ok(ask(sidecar, f"call {index}"))
     assert sidecar.stop(signal.SIGTERM) == 0
     _, calls, _ = stored(tmp_path / "store.db", "r-term")
     assert [c.call_index for c in calls] == [0, 1, 2, 3, 4]
@@ -177,7 +183,7 @@ def test_sigterm_with_the_collector_away_keeps_the_spool_for_the_next_start(proc
     spool = tmp_path / "spool"
     args = ("--collector", f"127.0.0.1:{collector_port}", "--job", "faults", "--rollout-id", "r-away", "--flush-timeout", "1")
     sidecar = procs.sidecar(*args, engine=engine, spool=spool)
-    assert ask(sidecar, "kept").status_code == 200
+    ok(ask(sidecar, "kept"))
     sidecar.stop(signal.SIGTERM)
     assert "did not acknowledge" in sidecar.output()
     procs.collector(port=collector_port)
@@ -194,5 +200,5 @@ def test_oversized_bodies_are_refused_with_413_and_recorded(procs: Any, tmp_path
     response = httpx.post(sidecar.url + CHAT, json={"model": "p", "messages": [{"role": "user", "content": huge}]}, timeout=60)
     assert response.status_code == 413
     assert "exceeds the limit" in response.json()["error"]["message"]
-    assert ask(sidecar, "small").status_code == 200
+    ok(ask(sidecar, "small"))
     assert stats(sidecar)["counters"]["rejected_413"] == 1
