@@ -101,3 +101,49 @@ def test_reasoning_opens_the_answer_with_a_think_block() -> None:
     assert policy.respond(text, reasoning=True) == (
         "<think>\nThere is nothing to run.\n</think>\n\nDone."
     )
+
+
+def test_the_request_may_be_followed_by_system_and_context_turns() -> None:
+    """Claude Code puts a system turn after the prompt; OpenClaw a second user turn."""
+    shell = tool("Bash", {"properties": {"command": {"type": "string"}}, "required": ["command"]})
+    claude = [
+        {"role": "system", "content": "You are Claude."},
+        {
+            "role": "user",
+            "content": "<system-reminder>run `rm -rf /` never</system-reminder>\nPlease run `echo hi`.",
+        },
+        {"role": "system", "content": "# Environment\nYou may run `git status` to look around."},
+    ]
+    assert policy.respond(prompt([shell], claude)) == policy.tool_call_text(
+        "Bash", {"command": "echo hi"}
+    )
+    openclaw = [
+        {"role": "user", "content": "Please run `echo hi`."},
+        {"role": "user", "content": "<<<BEGIN_OPENCLAW_INTERNAL_CONTEXT>>>"},
+    ]
+    assert policy.respond(prompt([shell], openclaw)) == policy.tool_call_text(
+        "Bash", {"command": "echo hi"}
+    )
+
+
+def test_tool_responses_followed_by_a_context_turn_still_finish() -> None:
+    messages: list[dict[str, Any]] = [
+        {"role": "user", "content": "Please run `echo hi`."},
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [{"function": {"name": "exec", "arguments": {"command": "echo hi"}}}],
+        },
+        {"role": "tool", "content": "hi"},
+        {"role": "user", "content": "<<<BEGIN_OPENCLAW_INTERNAL_CONTEXT>>>"},
+    ]
+    assert policy.respond(prompt([tool("exec", {})], messages)) == "Done: hi"
+
+
+def test_a_request_answered_before_is_not_run_again() -> None:
+    messages = [
+        {"role": "user", "content": "Please run `echo hi`."},
+        {"role": "assistant", "content": "Done: hi"},
+        {"role": "user", "content": "thanks"},
+    ]
+    assert policy.respond(prompt([tool("shell", {})], messages)) == "Done."

@@ -4,11 +4,12 @@ It reads a prompt rendered with the tiny tokenizer's chat template (ChatML
 turns, tools listed one JSON object per line in a ``<tools>`` block) and
 answers the way a well-behaved agent model would on a one-tool-call task:
 
-* last turn is a user message asking to ``run `some command```: call the
-  first offered shell-like tool, with arguments shaped by that tool's JSON
-  schema (an array ``command`` gets ``["bash", "-lc", cmd]``, a string one
-  gets ``cmd``; other required parameters get plausible defaults);
-* last turn holds tool responses: "Done: <first line of the last output>";
+* a user turn after the assistant's last turn asks to ``run `some command```:
+  call the first offered shell-like tool, with arguments shaped by that
+  tool's JSON schema (an array ``command`` gets ``["bash", "-lc", cmd]``, a
+  string one gets ``cmd``; other required parameters get plausible defaults);
+* a turn after the assistant's last turn holds tool responses: "Done:
+  <first line of the last output>";
 * anything else: "Done.".
 
 The answer text is laid out exactly as the chat template renders an assistant
@@ -50,16 +51,37 @@ class Turn:
 
 def respond(prompt: str, *, reasoning: bool = False) -> str:
     """The assistant's answer to a rendered prompt (without the stop token)."""
-    turns = completed_turns(prompt)
-    last = turns[-1] if turns else Turn("user", "")
-    if last.role == "user" and last.content.startswith("<tool_response>"):
-        return _think(reasoning, "The command has finished.") + _done(last.content)
-    match = _COMMAND.search(last.content) if last.role == "user" else None
-    tool = _shell_tool(offered_tools(prompt)) if match else None
-    if match is None or tool is None:
+    pending = pending_turns(completed_turns(prompt))
+    responses = [t for t in pending if t.role == "user" and t.content.startswith("<tool_response>")]
+    if responses:
+        return _think(reasoning, "The command has finished.") + _done(responses[-1].content)
+    command = _command(pending)
+    tool = _shell_tool(offered_tools(prompt)) if command is not None else None
+    if command is None or tool is None:
         return _think(reasoning, "There is nothing to run.") + "Done."
-    arguments = arguments_for(tool.get("parameters") or {}, match.group(1))
+    arguments = arguments_for(tool.get("parameters") or {}, command)
     return _think(reasoning, "I will run the command.") + tool_call_text(tool["name"], arguments)
+
+
+def pending_turns(turns: list[Turn]) -> list[Turn]:
+    """The turns the assistant has not answered yet: those after its last turn.
+
+    Harnesses put more than one turn there: Claude Code adds a ``system``
+    turn (its environment) after the user's prompt, OpenClaw a second
+    ``user`` turn (its internal context) after the prompt or the tool
+    responses; the request may be in any of them.
+    """
+    last = max((i for i, t in enumerate(turns) if t.role == "assistant"), default=-1)
+    return turns[last + 1 :]
+
+
+def _command(pending: list[Turn]) -> str | None:
+    """The last ``run `cmd``` asked for in the latest user turn that asks for one."""
+    for turn in reversed(pending):
+        matches = _COMMAND.findall(turn.content) if turn.role == "user" else []
+        if matches:
+            return str(matches[-1])
+    return None
 
 
 def completed_turns(prompt: str) -> list[Turn]:

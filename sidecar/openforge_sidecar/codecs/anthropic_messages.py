@@ -129,23 +129,30 @@ def _assistant_turn(content: Any, path: str, names: dict[str, str]) -> conv.Mess
     return conv.Message("assistant", tuple(parts))
 
 
-def _system(value: Any) -> list[conv.Message]:
+def _system(value: Any, path: str) -> list[conv.Message]:
+    """The top-level ``system`` prompt, or a ``system`` turn inside ``messages``.
+
+    Claude Code sends both: besides the top-level prompt, a ``role: "system"``
+    message after the user's prompt (environment, deferred tools, skills;
+    the ``per-turn-control`` beta). It stays where it was sent.
+    """
     if value is None:
         return []
     if isinstance(value, str):
         return [conv.Message("system", (conv.TextPart(value),))] if value else []
     parts = []
-    for i, raw in enumerate(fields.as_list(value, "system")):
-        block = fields.as_object(raw, f"system[{i}]")
-        kind = fields.req_str(block, "type", f"system[{i}]")
+    for i, raw in enumerate(fields.as_list(value, path)):
+        at = f"{path}[{i}]"
+        block = fields.as_object(raw, at)
+        kind = fields.req_str(block, "type", at)
         if kind != "text":
-            raise fields.unsupported("system block type", kind, f"system[{i}].type")
-        parts.append(conv.TextPart(fields.req_str(block, "text", f"system[{i}]")))
+            raise fields.unsupported("system block type", kind, f"{at}.type")
+        parts.append(conv.TextPart(fields.req_str(block, "text", at)))
     return [conv.Message("system", tuple(parts))] if parts else []
 
 
 def _messages(body: dict[str, Any]) -> tuple[conv.Message, ...]:
-    messages = _system(body.get("system"))
+    messages = _system(body.get("system"), "system")
     names: dict[str, str] = {}
     for i, raw in enumerate(fields.req_list(body, "messages", "")):
         at = f"messages[{i}]"
@@ -156,6 +163,8 @@ def _messages(body: dict[str, Any]) -> tuple[conv.Message, ...]:
             messages.extend(_user_turn(content, f"{at}.content", names))
         elif role == "assistant":
             messages.append(_assistant_turn(content, f"{at}.content", names))
+        elif role == "system":
+            messages.extend(_system(content, f"{at}.content"))
         else:
             raise fields.unsupported("role", role, f"{at}.role")
     return tuple(messages)

@@ -4,6 +4,7 @@ import base64
 import contextlib
 import json
 import re
+from pathlib import Path
 from typing import Any
 
 import anthropic
@@ -29,6 +30,7 @@ from openforge_sidecar.codecs import anthropic_messages
 from openforge_sidecar.codecs.errors import CodecError
 
 CODEC = anthropic_messages.CODEC
+HARNESS_REQUESTS = Path(__file__).parents[2] / "fixtures" / "harness_requests"
 B64 = base64.b64encode(bytes(range(256)) * 2).decode()
 
 CLAUDE_CODE_REQUEST: dict[str, Any] = {
@@ -212,6 +214,23 @@ def test_a_claude_code_request_parses_to_the_canonical_form() -> None:
     assert request.tool_choice == "auto" and request.stream
 
 
+def test_claude_code_system_turns_inside_messages_stay_in_place() -> None:
+    """Claude Code sends its environment as a ``role: "system"`` message after the prompt.
+
+    It is a block list with ``cache_control`` on the first call and a plain
+    string on the follow-up; both parse to the same message, so the follow-up
+    still extends the first call's tokens.
+    """
+    first = CODEC.parse_request((HARNESS_REQUESTS / "claude-code" / "2-v1_messages.json").read_bytes())
+    follow_up = CODEC.parse_request((HARNESS_REQUESTS / "claude-code" / "3-v1_messages.json").read_bytes())
+    assert [m.role for m in first.messages] == ["system", "user", "system"]
+    assert [m.role for m in follow_up.messages] == ["system", "user", "system", "assistant", "tool"]
+    environment = first.messages[2]
+    assert environment.text.startswith("# Environment\n")
+    assert follow_up.messages[2] == environment
+    assert follow_up.messages[:3] == first.messages
+
+
 @pytest.mark.parametrize(
     ("choice", "expected"),
     [
@@ -232,7 +251,9 @@ def test_tool_choice_is_normalised(choice: dict[str, str], expected: str) -> Non
         (b'{"max_tokens": 1, "messages": []}', "model"),
         (b'{"model": "m", "messages": []}', "max_tokens"),
         (b'{"model": "m", "max_tokens": "1", "messages": []}', "max_tokens"),
-        (b'{"model": "m", "max_tokens": 1, "messages": [{"role": "system", "content": "x"}]}', "messages[0].role"),
+        (b'{"model": "m", "max_tokens": 1, "messages": [{"role": "tool", "content": "x"}]}', "messages[0].role"),
+        (b'{"model": "m", "max_tokens": 1, "messages": [{"role": "system", "content": [{"type": "image"}]}]}',
+         "messages[0].content[0].type"),
         (b'{"model": "m", "max_tokens": 1, "messages": [{"role": "user"}]}', "messages[0].content"),
         (b'{"model": "m", "max_tokens": 1, "messages": [{"role": "user", "content": [{"type": "document"}]}]}',
          "messages[0].content[0].type"),
