@@ -37,6 +37,7 @@ from openforge_sidecar import (
     codecs,
     conversation,
     engine,
+    fastjson,
     history,
     records,
     redact,
@@ -343,7 +344,7 @@ class Capture:
         flow.request.headers["host"] = target.netloc
         flow.request.headers["content-type"] = "application/json"
         flow.request.headers["accept-encoding"] = "identity"
-        flow.request.content = json.dumps(body, separators=(",", ":")).encode()
+        flow.request.content = fastjson.dumps_bytes(body)
 
     def _finish_tokens(self, flow: http.HTTPFlow, call: _Call) -> None:
         assert flow.response is not None

@@ -9,11 +9,10 @@ token IDs, logprobs and a finish reason; it does no I/O.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from openforge_sidecar import conversation
+from openforge_sidecar import conversation, fastjson
 
 
 class EngineError(ValueError):
@@ -44,7 +43,7 @@ def completion_request(
         "max_tokens": max_tokens,
         "stream": True,
         "stream_options": {"include_usage": True},
-        "logprobs": 1,
+        "logprobs": 0,  # the sampled token's logprob only (vLLM: 0 = no alternatives)
         "return_token_ids": True,
         "skip_special_tokens": False,
         "stop_token_ids": sorted(stop_token_ids),
@@ -75,7 +74,7 @@ class EngineChunk:
 def parse_chunk(data: str) -> EngineChunk:
     """Read one ``data:`` payload of the engine's completions stream."""
     try:
-        body = json.loads(data)
+        body = fastjson.loads(data)
     except ValueError as exc:
         raise EngineError(f"engine chunk is not JSON: {data[:80]!r}") from exc
     if not isinstance(body, dict):

@@ -11,11 +11,10 @@ whole JSON body. It does no I/O; what it gathered is read once it is done.
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable
 
-from openforge_sidecar import conversation, engine, sse, template, toolparse
+from openforge_sidecar import conversation, engine, fastjson, sse, template, toolparse
 from openforge_sidecar.codecs import Codec
 
 
@@ -126,7 +125,7 @@ class Relay:
         body = self._codec.build_response(
             self._request, self.completion, response_id=self._response_id, created=self._created
         )
-        self.response_json = json.dumps(body, separators=(",", ":")).encode()
+        self.response_json = fastjson.dumps_bytes(body)
         return self._emit(out if self._encoder is not None else self.response_json)
 
     def _emit(self, out: bytes) -> bytes:

@@ -11,7 +11,10 @@ yields each event as soon as its blank line arrives.
 from __future__ import annotations
 
 import codecs
+import re
 from dataclasses import dataclass
+
+_LINE_END = re.compile(r"\r\n|\r|\n")
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,24 +60,20 @@ class SSEParser:
         return bool(self._line) or self._has_fields
 
     def _feed_text(self, text: str) -> list[Event]:
+        if self._pending_cr and text.startswith("\n"):
+            text = text[1:]  # the LF of a CRLF cut between two chunks
+        self._pending_cr = False
+        if not text:
+            return []
+        lines = _LINE_END.split(self._line + text)
+        self._line = lines.pop()  # what follows the last line end: unfinished
+        # A CR at the very end ended a line, but its LF may be in the next chunk.
+        self._pending_cr = text.endswith("\r")
         events: list[Event] = []
-        start = 0
-        for i, ch in enumerate(text):
-            if ch == "\n" and self._pending_cr and i == start:
-                # the LF of a CRLF whose CR ended the previous chunk/line
-                self._pending_cr = False
-                start = i + 1
-                continue
-            self._pending_cr = False
-            if ch in "\r\n":
-                self._line += text[start:i]
-                start = i + 1
-                self._pending_cr = ch == "\r"
-                event = self._process_line(self._line)
-                self._line = ""
-                if event is not None:
-                    events.append(event)
-        self._line += text[start:]
+        for line in lines:
+            event = self._process_line(line)
+            if event is not None:
+                events.append(event)
         return events
 
     def _process_line(self, line: str) -> Event | None:

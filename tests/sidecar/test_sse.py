@@ -124,3 +124,11 @@ def test_a_leading_byte_order_mark_is_ignored() -> None:
     assert parser.feed(b"\xef\xbb") + parser.feed(b"\xbfdata: x\n\n") == [sse.Event("x")]
     # only at the very start
     assert sse.SSEParser().feed(b"data: \xef\xbb\xbfx\n\n") == [sse.Event("\ufeffx")]
+
+
+def test_a_crlf_cut_after_its_cr_then_a_blank_line_in_the_next_chunks() -> None:
+    parser = sse.SSEParser()
+    out = parser.feed(b"data: a\r") + parser.feed(b"\n") + parser.feed(b"\n")
+    assert out == [sse.Event("a")]
+    parser = sse.SSEParser()
+    assert parser.feed(b"data: a\r") + parser.feed(b"\n") + parser.feed(b"\r\n") == [sse.Event("a")]

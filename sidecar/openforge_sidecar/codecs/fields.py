@@ -7,9 +7,9 @@ every bad value is reported with the JSON path at fault
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
+from openforge_sidecar import fastjson
 from openforge_sidecar.codecs.errors import CodecError
 
 _MISSING: Any = object()
@@ -18,7 +18,7 @@ _MISSING: Any = object()
 def load_object(body: bytes) -> dict[str, Any]:
     """The body as a JSON object, or CodecError with field ""."""
     try:
-        value = json.loads(body)
+        value = fastjson.loads(body)
     except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError
         raise CodecError(f"body is not valid JSON: {exc}") from None
     if not isinstance(value, dict):
@@ -28,7 +28,7 @@ def load_object(body: bytes) -> dict[str, Any]:
 
 def dumps(value: Any) -> str:
     """Compact JSON text, non-ASCII kept as is (the form used on every wire)."""
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+    return fastjson.dumps(value)
 
 
 def join(path: str, key: str | int) -> str:

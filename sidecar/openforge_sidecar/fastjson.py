@@ -1,0 +1,34 @@
+"""JSON on the hot path: orjson where it can, the stdlib where it cannot.
+
+Every engine chunk and every event the sidecar relays is parsed or written
+once per token, so the encoder matters. orjson is several times faster, but
+stricter than the stdlib (lone surrogates, integers beyond 64 bits, NaN);
+on anything it refuses, these functions fall back to :mod:`json`, so the
+semantics stay the stdlib's and only the speed changes.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import orjson
+
+
+def loads(data: bytes | str) -> Any:
+    try:
+        return orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return json.loads(data)
+
+
+def dumps(value: Any) -> str:
+    """Compact JSON text with non-ASCII kept as is (as on every wire API)."""
+    return dumps_bytes(value).decode()
+
+
+def dumps_bytes(value: Any) -> bytes:
+    try:
+        return orjson.dumps(value)
+    except TypeError:
+        return json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode()
