@@ -67,7 +67,6 @@ def mitmdump_args(ns: argparse.Namespace) -> list[str]:
         "--listen-host", host,
         "--listen-port", port,
         "-s", str(Path(addon.__file__)),
-        "--set", "connection_strategy=lazy",
         "--set", f"openforge_mode={ns.capture}",
         "--set", f"openforge_engine={ns.engine}",
         "--set", f"openforge_engine_model={ns.engine_model}",
@@ -85,6 +84,11 @@ def mitmdump_args(ns: argparse.Namespace) -> list[str]:
         "--set", f"openforge_harness={ns.harness}",
         "--set", f"openforge_policy_version={ns.policy_version}",
     ]
+    # In reverse mode the upstream is the engine: connect to it as the harness
+    # connects (eager, off the request's critical path). In proxy modes the
+    # harness names hosts the sidecar never needs to reach (it answers LLM
+    # calls itself), so connect only when a request is actually forwarded.
+    args += ["--set", f"connection_strategy={'eager' if ns.mode == 'reverse' else 'lazy'}"]
     if ns.confdir:
         args += ["--set", f"confdir={ns.confdir}"]
     if not ns.verbose:

@@ -33,3 +33,8 @@ def test_regular_proxy_mode_and_passthrough():
 def test_bad_flags_fail_with_the_flag_named(argv, message):
     with pytest.raises(SystemExit, match=message):
         args(*argv)
+
+
+def test_reverse_mode_connects_eagerly_and_proxy_modes_lazily():
+    assert "connection_strategy=eager" in args("--engine", "http://127.0.0.1:8000")
+    assert "connection_strategy=lazy" in args("--engine", "http://127.0.0.1:8000", "--mode", "regular")
