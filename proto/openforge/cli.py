@@ -18,6 +18,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "trajectories": ("openforge_trainer.cli", "trajectories_main", "inspect and export captured trajectories"),
     "test-engine": ("openforge_trainer.testengine", "main", "serve the deterministic token-in/token-out test engine"),
     "tokenizer": ("openforge_trainer.tokenizer_build", "main", "build the tiny offline tokenizer and chat template"),
+    "crds": ("openforge.api.crds", "main", "write crds/ from the API models"),
 }
 
 
