@@ -1,0 +1,125 @@
+"""``openforge run FILE...``: run a RolloutJob (and train on it) on this machine.
+
+Starts the collector, the inference server (``openforge serve``, unless the
+job names a ``policy.endpoint``) and the trainer (``openforge train``) as
+local processes, then loops: all rollouts of an iteration (``parallelism``
+at a time, each with its own sidecar), one training step on their groups,
+new weights published to the server. Ctrl-C stops cleanly; running the same
+command again continues where it stopped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import threading
+from pathlib import Path
+from types import FrameType
+
+from openforge.api import manifests
+from openforge.run import executor, plan, processes, progress, runner
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="openforge run", description=__doc__.split("\n\n")[0])
+    parser.add_argument("files", nargs="+", type=Path, help="YAML manifests: one RolloutJob and its HarnessEnv")
+    parser.add_argument("--run-dir", type=Path, help="where everything of this run goes (default: runs/<job name>)")
+    parser.add_argument("--iterations", type=int, help="rollout -> train iterations (default: spec.training.iterations, else 1)")
+    parser.add_argument("--no-train", action="store_true", help="only run and capture rollouts")
+    parser.add_argument("--quiet", action="store_true", help="no live display; a line per iteration")
+    return parser
+
+
+def main(argv: list[str]) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        bundle = plan.load(args.files)
+        model = plan.policy_model(bundle)
+    except (manifests.ManifestError, plan.PlanError) as exc:
+        print(f"openforge run: {exc}", file=sys.stderr)
+        return 2
+    training = bundle.job.spec.training
+    iterations = args.iterations or (training.iterations if training and training.iterations else 1)
+    train = not args.no_train
+    run_dir = (args.run_dir or Path("runs") / bundle.name).resolve()
+    run_dir.mkdir(parents=True, exist_ok=True)
+    stop = threading.Event()
+    _on_signal(stop)
+    services: list[processes.Service] = []
+    try:
+        collector = _start(services, processes.Service(
+            "collector", processes.openforge("collector", "--store", str(run_dir / "store.db"), "--listen", f"127.0.0.1:{(cport := processes.free_port())}"),
+            run_dir / "collector.log", port=cport))
+        engine_url = bundle.job.spec.policy.endpoint
+        if engine_url is None:
+            assert model is not None
+            served = plan.latest_checkpoint(run_dir / "train") or model
+            engine = _start(services, processes.Service(
+                "serve", processes.openforge("serve", "--model", str(served), "--port", str(eport := processes.free_port()),
+                                             "--model-name", bundle.job.spec.policy.model, "--policy-version", str(plan.checkpoint_version(served))),
+                run_dir / "serve.log", port=eport))
+            engine_url = engine.url
+        trainer = None
+        if train:
+            trainer = _start(services, processes.Service(
+                "trainer", processes.openforge(*plan.trainer_args(bundle, model=model, run_dir=run_dir, store=run_dir / "store.db", serve=engine_url, iterations=iterations)),
+                run_dir / "trainer.log"))
+        base_version = runner.policy_version(engine_url)
+        resume = runner.resume_state(runner.Journal(run_dir / "journal.jsonl"))
+        endpoints = executor.Endpoints(engine_url, f"127.0.0.1:{collector.port}", base_version)
+
+        def current_endpoints() -> executor.Endpoints:
+            return executor.Endpoints(engine_url, endpoints.collector, runner.policy_version(engine_url))
+
+        display = progress.Display(job=bundle.name, iterations=iterations, metrics=run_dir / "train" / "metrics.jsonl")
+        history: list[runner.IterationStats] = []
+        with (display if not args.quiet else _Null()):
+            job_runner = runner.Runner(bundle, run_dir=run_dir, endpoints=current_endpoints, on_change=display.update, stop=stop)
+            for iteration in range(iterations):
+                display.update(phase=f"iteration {iteration + 1}: rollouts")
+                stats = job_runner.run_iteration(iteration)
+                history.append(stats)
+                if args.quiet:
+                    print(f"iteration {iteration + 1}/{iterations}: {stats.done}/{stats.total} done, {stats.failed} failed, mean reward {stats.mean_reward}", flush=True)
+                if stop.is_set():
+                    break
+                if trainer is not None and iteration not in resume.trained:
+                    display.update(phase=f"iteration {iteration + 1}: training")
+                    version = runner.wait_for_policy(engine_url, iteration + 1, alive=trainer.alive, stop=stop, timeout=1800)
+                    job_runner.journal.write({"event": "trained", "iteration": iteration, "policy_version": version})
+        print(progress.summary(history))
+        if stop.is_set():
+            print(f"openforge run: stopped; run the same command again to continue ({run_dir})")
+            return 130
+        return 0
+    except (processes.ServiceError, RuntimeError, TimeoutError) as exc:
+        print(f"openforge run: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        for service in reversed(services):
+            service.stop()
+
+
+class _Null:
+    def __enter__(self) -> _Null:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+def _start(services: list[processes.Service], service: processes.Service) -> processes.Service:
+    services.append(service)
+    return service.start()
+
+
+def _on_signal(stop: threading.Event) -> None:
+    def handler(signum: int, frame: FrameType | None) -> None:
+        if stop.is_set():
+            raise KeyboardInterrupt
+        print("\nopenforge run: stopping after cleaning up (Ctrl-C again to abort)", file=sys.stderr)
+        stop.set()
+
+    signal.signal(signal.SIGINT, handler)
+    signal.signal(signal.SIGTERM, handler)

@@ -1,0 +1,169 @@
+"""One rollout, start to finish: sidecar up, harness, grader, finish record, sidecar down.
+
+The rollout's files live under ``<run dir>/rollouts/<rollout id>/``: ``work/``
+is the harness's working directory (and nothing else is in it), ``spool/``
+the sidecar's durable spool, ``*.log`` the processes' output.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import threading
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from openforge.run import plan, processes
+
+Status = Literal["succeeded", "failed"]
+FINISH_WAIT_SECONDS = 60
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    rollout: plan.Rollout
+    status: Status
+    exit_code: int
+    reward: float | None
+    reason: str  # a FailureReason name or "" when it succeeded
+    message: str
+    calls: int
+    seconds: float
+
+
+@dataclass(frozen=True, slots=True)
+class Endpoints:
+    engine: str  # inference server base URL
+    collector: str  # host:port
+    policy_version: int
+
+
+INTERRUPTED = "Interrupted"
+
+
+def run_rollout(
+    bundle: plan.Bundle, rollout: plan.Rollout, *, run_dir: Path, endpoints: Endpoints, stop: threading.Event
+) -> Outcome:
+    """Run one attempt. When ``stop`` is set the harness is killed and the
+    outcome's reason is :data:`INTERRUPTED` (the runner does not count it)."""
+    started = time.monotonic()
+    home = run_dir / "rollouts" / rollout.rollout_id
+    workdir = home / "work"
+    workdir.mkdir(parents=True, exist_ok=True)
+    sidecar = processes.Service(
+        "sidecar",
+        processes.openforge(
+            "sidecar", "--listen", f"127.0.0.1:{(port := processes.free_port())}",
+            "--engine", endpoints.engine, "--spool", str(home / "spool"),
+            "--collector", endpoints.collector, "--job", bundle.name,
+            "--rollout-id", rollout.rollout_id, "--task-id", rollout.task_id,
+            "--sample-index", str(rollout.sample), "--attempt", str(rollout.attempt),
+            "--harness", bundle.env.metadata.name or "", "--policy-version", str(endpoints.policy_version),
+        ),
+        home / "sidecar.log",
+        port=port,
+    )
+    try:
+        sidecar.start(timeout=60)
+    except processes.ServiceError as exc:
+        return Outcome(rollout, "failed", -1, None, "SidecarFailed", str(exc), 0, time.monotonic() - started)
+    try:
+        exit_code, timed_out = _run_harness(bundle, rollout, sidecar.url, workdir, home / "harness.log", stop)
+        if stop.is_set():
+            return Outcome(rollout, "failed", exit_code, None, INTERRUPTED, "stopped", 0, time.monotonic() - started)
+        reward, grader_output, why = _grade(bundle, rollout, workdir, exit_code, home / "grader.log")
+        status, reason, message = _judge(bundle, exit_code, timed_out, reward, why)
+        finish = _finish(sidecar.url, exit_code=exit_code, reward=reward, grader_output=grader_output, status=status)
+    finally:
+        sidecar.stop()
+    if not finish.get("acknowledged", False):
+        status, reason = "failed", "SidecarFailed"
+        message = f"the collector did not acknowledge the rollout's records: {finish}"
+    return Outcome(rollout, status, exit_code, reward, reason, message, int(finish.get("calls", 0)), time.monotonic() - started)
+
+
+def _run_harness(
+    bundle: plan.Bundle, rollout: plan.Rollout, sidecar_url: str, workdir: Path, log: Path, stop: threading.Event
+) -> tuple[int, bool]:
+    command = plan.harness_command(bundle, rollout, sidecar_url=sidecar_url, workdir=workdir)
+    for path, content in command.files.items():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(content)
+    command.cwd.mkdir(parents=True, exist_ok=True)
+    timeout = bundle.job.spec.rollout_timeout_seconds or bundle.env.spec.timeout_seconds or 600
+    with log.open("ab") as handle:
+        try:
+            process = subprocess.Popen(
+                command.argv,
+                cwd=command.cwd,
+                env={**os.environ, **command.env},
+                stdin=subprocess.DEVNULL,
+                stdout=handle,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        except OSError as exc:
+            handle.write(f"openforge run: cannot start {command.argv[0]!r}: {exc}\n".encode())
+            return 127, False
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and not stop.is_set():
+            try:
+                return process.wait(0.25), False
+            except subprocess.TimeoutExpired:
+                continue
+        os.killpg(process.pid, signal.SIGKILL)
+        return process.wait(), not stop.is_set()
+
+
+def _grade(bundle: plan.Bundle, rollout: plan.Rollout, workdir: Path, exit_code: int, log: Path) -> tuple[float | None, str, str]:
+    command = plan.grader_command(bundle, rollout, workdir=workdir, harness_exit=exit_code)
+    if command is None:
+        return (1.0 if exit_code == 0 else 0.0), "", ""
+    grader = bundle.env.spec.grader
+    assert grader is not None
+    try:
+        done = subprocess.run(
+            command.argv, cwd=command.cwd, env={**os.environ, **command.env}, stdin=subprocess.DEVNULL,
+            capture_output=True, text=True, timeout=grader.timeout_seconds,
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        log.write_text(str(exc))
+        return None, "", f"grader failed: {exc}"
+    log.write_text(done.stdout + done.stderr)
+    reward, why = plan.reward(bundle, stdout=done.stdout, exit_code=done.returncode)
+    return reward, done.stdout.strip()[-4000:], why
+
+
+def _judge(bundle: plan.Bundle, exit_code: int, timed_out: bool, reward: float | None, why: str) -> tuple[Status, str, str]:
+    """Graded rollouts are training data whatever the harness's exit code, unless
+    a failure rule says otherwise; a timeout or a missing grade is a failure."""
+    if timed_out:
+        return "failed", "DeadlineExceeded", "the harness ran past its timeout"
+    if reward is None:
+        return "failed", "GraderFailed", why
+    if exit_code != 0 and bundle.job.spec.failure_policy and bundle.job.spec.failure_policy.rules:
+        action = bundle.job.spec.failure_action(exit_code=exit_code, reason=None)
+        if action != "Ignore":
+            return "failed", "", f"harness exited with {exit_code} ({action})"
+    return "succeeded", "", ""
+
+
+def _finish(sidecar_url: str, *, exit_code: int, reward: float | None, grader_output: str, status: Status) -> dict[str, Any]:
+    body = json.dumps(
+        {"exit_code": exit_code, "reward": reward, "grader_output": grader_output, "status": status, "wait_seconds": FINISH_WAIT_SECONDS}
+    ).encode()
+    request = urllib.request.Request(
+        f"{sidecar_url}/openforge/v1/rollout/finish", data=body, headers={"content-type": "application/json"}
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=FINISH_WAIT_SECONDS + 10) as response:
+            result: dict[str, Any] = json.load(response)
+            return result
+    except (OSError, ValueError) as exc:
+        return {"acknowledged": False, "error": str(exc)}

@@ -1,0 +1,273 @@
+"""From manifests to what ``openforge run`` starts: pure builders, no I/O but reading.
+
+:func:`load` reads the manifests (and the task file they name) and checks
+everything a local run needs before anything starts, so a bad manifest fails
+with its file, field and what was expected. The other functions build the
+argv / env / files of one rollout's harness and grader.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from openforge.api import manifests, rollouts, templates, v1alpha1
+
+REWARD_KEY = "reward"
+
+
+class PlanError(ValueError):
+    """A manifest set that cannot run locally; the message names file and field."""
+
+
+@dataclass(frozen=True, slots=True)
+class Bundle:
+    """One RolloutJob with its HarnessEnv and tasks, ready to run."""
+
+    env: v1alpha1.HarnessEnv
+    job: v1alpha1.RolloutJob
+    tasks: tuple[dict[str, Any], ...]
+    manifest_dir: Path
+
+    @property
+    def name(self) -> str:
+        return self.job.metadata.name or "job"
+
+
+@dataclass(frozen=True, slots=True)
+class Rollout:
+    """One attempt of one sample of one task, in one iteration."""
+
+    job: str
+    iteration: int
+    index: int
+    attempt: int
+    task: Mapping[str, Any]
+    sample: int
+
+    @property
+    def task_id(self) -> str:
+        return str(self.task["id"])
+
+    @property
+    def rollout_id(self) -> str:
+        return rollouts.rollout_name(f"{self.job}-i{self.iteration}", self.index, self.attempt)
+
+    def retry(self) -> Rollout:
+        return Rollout(self.job, self.iteration, self.index, self.attempt + 1, self.task, self.sample)
+
+
+@dataclass(frozen=True, slots=True)
+class Command:
+    argv: list[str]
+    env: dict[str, str]
+    cwd: Path
+    files: dict[Path, str]
+
+
+def load(paths: Sequence[str | os.PathLike[str]]) -> Bundle:
+    """The one RolloutJob in ``paths`` with its HarnessEnv and tasks."""
+    resources: list[tuple[v1alpha1.Resource, Path]] = []
+    problems: list[manifests.Problem] = []
+    for path in paths:
+        try:
+            resources += [(r, Path(path)) for r in manifests.load_manifests(Path(path))]
+        except manifests.ManifestError as exc:
+            problems += exc.problems
+        except OSError as exc:
+            raise PlanError(f"{path}: cannot read: {exc.strerror}") from None
+    if problems:
+        raise manifests.ManifestError(problems)
+    jobs = [(r, p) for r, p in resources if isinstance(r, v1alpha1.RolloutJob)]
+    envs = {r.metadata.name: (r, p) for r, p in resources if isinstance(r, v1alpha1.HarnessEnv)}
+    if len(jobs) != 1:
+        raise PlanError(f"expected exactly one RolloutJob in {', '.join(map(str, paths))}, found {len(jobs)}")
+    job, job_path = jobs[0]
+    assert isinstance(job, v1alpha1.RolloutJob)
+    ref = job.spec.harness_env_ref.name
+    if ref not in envs:
+        raise PlanError(f"{job_path}: spec.harnessEnvRef.name: no HarnessEnv named {ref!r} in the given files")
+    env, env_path = envs[ref]
+    assert isinstance(env, v1alpha1.HarnessEnv)
+    try:
+        env.spec.local_process()
+    except ValueError as exc:
+        raise PlanError(f"{env_path}: spec.template: {exc}") from None
+    return Bundle(env, job, tuple(_tasks(job, job_path)), job_path.resolve().parent)
+
+
+def _tasks(job: v1alpha1.RolloutJob, path: Path) -> list[dict[str, Any]]:
+    source = job.spec.tasks
+    if source.config_map_ref is not None:
+        raise PlanError(f"{path}: spec.tasks.configMapRef: a ConfigMap exists only on a cluster; use spec.tasks.file or inline locally")
+    if source.inline is not None:
+        return [task.model_dump(by_alias=True, exclude_none=True) for task in source.inline]
+    assert source.file is not None
+    task_file = (path.resolve().parent / source.file).resolve()
+    if not task_file.is_file():
+        raise PlanError(f"{path}: spec.tasks.file: {source.file} does not exist (looked for {task_file})")
+    tasks: list[dict[str, Any]] = []
+    seen: set[str] = set()
+    for number, line in enumerate(task_file.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            task = json.loads(line)
+        except ValueError as exc:
+            raise PlanError(f"{task_file}:{number}: not a JSON object: {exc}") from None
+        if not isinstance(task, dict) or not isinstance(task.get("id"), str) or not task["id"]:
+            raise PlanError(f"{task_file}:{number}: id: every task needs a non-empty string id")
+        if task["id"] in seen:
+            raise PlanError(f"{task_file}:{number}: id: duplicate task id {task['id']!r}")
+        seen.add(task["id"])
+        tasks.append(task)
+    if not tasks:
+        raise PlanError(f"{path}: spec.tasks.file: {source.file} holds no task")
+    return tasks
+
+
+def rollouts_for(bundle: Bundle, iteration: int) -> list[Rollout]:
+    """Every first attempt of an iteration: each task times samplesPerTask."""
+    samples = bundle.job.spec.samples_per_task
+    return [
+        Rollout(bundle.name, iteration, rollouts.rollout_index(t, s, samples), 0, task, s)
+        for t, task in enumerate(bundle.tasks)
+        for s in range(samples)
+    ]
+
+
+def harness_command(bundle: Bundle, rollout: Rollout, *, sidecar_url: str, workdir: Path) -> Command:
+    spec = bundle.env.spec
+    process = spec.local_process()
+    delivery = spec.task
+    argv = [*process.argv, *(templates.render(a, rollout.task) for a in delivery.args or [])]
+    env = {**_base_env(bundle, rollout, workdir), **process.env}
+    env.update({name: templates.render(value, rollout.task) for name, value in (delivery.env or {}).items()})
+    if spec.base_url is not None:
+        for name in spec.base_url.env:
+            env[name] = sidecar_url + spec.base_url.suffix
+    files: dict[Path, str] = {}
+    if delivery.file is not None:
+        content = _task_file(delivery.file, rollout.task)
+        files[workdir / delivery.file.path] = content
+    cwd = workdir / process.working_dir if process.working_dir and not os.path.isabs(process.working_dir) else Path(process.working_dir or workdir)
+    return Command([_expand(a, env) for a in argv], env, cwd, files)
+
+
+def grader_command(bundle: Bundle, rollout: Rollout, *, workdir: Path, harness_exit: int) -> Command | None:
+    grader = bundle.env.spec.grader
+    if grader is None:
+        return None
+    env = {**_base_env(bundle, rollout, workdir), "OPENFORGE_HARNESS_EXIT_CODE": str(harness_exit)}
+    return Command([_expand(a, env) for a in grader.command], env, workdir, {})
+
+
+def reward(bundle: Bundle, *, stdout: str, exit_code: int) -> tuple[float | None, str]:
+    """The reward a grader's output gives, and why when there is none."""
+    grader = bundle.env.spec.grader
+    if grader is None:
+        return None, "no grader"
+    if grader.reward_from == "exit-code":
+        return (1.0 if exit_code == 0 else 0.0), ""
+    for line in reversed(stdout.strip().splitlines()):
+        try:
+            body = json.loads(line)
+        except ValueError:
+            continue
+        value = body.get(REWARD_KEY) if isinstance(body, dict) else None
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            return float(value), ""
+        return None, f"grader printed JSON without a numeric {REWARD_KEY!r}: {line[:200]}"
+    return None, f"grader printed no JSON line (exit {exit_code}): {stdout[-200:]!r}"
+
+
+def _base_env(bundle: Bundle, rollout: Rollout, workdir: Path) -> dict[str, str]:
+    """What every harness and grader process sees about its rollout."""
+    return {
+        # this interpreter's directory first, so `python` in a manifest is the
+        # environment OpenForge runs in
+        "PATH": os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")]),
+        "OPENFORGE_JOB": bundle.name,
+        "OPENFORGE_ROLLOUT_ID": rollout.rollout_id,
+        "OPENFORGE_TASK_ID": rollout.task_id,
+        "OPENFORGE_TASK_JSON": json.dumps(dict(rollout.task)),
+        "OPENFORGE_SAMPLE_INDEX": str(rollout.sample),
+        "OPENFORGE_WORKDIR": str(workdir),
+        "OPENFORGE_MANIFEST_DIR": str(bundle.manifest_dir),
+    }
+
+
+def _task_file(spec: v1alpha1.TaskFile, task: Mapping[str, Any]) -> str:
+    if spec.template is not None:
+        return templates.render(spec.template, task, json_values=spec.format == "json")
+    return json.dumps(dict(task)) if spec.format == "json" else str(task.get("prompt", ""))
+
+
+def _expand(arg: str, env: Mapping[str, str]) -> str:
+    """``$OPENFORGE_MANIFEST_DIR``-style references, so commands can name files
+    beside the manifest wherever the rollout's working directory is."""
+    for name in ("OPENFORGE_MANIFEST_DIR", "OPENFORGE_WORKDIR", "OPENFORGE_TASK_ID"):
+        arg = arg.replace("${" + name + "}", env[name])
+    return arg
+
+
+def policy_model(bundle: Bundle) -> Path | None:
+    """The model directory ``openforge serve`` loads when the job names no endpoint.
+
+    Locally ``spec.policy.model`` is a path (relative to the manifest) to a
+    Hugging Face model directory; on a cluster it is the name the inference
+    service serves.
+    """
+    policy = bundle.job.spec.policy
+    if policy.endpoint is not None:
+        return None
+    path = (bundle.manifest_dir / policy.model).resolve()
+    if not (path / "config.json").is_file():
+        raise PlanError(
+            f"{bundle.manifest_dir}: spec.policy.model: {policy.model!r} is not a model directory "
+            f"(no config.json in {path}); without spec.policy.endpoint it must name the local model to serve"
+        )
+    return path
+
+
+def latest_checkpoint(train_dir: Path) -> Path | None:
+    """The trainer's newest checkpoint (``checkpoints/step-NNNNNN``), if any."""
+    steps = sorted((train_dir / "checkpoints").glob("step-*"))
+    complete = [p for p in steps if (p / "config.json").is_file()]
+    return complete[-1] if complete else None
+
+
+def checkpoint_version(model_dir: Path) -> int:
+    """The policy version a checkpoint holds (0 for a model that never trained)."""
+    state = model_dir / "trainer_state.json"
+    if not state.is_file():
+        return 0
+    return int(json.loads(state.read_text()).get("policy_version", 0))
+
+
+def trainer_args(bundle: Bundle, *, model: Path | None, run_dir: Path, store: Path, serve: str, iterations: int) -> list[str]:
+    """``openforge train`` arguments for a local run: one step per iteration,
+    trained on every task's group of that iteration."""
+    if model is None:
+        raise PlanError("training locally needs spec.policy.model to be a local model directory")
+    args = [
+        "train", "--store", str(store), "--job", bundle.name, "--model", str(model),
+        "--run-dir", str(run_dir / "train"), "--serve", serve, "--steps", str(iterations),
+        "--groups-per-step", str(len(bundle.tasks)), "--group-size", str(bundle.job.spec.samples_per_task),
+    ]
+    training = bundle.job.spec.training
+    if training is not None:
+        if training.learning_rate is not None:
+            args += ["--lr", str(training.learning_rate)]
+        if training.seed is not None:
+            args += ["--seed", str(training.seed)]
+        if training.max_staleness is not None:
+            args += ["--max-staleness", str(training.max_staleness)]
+        if training.kl_coef is not None:
+            args += ["--kl-coef", str(training.kl_coef)]
+    return args

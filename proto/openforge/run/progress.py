@@ -1,0 +1,96 @@
+"""The live view of a local run (rich), and the plain-text summary after it."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.live import Live
+from rich.table import Table
+
+from openforge.run import runner
+
+
+def trainer_metrics(path: Path) -> list[dict[str, Any]]:
+    """The trainer's per-step metrics (JSON lines), or [] before its first step."""
+    if not path.exists():
+        return []
+    rows = []
+    for line in path.read_text().splitlines():
+        try:
+            rows.append(json.loads(line))
+        except ValueError:
+            continue
+    return rows
+
+
+class Display:
+    """One table, refreshed as rollouts and training steps finish."""
+
+    def __init__(self, *, job: str, iterations: int, metrics: Path, console: Console | None = None) -> None:
+        self.job = job
+        self.iterations = iterations
+        self.metrics = metrics
+        self.console = console or Console()
+        self.history: dict[int, runner.IterationStats] = {}
+        self.phase = "starting"
+        self._lock = threading.Lock()
+        self._live: Live | None = None
+
+    def __enter__(self) -> Display:
+        self._live = Live(self.render(), console=self.console, refresh_per_second=4, transient=False)
+        self._live.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._live is not None:
+            self._live.update(self.render())
+            self._live.__exit__(None, None, None)
+
+    def update(self, stats: runner.IterationStats | None = None, *, phase: str | None = None) -> None:
+        with self._lock:
+            if stats is not None:
+                self.history[stats.iteration] = stats
+            if phase is not None:
+                self.phase = phase
+        if self._live is not None:
+            self._live.update(self.render())
+
+    def render(self) -> Table:
+        steps = trainer_metrics(self.metrics)
+        last = steps[-1] if steps else {}
+        table = Table(title=f"openforge run {self.job}: {self.phase}", expand=False)
+        for column in ("iteration", "rollouts", "running", "done", "failed", "retried", "reward"):
+            table.add_column(column, justify="right")
+        for iteration in sorted(self.history):
+            stats = self.history[iteration]
+            reward = stats.mean_reward
+            table.add_row(
+                f"{iteration + 1}/{self.iterations}", str(stats.total), str(stats.running), str(stats.done),
+                str(stats.failed), str(stats.retried), "-" if reward is None else f"{reward:.3f}",
+            )
+        if last:
+            table.caption = (
+                f"trainer step {last.get('step', '?')}: reward {_fmt(last.get('reward_mean'))}, "
+                f"pass rate {_fmt(last.get('pass_rate'))}, {_fmt(last.get('tokens_per_s'), 0)} tokens/s"
+            )
+        return table
+
+
+def summary(history: Sequence[runner.IterationStats]) -> str:
+    lines = ["iteration  rollouts  failed  mean reward"]
+    for stats in history:
+        reward = stats.mean_reward
+        lines.append(f"{stats.iteration + 1:>9}  {stats.total:>8}  {stats.failed:>6}  {'-' if reward is None else f'{reward:.3f}':>11}")
+    rewards = [s.mean_reward for s in history if s.mean_reward is not None]
+    if len(rewards) >= 2:
+        lines.append(f"reward: {rewards[0]:.3f} (first iteration) -> {rewards[-1]:.3f} (last), change {rewards[-1] - rewards[0]:+.3f}")
+    return "\n".join(lines)
+
+
+def _fmt(value: Any, digits: int = 3) -> str:
+    return f"{value:.{digits}f}" if isinstance(value, int | float) else "-"

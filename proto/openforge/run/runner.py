@@ -1,0 +1,198 @@
+"""Iterations of a RolloutJob on one machine: rollouts in parallel, then a training step.
+
+The runner keeps a journal (``<run dir>/journal.jsonl``) of every attempt it
+starts and every rollout it finishes, so a rerun continues where a stopped
+run left off: finished rollouts are not run again, an attempt that was cut
+off is retried under a new attempt number (its partial records stay
+incomplete in the store and are never trained on), and finished iterations
+are skipped.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from openforge.run import executor, plan
+
+HARD_ATTEMPT_CAP = 10
+
+
+@dataclass
+class IterationStats:
+    iteration: int
+    total: int
+    running: int = 0
+    succeeded: int = 0
+    failed: int = 0
+    retried: int = 0
+    rewards: list[float] = field(default_factory=list)
+
+    @property
+    def done(self) -> int:
+        return self.succeeded + self.failed
+
+    @property
+    def mean_reward(self) -> float | None:
+        return sum(self.rewards) / len(self.rewards) if self.rewards else None
+
+
+class Journal:
+    """Append-only record of attempts started and rollouts finished (one JSON per line)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._lock = threading.Lock()
+
+    def entries(self) -> Iterator[dict[str, Any]]:
+        if not self.path.exists():
+            return
+        for line in self.path.read_text().splitlines():
+            try:
+                yield json.loads(line)
+            except ValueError:
+                continue  # a line cut by a crash
+
+    def write(self, entry: dict[str, Any]) -> None:
+        with self._lock, self.path.open("a") as handle:
+            handle.write(json.dumps(entry) + "\n")
+            handle.flush()
+
+
+@dataclass(frozen=True)
+class Resume:
+    finished: dict[tuple[int, int], dict[str, Any]]  # (iteration, index) -> finish entry
+    next_attempt: dict[tuple[int, int], int]
+    trained: set[int]  # iterations whose training step completed
+
+
+def resume_state(journal: Journal) -> Resume:
+    finished: dict[tuple[int, int], dict[str, Any]] = {}
+    next_attempt: dict[tuple[int, int], int] = {}
+    trained: set[int] = set()
+    for entry in journal.entries():
+        key = (int(entry.get("iteration", -1)), int(entry.get("index", -1)))
+        if entry.get("event") == "start":
+            next_attempt[key] = max(next_attempt.get(key, 0), int(entry["attempt"]) + 1)
+        elif entry.get("event") == "finish":
+            finished[key] = entry
+        elif entry.get("event") == "trained":
+            trained.add(int(entry["iteration"]))
+    return Resume(finished, next_attempt, trained)
+
+
+class Runner:
+    def __init__(
+        self,
+        bundle: plan.Bundle,
+        *,
+        run_dir: Path,
+        endpoints: Callable[[], executor.Endpoints],
+        on_change: Callable[[IterationStats], None] = lambda stats: None,
+        stop: threading.Event | None = None,
+    ) -> None:
+        self.bundle = bundle
+        self.run_dir = run_dir
+        self.journal = Journal(run_dir / "journal.jsonl")
+        self._endpoints = endpoints
+        self._on_change = on_change
+        self.stop = stop or threading.Event()
+        self._lock = threading.Lock()
+
+    def run_iteration(self, iteration: int) -> IterationStats:
+        """Every rollout of one iteration, ``parallelism`` at a time, with retries."""
+        resume = resume_state(self.journal)
+        todo = [r for r in plan.rollouts_for(self.bundle, iteration) if (iteration, r.index) not in resume.finished]
+        stats = IterationStats(iteration, total=len(plan.rollouts_for(self.bundle, iteration)))
+        for entry in resume.finished.values():
+            if entry["iteration"] == iteration:
+                self._count(stats, entry)
+        parallelism = self.bundle.job.spec.parallelism
+        with ThreadPoolExecutor(max_workers=parallelism, thread_name_prefix="rollout") as pool:
+            pending: dict[Future[executor.Outcome], plan.Rollout] = {}
+            queue = [self._next_attempt(r, resume) for r in todo]
+            while (queue or pending) and not self.stop.is_set():
+                while queue and len(pending) < parallelism and not self.stop.is_set():
+                    rollout = queue.pop(0)
+                    self._start(stats, rollout)
+                    pending[pool.submit(self._run, rollout)] = rollout
+                done, _ = wait(pending, timeout=0.5, return_when=FIRST_COMPLETED)
+                for future in done:
+                    rollout = pending.pop(future)
+                    retry = self._settle(stats, rollout, future.result())
+                    if retry is not None:
+                        queue.append(retry)
+        return stats
+
+    def _next_attempt(self, rollout: plan.Rollout, resume: Resume) -> plan.Rollout:
+        attempt = resume.next_attempt.get((rollout.iteration, rollout.index), 0)
+        while rollout.attempt < attempt:
+            rollout = rollout.retry()
+        return rollout
+
+    def _start(self, stats: IterationStats, rollout: plan.Rollout) -> None:
+        self.journal.write({"event": "start", "iteration": rollout.iteration, "index": rollout.index, "attempt": rollout.attempt, "rollout_id": rollout.rollout_id})
+        with self._lock:
+            stats.running += 1
+        self._on_change(stats)
+
+    def _run(self, rollout: plan.Rollout) -> executor.Outcome:
+        return executor.run_rollout(self.bundle, rollout, run_dir=self.run_dir, endpoints=self._endpoints(), stop=self.stop)
+
+    def _settle(self, stats: IterationStats, rollout: plan.Rollout, outcome: executor.Outcome) -> plan.Rollout | None:
+        with self._lock:
+            stats.running -= 1
+        if outcome.reason == executor.INTERRUPTED:
+            return None  # not finished: a rerun starts it again, as a new attempt
+        spec = self.bundle.job.spec
+        if outcome.status == "failed" and rollout.attempt + 1 < min(spec.max_attempts_per_rollout, HARD_ATTEMPT_CAP):
+            action = spec.failure_action(exit_code=outcome.exit_code, reason=outcome.reason or None)
+            if action in ("Retry", "Ignore"):
+                with self._lock:
+                    stats.retried += 1
+                self._on_change(stats)
+                return rollout.retry()
+        entry = {
+            "event": "finish", "iteration": rollout.iteration, "index": rollout.index, "attempt": rollout.attempt,
+            "rollout_id": rollout.rollout_id, "task_id": rollout.task_id, "status": outcome.status,
+            "reward": outcome.reward, "reason": outcome.reason, "message": outcome.message[:500],
+            "exit_code": outcome.exit_code, "calls": outcome.calls, "seconds": round(outcome.seconds, 3),
+        }
+        self.journal.write(entry)
+        self._count(stats, entry)
+        self._on_change(stats)
+        return None
+
+    def _count(self, stats: IterationStats, entry: dict[str, Any]) -> None:
+        with self._lock:
+            if entry["status"] == "succeeded":
+                stats.succeeded += 1
+                if entry.get("reward") is not None:
+                    stats.rewards.append(float(entry["reward"]))
+            else:
+                stats.failed += 1
+
+
+def policy_version(engine_url: str) -> int:
+    with urllib.request.urlopen(f"{engine_url}/openforge/v1/policy", timeout=10) as response:
+        return int(json.load(response).get("policy_version", 0))
+
+
+def wait_for_policy(engine_url: str, version: int, *, alive: Callable[[], bool], stop: threading.Event, timeout: float) -> int:
+    """Block until the engine serves ``version`` or later (the trainer published)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and not stop.is_set():
+        current = policy_version(engine_url)
+        if current >= version:
+            return current
+        if not alive():
+            raise RuntimeError("the trainer stopped before publishing new weights (see trainer.log)")
+        time.sleep(0.5)
+    raise TimeoutError(f"the engine still serves a policy older than version {version} after {timeout:.0f} s")

@@ -1,0 +1,121 @@
+"""`openforge run` planning: manifests in, commands out; bad manifests fail first."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from openforge.api import manifests
+from openforge.run import plan
+
+ENV = """\
+apiVersion: openforge.dev/v1alpha1
+kind: HarnessEnv
+metadata: {name: echo}
+spec:
+  api: openai-chat
+  baseUrl: {env: [OPENAI_BASE_URL, MY_URL], suffix: /v1}
+  template:
+    spec:
+      containers:
+        - name: harness
+          image: example/echo:1
+          command: [python, -c, "print(1)"]
+          env: [{name: FIXED, value: "yes"}]
+  task:
+    env: {PROMPT: "{{ task.prompt }}"}
+    args: [--id, "{{ task.id }}"]
+    file: {path: task.json, format: json}
+  grader:
+    command: [python, "${OPENFORGE_MANIFEST_DIR}/grade.py", "${OPENFORGE_TASK_ID}"]
+"""
+JOB = """\
+apiVersion: openforge.dev/v1alpha1
+kind: RolloutJob
+metadata: {name: demo}
+spec:
+  harnessEnvRef: {name: echo}
+  tasks: {file: tasks.jsonl}
+  samplesPerTask: 2
+  parallelism: 2
+  policy: {model: model}
+"""
+
+
+def write(tmp_path: Path, env: str = ENV, job: str = JOB, tasks: str | None = None) -> Path:
+    path = tmp_path / "job.yaml"
+    path.write_text(env + "---\n" + job)
+    (tmp_path / "tasks.jsonl").write_text(tasks if tasks is not None else '{"id": "a", "prompt": "hi"}\n{"id": "b", "prompt": "yo"}\n')
+    return path
+
+
+def test_rollouts_cover_every_task_sample_with_stable_ids(tmp_path: Path) -> None:
+    bundle = plan.load([write(tmp_path)])
+    rollouts = plan.rollouts_for(bundle, 3)
+    assert [(r.task_id, r.sample, r.index) for r in rollouts] == [("a", 0, 0), ("a", 1, 1), ("b", 0, 2), ("b", 1, 3)]
+    assert rollouts[1].rollout_id == "demo-i3-1-0"
+    assert rollouts[1].retry().rollout_id == "demo-i3-1-1"
+
+
+def test_harness_command_delivers_the_task_and_points_the_base_url_at_the_sidecar(tmp_path: Path) -> None:
+    bundle = plan.load([write(tmp_path)])
+    rollout = plan.rollouts_for(bundle, 0)[2]
+    work = tmp_path / "w"
+    command = plan.harness_command(bundle, rollout, sidecar_url="http://127.0.0.1:9", workdir=work)
+    assert command.argv == ["python", "-c", "print(1)", "--id", "b"]
+    assert command.env["OPENAI_BASE_URL"] == command.env["MY_URL"] == "http://127.0.0.1:9/v1"
+    assert command.env["PROMPT"] == "yo" and command.env["FIXED"] == "yes"
+    assert command.env["OPENFORGE_TASK_ID"] == "b"
+    assert command.env["PATH"].split(":")[0] == str(Path(sys.executable).parent)
+    assert json.loads(command.files[work / "task.json"]) == {"id": "b", "prompt": "yo"}
+    assert command.cwd == work
+    grader = plan.grader_command(bundle, rollout, workdir=work, harness_exit=3)
+    assert grader is not None
+    assert grader.argv == ["python", f"{tmp_path}/grade.py", "b"]
+    assert grader.env["OPENFORGE_HARNESS_EXIT_CODE"] == "3"
+
+
+@pytest.mark.parametrize(
+    ("stdout", "exit_code", "expected"),
+    [
+        ('noise\n{"reward": 0.5}\n', 0, 0.5),
+        ('{"reward": 1}', 1, 1.0),
+        ("no json", 0, None),
+        ('{"score": 1}', 0, None),
+        ('{"reward": true}', 0, None),
+    ],
+)
+def test_reward_comes_from_the_graders_last_json_line(tmp_path: Path, stdout: str, exit_code: int, expected: float | None) -> None:
+    bundle = plan.load([write(tmp_path)])
+    value, why = plan.reward(bundle, stdout=stdout, exit_code=exit_code)
+    assert value == expected
+    assert (why == "") == (expected is not None)
+
+
+@pytest.mark.parametrize(
+    ("env", "job", "tasks", "message"),
+    [
+        (ENV, JOB.replace("samplesPerTask: 2", "samplesPerTask: two"), None, "job.yaml:27: spec.samplesPerTask: input should be a valid integer"),
+        (ENV, JOB.replace("parallelism: 2", "parallelism: 2\n  paralelism: 3"), None, "paralelism"),
+        (ENV.replace("          command: [python, -c, \"print(1)\"]\n", ""), JOB, None, "needs a command to run locally"),
+        (ENV, JOB.replace("tasks.jsonl", "missing.jsonl"), None, "spec.tasks.file: missing.jsonl does not exist"),
+        (ENV, JOB.replace("name: echo}", "name: other}"), None, "spec.harnessEnvRef.name: no HarnessEnv named 'other'"),
+        (ENV, JOB, '{"id": "a"}\n{"prompt": "no id"}\n', "tasks.jsonl:2: id"),
+        (ENV, JOB, '{"id": "a"}\n{"id": "a"}\n', "duplicate task id"),
+    ],
+)
+def test_bad_manifests_fail_before_anything_starts_naming_file_and_field(tmp_path: Path, env: str, job: str, tasks: str | None, message: str) -> None:
+    with pytest.raises((plan.PlanError, manifests.ManifestError), match=message):
+        plan.load([write(tmp_path, env, job, tasks)])
+
+
+def test_local_policy_model_must_be_a_model_directory(tmp_path: Path) -> None:
+    bundle = plan.load([write(tmp_path)])
+    with pytest.raises(plan.PlanError, match="spec.policy.model: 'model' is not a model directory"):
+        plan.policy_model(bundle)
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "config.json").write_text("{}")
+    assert plan.policy_model(bundle) == tmp_path / "model"
