@@ -1,0 +1,116 @@
+"""Per-step training metrics: ``metrics.jsonl``, TensorBoard events, a reward-curve PNG.
+
+All three live in the run directory:
+
+* ``metrics.jsonl``: one JSON object per step (flushed and fsync'd), the
+  source of truth; on resume the existing lines are kept and extended;
+* ``tensorboard/``: the same numbers as scalars (``tensorboard --logdir``);
+* ``reward_curve.png``: reward mean +- std and pass rate per step, redrawn
+  after every step (matplotlib, Agg backend: no display needed).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Mapping
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # (after matplotlib.use: the backend must be chosen first)
+from torch.utils.tensorboard import SummaryWriter
+
+JSONL = "metrics.jsonl"
+TENSORBOARD = "tensorboard"
+CURVE = "reward_curve.png"
+
+Number = int | float
+Record = dict[str, Number | None]
+
+
+class MetricsWriter:
+    """Append one step's numbers to every sink; keeps the history for the curve."""
+
+    def __init__(self, run_dir: Path, *, resume_step: int = 0) -> None:
+        self.run_dir = run_dir
+        run_dir.mkdir(parents=True, exist_ok=True)
+        self.history = [r for r in read(run_dir / JSONL) if _value(r, "step", 0) <= resume_step]
+        _rewrite(run_dir / JSONL, self.history)  # drop lines of steps no checkpoint holds
+        self._tensorboard = SummaryWriter(
+            log_dir=str(run_dir / TENSORBOARD), purge_step=resume_step + 1
+        )
+
+    def write(self, record: Mapping[str, Number]) -> None:
+        step = int(record["step"])
+        clean = {key: _finite(value) for key, value in record.items()}
+        with open(self.run_dir / JSONL, "a", encoding="utf-8") as handle:
+            handle.write(json.dumps(clean, sort_keys=True) + "\n")
+            handle.flush()
+            os.fsync(handle.fileno())
+        for key, value in clean.items():
+            if key != "step" and value is not None:
+                self._tensorboard.add_scalar(key, value, global_step=step)
+        self._tensorboard.flush()
+        self.history.append(clean)
+        plot(self.history, self.run_dir / CURVE)
+
+    def close(self) -> None:
+        self._tensorboard.close()
+
+
+def read(path: Path) -> list[Record]:
+    if not path.exists():
+        return []
+    with open(path, encoding="utf-8") as handle:
+        return [json.loads(line) for line in handle if line.strip()]
+
+
+def plot(history: list[Record], path: Path) -> None:
+    """Reward mean (with a +-std band) and pass rate against step."""
+    steps = [_value(r, "step", 0.0) for r in history]
+    mean = [_value(r, "reward_mean", math.nan) for r in history]
+    std = [_value(r, "reward_std", 0.0) for r in history]
+    passed = [_value(r, "pass_rate", math.nan) for r in history]
+    figure, axis = plt.subplots(figsize=(6.4, 3.6), dpi=100)
+    axis.plot(steps, mean, marker="o", label="reward mean")
+    axis.fill_between(
+        steps,
+        [m - s for m, s in zip(mean, std, strict=True)],
+        [m + s for m, s in zip(mean, std, strict=True)],
+        alpha=0.2,
+        label="reward ± std",
+    )
+    axis.plot(steps, passed, marker=".", linestyle="--", label="pass rate")
+    axis.set_xlabel("step")
+    axis.set_ylabel("reward")
+    axis.grid(alpha=0.3)
+    axis.legend(loc="best")
+    figure.tight_layout()
+    temporary = path.with_suffix(".tmp.png")
+    figure.savefig(temporary)
+    plt.close(figure)
+    os.replace(temporary, path)
+
+
+def _value(record: Record, key: str, default: float) -> float:
+    value = record.get(key)
+    return default if value is None else float(value)
+
+
+def _finite(value: Number) -> Number | None:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None  # JSON has no NaN; None reads as "not measured this step"
+    return value
+
+
+def _rewrite(path: Path, records: list[Record]) -> None:
+    if not path.exists():
+        return
+    temporary = path.with_suffix(".tmp")
+    with open(temporary, "w", encoding="utf-8") as handle:
+        for record in records:
+            handle.write(json.dumps(record, sort_keys=True) + "\n")
+    os.replace(temporary, path)
