@@ -75,33 +75,12 @@ class ScriptedEngine:
 
     def prompt_ids(self, request: protocol.CompletionRequest) -> list[int]:
         """The request's prompt as token IDs, checked against vocabulary and context."""
-        if isinstance(request.prompt, str):
-            ids = list(self.tokenizer.encode(request.prompt, add_special_tokens=False).ids)
-        else:
-            ids = request.prompt
-            bad = next((t for t in ids if not 0 <= t < self.vocab_size), None)
-            if bad is not None:
-                raise protocol.RequestError(
-                    f"prompt: token id {bad} is out of vocabulary (size {self.vocab_size})",
-                    param="prompt",
-                )
-        limit = self.config.max_model_len
-        if len(ids) >= limit:
-            raise protocol.RequestError(
-                f"This model's maximum context length is {limit} tokens. However, your "
-                f"request has {len(ids)} input tokens. Please reduce the length of the input "
-                "messages.",
-                param="prompt",
-            )
-        if request.max_tokens is not None and len(ids) + request.max_tokens > limit:
-            raise protocol.RequestError(
-                f"This model's maximum context length is {limit} tokens. However, you "
-                f"requested {len(ids) + request.max_tokens} tokens ({len(ids)} in the messages, "
-                f"{request.max_tokens} in the completion). Please reduce the length of the "
-                "messages or completion.",
-                param="max_tokens",
-            )
-        return ids
+        return protocol.check_prompt(
+            request,
+            encode=lambda text: list(self.tokenizer.encode(text, add_special_tokens=False).ids),
+            vocab_size=self.vocab_size,
+            max_model_len=self.config.max_model_len,
+        )
 
     def generate(self, request: protocol.CompletionRequest, prompt_ids: list[int]) -> Generation:
         """Run the script, then stop the way vLLM's scheduler does (length first)."""
@@ -324,18 +303,9 @@ class _Handler(BaseHTTPRequestHandler):
 
 def _models_body(engine: ScriptedEngine) -> dict[str, Any]:
     config = engine.config
-    model = {
-        "id": config.model,
-        "object": "model",
-        "created": int(time.time()),
-        "owned_by": "vllm",
-        "root": config.model,
-        "parent": None,
-        "max_model_len": config.max_model_len,
-        "permission": [],
-        "openforge_policy_version": config.policy_version,
-    }
-    return {"object": "list", "data": [model]}
+    return protocol.models_body(
+        model=config.model, max_model_len=config.max_model_len, policy_version=config.policy_version
+    )
 
 
 def start_in_thread(

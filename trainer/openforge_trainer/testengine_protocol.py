@@ -6,11 +6,18 @@ non-streamed :func:`completion_response`; streamed chunks with one token each
 (:func:`stream_chunk`), the first also carrying ``prompt_token_ids``; a final
 usage-only chunk (:func:`usage_chunk`) dumped without null fields; errors as
 ``{"object": "error", "message", "type", "param", "code"}``.
+
+Both engines use it: the scripted test engine (``testengine.py``) and the real
+one (``openforge serve``, ``serve.py``). What depends on a tokenizer comes in
+as a function (:func:`check_prompt`'s ``encode``, :class:`TextDeltas`'s
+``decode``), so this module stays free of I/O and of any model.
 """
 
 from __future__ import annotations
 
 import json
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -49,6 +56,8 @@ class CompletionRequest:
     stop_token_ids: tuple[int, ...] = ()
     skip_special_tokens: bool = True
     seed: int | None = None
+    top_p: float | None = None
+    stop: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,9 +92,145 @@ def parse_request(body: bytes) -> CompletionRequest:
         continuous_usage_stats=_flag(options, "continuous_usage_stats", False, "stream_options."),
         return_token_ids=_flag(data, "return_token_ids", False),
         stop_token_ids=_token_ids(data.get("stop_token_ids")),
+        stop=_stop(data.get("stop")),
         skip_special_tokens=_flag(data, "skip_special_tokens", True),
         seed=_optional(data, "seed", int),
+        top_p=_top_p(data.get("top_p")),
     )
+
+
+def check_prompt(
+    request: CompletionRequest,
+    *,
+    encode: Callable[[str], list[int]],
+    vocab_size: int,
+    max_model_len: int,
+) -> list[int]:
+    """The request's prompt as token IDs, checked against vocabulary and context.
+
+    The messages are vLLM's, so a client sees the same refusal from either engine.
+    """
+    if isinstance(request.prompt, str):
+        ids = encode(request.prompt)
+    else:
+        ids = request.prompt
+        bad = next((t for t in ids if not 0 <= t < vocab_size), None)
+        if bad is not None:
+            raise RequestError(
+                f"prompt: token id {bad} is out of vocabulary (size {vocab_size})",
+                param="prompt",
+            )
+    if len(ids) >= max_model_len:
+        raise RequestError(
+            f"This model's maximum context length is {max_model_len} tokens. However, your "
+            f"request has {len(ids)} input tokens. Please reduce the length of the input "
+            "messages.",
+            param="prompt",
+        )
+    if request.max_tokens is not None and len(ids) + request.max_tokens > max_model_len:
+        raise RequestError(
+            f"This model's maximum context length is {max_model_len} tokens. However, you "
+            f"requested {len(ids) + request.max_tokens} tokens ({len(ids)} in the messages, "
+            f"{request.max_tokens} in the completion). Please reduce the length of the "
+            "messages or completion.",
+            param="max_tokens",
+        )
+    return ids
+
+
+def find_stop_string(text: str, start: int, stops: tuple[str, ...]) -> tuple[str, int] | None:
+    """vLLM's stop-string check after a token changed ``text`` from index ``start`` on.
+
+    The first of ``stops``, in request order, that ends in the new characters
+    wins; returns it and the index the text is cut at (the stop string itself
+    is not part of the output).
+    """
+    for stop in stops:
+        index = text.find(stop, max(0, start - len(stop) + 1))
+        if index != -1:
+            return stop, index
+    return None
+
+
+class OutputText:
+    """A completion's text as its tokens arrive, the way vLLM's detokenizer builds it.
+
+    ``decode`` turns the visible token IDs so far into text. A stop token
+    (EOS or ``stop_token_ids``) is left out of the text; a stop string ends
+    the text where it begins. When streaming, a token that ends in the middle
+    of a UTF-8 character (the text ends in U+FFFD) adds nothing until a later
+    token completes it, and the last ``len(longest stop string) - 1``
+    characters are held back while they could still begin a stop string; the
+    final token flushes the rest, so the deltas always add up to :attr:`text`.
+    Without stop strings or streaming nothing is decoded until :attr:`text`.
+    """
+
+    def __init__(
+        self,
+        decode: Callable[[list[int]], str],
+        *,
+        stops: tuple[str, ...] = (),
+        streaming: bool = False,
+    ) -> None:
+        self._decode = decode
+        self._stops = stops
+        self._streaming = streaming
+        self._hold = max((len(stop) for stop in stops), default=1) - 1
+        self._ids: list[int] = []
+        self._text: str | None = ""
+        self.emitted = ""
+
+    def add(self, token_id: int, *, stop_token: bool, final: bool) -> tuple[str | None, str]:
+        """Take one token; return the stop string it completed (or None) and the delta to stream."""
+        if stop_token:
+            final = True
+        else:
+            self._ids.append(token_id)
+        if not (self._stops or self._streaming):
+            self._text = None  # decoded once, when asked for
+            return None, ""
+        before = self.text
+        text = before if stop_token else self._decode(self._ids)
+        found = None
+        if self._stops and not stop_token:
+            stable = len(before.rstrip("\ufffd"))  # a partial character may have changed
+            found = find_stop_string(text, stable, self._stops)
+            if found is not None:
+                text, final = text[: found[1]], True
+        self._text = text
+        stop = found[0] if found is not None else None
+        if not self._streaming:
+            return stop, ""
+        if not final:
+            if text.endswith("\ufffd"):
+                return stop, ""
+            text = text[: max(len(self.emitted), len(text) - self._hold)]
+        delta = text[len(self.emitted) :]
+        self.emitted += delta
+        return stop, delta
+
+    @property
+    def text(self) -> str:
+        """The output text so far (cut at a stop string once one was found)."""
+        if self._text is None:
+            self._text = self._decode(self._ids)
+        return self._text
+
+
+def models_body(*, model: str, max_model_len: int, policy_version: int) -> dict[str, Any]:
+    """vLLM's ``GET /v1/models`` list with one model, plus ``openforge_policy_version``."""
+    card = {
+        "id": model,
+        "object": "model",
+        "created": int(time.time()),
+        "owned_by": "vllm",
+        "root": model,
+        "parent": None,
+        "max_model_len": max_model_len,
+        "permission": [],
+        "openforge_policy_version": policy_version,
+    }
+    return {"object": "list", "data": [card]}
 
 
 def error_body(error: RequestError) -> dict[str, Any]:
@@ -129,7 +274,7 @@ def completion_response(
     text: str,
     logprobs: dict[str, Any] | None,
     finish_reason: str,
-    stop_reason: int | None,
+    stop_reason: int | str | None,
     token_ids: list[int] | None,
     prompt_token_ids: list[int] | None,
     prompt_tokens: int,
@@ -166,7 +311,7 @@ def stream_chunk(
     text: str,
     logprobs: dict[str, Any] | None,
     finish_reason: str | None,
-    stop_reason: int | None,
+    stop_reason: int | str | None,
     prompt_token_ids: list[int] | None,
     token_ids: list[int] | None,
     chunk_usage: dict[str, Any] | None = None,
@@ -248,6 +393,14 @@ def _temperature(value: Any) -> float | None:
     return float(value)
 
 
+def _top_p(value: Any) -> float | None:
+    if value is None:
+        return None
+    if not isinstance(value, int | float) or isinstance(value, bool) or not 0 < value <= 1:
+        raise RequestError(f"top_p: must be in (0, 1], got {value!r}", param="top_p")
+    return float(value)
+
+
 def _logprobs(value: Any) -> int | None:
     if value is None:
         return None
@@ -272,6 +425,17 @@ def _prompt(value: Any) -> list[int] | str:
         "prompt: must be a string or one list of token IDs (batches are not supported)",
         param="prompt",
     )
+
+
+def _stop(value: Any) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    stops = [value] if isinstance(value, str) else value
+    if not isinstance(stops, list) or not all(isinstance(v, str) and v for v in stops):
+        raise RequestError(
+            f"stop: must be a non-empty string or a list of them, got {value!r}", param="stop"
+        )
+    return tuple(stops)
 
 
 def _token_ids(value: Any) -> tuple[int, ...]:
