@@ -628,6 +628,25 @@ def test_cli_refuses_a_directory_without_tokenizer(
     assert f"model directory {tmp_path} has no tokenizer.json" in capsys.readouterr().err
 
 
+def test_sliding_window_models_are_refused(tmp_path: Path) -> None:
+    config = Qwen2Config(
+        vocab_size=4096,
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        use_sliding_window=True,
+        sliding_window=8,
+        max_window_layers=1,
+    )
+    Qwen2ForCausalLM(config).save_pretrained(tmp_path)
+    for name in serve.TOKENIZER_FILES:
+        shutil.copy(ASSETS / name, tmp_path / name)
+    with pytest.raises(ValueError, match="full-attention models only"):
+        serve.Engine(serve.ServeConfig(model_dir=tmp_path))
+
+
 def _free_port() -> int:
     import socket
 

@@ -91,6 +91,12 @@ class Engine:
         self.tokenizer = Tokenizer.from_str(self.files["tokenizer.json"].decode("utf-8"))
         self.vocab_size = int(self.tokenizer.get_vocab_size(with_added_tokens=True))
         self.model = weights.load_model(config.model_dir, device=config.device, dtype=config.dtype)
+        layer_types = set(getattr(self.model.config, "layer_types", None) or ["full_attention"])
+        if layer_types != {"full_attention"}:
+            raise ValueError(
+                f"model layer types {sorted(layer_types)}: openforge serve batches "
+                "full-attention models only"
+            )
         embeddings = int(self.model.config.vocab_size)
         if self.vocab_size > embeddings:
             raise ValueError(
