@@ -19,6 +19,8 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "trajectories": ("openforge_trainer.cli", "trajectories_main", "inspect and export captured trajectories"),
     "test-engine": ("openforge_trainer.testengine", "main", "serve the deterministic token-in/token-out test engine"),
     "tokenizer": ("openforge_trainer.tokenizer_build", "main", "build the tiny offline tokenizer and chat template"),
+    "serve": ("openforge_trainer.serve", "main", "serve a Hugging Face causal LM over vLLM's /v1/completions (continuous batching, live weight updates)"),
+    "train": ("openforge_trainer.train_cli", "main", "train the policy on captured rollouts (GRPO) and publish new weights"),
     "crds": ("openforge.api.crds", "main", "write crds/ from the API models"),
 }
 

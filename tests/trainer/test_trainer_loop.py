@@ -167,7 +167,7 @@ def test_checkpoint_then_marks_then_the_next_groups(tmp_path: Path, model_dir: P
     assert {
         rid: str(checkpoint.path_for(config.run_dir, step)) for rid, step in state.trained.items()
     } == marks
-    assert sorted(state.trained_tasks.items()) == [("a", 1), ("b", 1), ("c", 2), ("d", 2)]
+    assert sorted(state.trained_tasks.items()) == [("a@v0", 1), ("b@v0", 1), ("c@v0", 2), ("d@v0", 2)]
     assert sorted(p.name for p in (config.run_dir / "checkpoints").iterdir()) == [
         first.name,
         second.name,
@@ -202,10 +202,10 @@ def test_a_crash_between_checkpoint_and_marks_is_repaired_on_restart(
     second = str(checkpoint.path_for(config.run_dir, 2))
     assert sorted(marks.values()) == [str(first)] * 8 + [second] * 8
     assert sorted(checkpoint.load_state(Path(second)).trained_tasks.items()) == [
-        ("a", 1),
-        ("b", 1),
-        ("c", 2),
-        ("d", 2),
+        ("a@v0", 1),
+        ("b@v0", 1),
+        ("c@v0", 2),
+        ("d@v0", 2),
     ]
 
 
@@ -327,7 +327,7 @@ def test_selection_waits_for_whole_groups_and_skips_what_cannot_train(
     state = checkpoint.TrainerState()
     with store.Store(db_path) as db:
         selection = trainer_loop.select_groups(db, config, state, limit=5)
-        assert [g.task_id for g in selection.groups] == ["b"]
+        assert [g.task_id for g in selection.groups] == ["b@v0"]
         b_ids = sorted(r.rollout_id for r in selection.groups[0].rollouts)
         assert b_ids == sorted(["b-retry", "job-b-1-v0-s0", "job-b-2-v0-s0"])
         assert selection.skipped == {
@@ -336,13 +336,13 @@ def test_selection_waits_for_whole_groups_and_skips_what_cannot_train(
         }
         # with an expected group size, three complete rollouts of a are enough
         sized = settings(tmp_path, model_dir, group_size=3)
-        assert "a" in [
+        assert "a@v0" in [
             g.task_id for g in trainer_loop.select_groups(db, sized, state, limit=5).groups
         ]
         # a late rollout of a task that was already trained is skipped, never trained
-        state.trained_tasks["b"] = 1
+        state.trained_tasks["b@v0"] = 1
         late = trainer_loop.select_groups(db, config, state, limit=5)
-        assert late.skipped["b-retry"] == "late: task 'b' was trained at step 1"
+        assert late.skipped["b-retry"] == "late: task 'b@v0' was trained at step 1"
     # a group of two where one rollout has no logprobs is left with one: skipped whole
     put(
         db_path,
@@ -356,7 +356,7 @@ def test_selection_waits_for_whole_groups_and_skips_what_cannot_train(
     with store.Store(db_path) as db:
         skipped = trainer_loop.select_groups(db, config, checkpoint.TrainerState(), limit=5).skipped
     assert skipped["e-0"] == "call 0: logprobs were not captured"
-    assert skipped["e-1"] == "group too small: 1 usable rollout(s) in 'e'"
+    assert skipped["e-1"] == "group too small: 1 usable rollout(s) in 'e@v0'"
 
 
 def test_metrics_are_written_as_jsonl_tensorboard_and_a_png(
@@ -431,4 +431,24 @@ def test_resume_restores_optimizer_and_drops_metrics_of_unsaved_steps(
     assert (
         dataclasses.asdict(checkpoint.load_state(checkpoint.path_for(config.run_dir, 1)))["step"]
         == 1
+    )
+
+
+def test_a_task_revisited_by_a_newer_policy_is_a_new_group(tmp_path: Path, model_dir: Path) -> None:
+    """Iterations sample the same tasks again: the group is (task, policy version),
+    so the second visit is trained, not skipped as late."""
+    first = sample_into(tmp_path / "store.db", model_dir, ["a"])
+    config = settings(tmp_path, model_dir, steps=1)
+    run = trainer(config)
+    assert run.run() == 1
+    run.close()
+    second = sample_into(tmp_path / "store.db", model_dir, ["a"], version=1, seed=1)
+    assert not set(first) & set(second)
+    run = trainer(settings(tmp_path, model_dir, steps=2))
+    assert run.run() == 1  # resumes at step 1, trains step 2
+    run.close()
+    state = checkpoint.load_state(checkpoint.path_for(config.run_dir, 2))
+    assert state.trained_tasks == {"a@v0": 1, "a@v1": 2}
+    assert sorted(trained_marks(config.store).values()) == sorted(
+        [str(checkpoint.path_for(config.run_dir, 1))] * len(first) + [str(checkpoint.path_for(config.run_dir, 2))] * len(second)
     )

@@ -107,8 +107,17 @@ def _untrained_by_task(
         done = rollout.rollout_id in state.trained or rollout.rollout_id in state.skipped
         if done or rollout.trained_at is not None or not rollout.started:
             continue
-        by_task.setdefault(rollout.task_id, []).append(rollout)
+        by_task.setdefault(group_key(rollout), []).append(rollout)
     return by_task
+
+
+def group_key(rollout: store_module.Rollout) -> str:
+    """A GRPO group: one task's rollouts sampled from one policy version.
+
+    Training revisits the same tasks (iterations, epochs); each visit is a
+    new group, compared only with rollouts of the same policy.
+    """
+    return f"{rollout.task_id}@v{rollout.policy_version}"
 
 
 def _ready(
