@@ -56,6 +56,8 @@ CONTROL_PREFIX = "/openforge/v1/"
 CONTROL_HOST = "openforge.sidecar"
 MODES = ("tokens", "passthrough")
 INFLIGHT_JOURNAL = "inflight.journal"
+# `openforge serve` names the policy version whose weights produced a call.
+POLICY_VERSION_HEADER = "x-openforge-policy-version"
 
 
 @dataclass(slots=True)
@@ -74,20 +76,20 @@ class _Call:
     tee: tee.Tee | None = None
     response_id: str = ""
     finished: bool = False
+    policy_version: int | None = None  # as the engine reported it for this call
     notes: list[str] = field(default_factory=list)
 
 
 class _Writer:
     """Appends records to the spool from one thread, fsync per batch.
 
-    Keeps the event loop free of disk waits; the exporter is told after each
-    batch is durable. ``put`` returns a ticket; ``wait`` blocks until every
-    record up to that ticket is durable.
+    Keeps the event loop free of disk waits; the spool tells its listeners
+    (the exporter) after each batch is durable. ``put`` returns a ticket;
+    ``wait`` blocks until every record up to that ticket is durable.
     """
 
-    def __init__(self, store: spool.Spool, on_durable: Any) -> None:
+    def __init__(self, store: spool.Spool) -> None:
         self._spool = store
-        self._on_durable = on_durable
         self._queue: queue.Queue[pb.Record | None] = queue.Queue()
         self._durable = threading.Condition()
         self._queued = 0
@@ -123,7 +125,6 @@ class _Writer:
                 with self._durable:
                     self._written += len(records_)
                     self._durable.notify_all()
-                self._on_durable()
 
 
 class Capture:
@@ -188,7 +189,7 @@ class Capture:
             token = Path(opts.openforge_collector_token_file).read_text().strip() if opts.openforge_collector_token_file else None
             self._exporter = exporting.Exporter(self._spool, opts.openforge_collector, token=token)
             self._exporter_task = asyncio.create_task(self._exporter.run())
-        self._writer = _Writer(self._spool, self._notify_exporter)
+        self._writer = _Writer(self._spool)
         for index in resume.vanished_calls:
             self._lose(f"the sidecar stopped while call {index} was in flight", whole=False, call_index=index)
         if not resume.started:
@@ -281,6 +282,9 @@ class Capture:
             return
         if response.status_code != 200 or call.relay is None:
             return  # the engine's error is translated whole in `response`
+        version = response.headers.get(POLICY_VERSION_HEADER, "")
+        if version.isdigit():
+            call.policy_version = int(version)
         for name in ("content-length", "content-encoding", "etag"):
             response.headers.pop(name, None)
         response.headers["content-type"] = "text/event-stream" if call.request.stream else "application/json"
@@ -432,7 +436,7 @@ class Capture:
             segment_index=plan.segment_index if plan else 0,
             segment_reason=plan.segment_reason if plan else "",
             prefix_token_count=plan.prefix_token_count if plan else 0,
-            policy_version=opts.openforge_policy_version,
+            policy_version=opts.openforge_policy_version if call.policy_version is None else call.policy_version,
             received_ns=call.received_ns,
             ttft_ms=(first - call.started) * 1000 if first is not None and call.request.stream else 0.0,
             total_ms=(now - call.started) * 1000,
@@ -465,10 +469,6 @@ class Capture:
         if self._journal is not None:
             os.write(self._journal, f"{index}\n".encode())
         return index
-
-    def _notify_exporter(self) -> None:
-        if self._exporter is not None and self._loop is not None:
-            self._loop.call_soon_threadsafe(self._exporter.notify)
 
     async def _policy_tokenizer(self) -> template.PolicyTokenizer:
         if self._tokenizer is not None:

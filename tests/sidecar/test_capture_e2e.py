@@ -29,7 +29,7 @@ SHELL_SCHEMA = {
 
 @pytest.fixture
 def stack(procs: Any, tmp_path: Path) -> dict[str, Any]:
-    engine = procs.engine()
+    engine = procs.engine("--policy-version", "7")
     collector = procs.collector()
     sidecar = procs.sidecar(
         "--collector", f"127.0.0.1:{collector.port}", "--job", "e2e", "--rollout-id", "r1", "--task-id", "t1",
@@ -110,6 +110,7 @@ def test_openai_chat_streaming_tool_round_trip_is_token_exact(stack: dict[str, A
 
     captured = stored_calls(stack["store"])
     assert [c.stream for c in captured] == [True, False]
+    assert [c.policy_version for c in captured] == [7, 7]  # as the engine reported it
     check_tokens_exact(stack["engine"], captured)
     check_merged(captured)
     with store.Store(stack["store"]) as db:

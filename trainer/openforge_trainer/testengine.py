@@ -285,6 +285,8 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Type", "text/event-stream; charset=utf-8")
         self.send_header("Cache-Control", "no-cache")
         self.send_header("Transfer-Encoding", "chunked")
+        # like `openforge serve`: which policy version produced this answer
+        self.send_header(POLICY_VERSION_HEADER, str(self.server.engine.config.policy_version))
         self.end_headers()
         try:
             for body in bodies:
@@ -299,6 +301,9 @@ class _Handler(BaseHTTPRequestHandler):
     def _chunk(self, data: bytes) -> None:
         self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
         self.wfile.flush()
+
+
+POLICY_VERSION_HEADER = "x-openforge-policy-version"
 
 
 def _models_body(engine: ScriptedEngine) -> dict[str, Any]:
