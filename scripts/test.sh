@@ -6,9 +6,10 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 venv=$(bash scripts/setup.sh | tail -n 1)
 export PATH="$venv/bin:$PATH"
-if [ -x scripts/install_harnesses.sh ] || [ -f scripts/install_harnesses.sh ]; then
-  bash scripts/install_harnesses.sh >&2
-fi
+# Real harness CLIs from npm and a real Kubernetes control plane built from
+# the Go module proxy, both cached under ~/.cache/openforge (first run: long).
+bash scripts/install_harnesses.sh >&2
+bash scripts/build_cluster_binaries.sh >&2
 echo "== ruff"; ruff check .
 echo "== mypy"; mypy
 echo "== import contracts"; lint-imports

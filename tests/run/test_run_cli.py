@@ -1,0 +1,105 @@
+"""`openforge run` end to end: real processes, real sidecars, the real ReAct harness.
+
+These runs capture only (`--no-train`) against the deterministic test
+engine, so they check the runner's part: every rollout runs in its own
+directory with its own sidecar, is graded, reaches the store complete, and a
+run stopped midway continues on rerun with no rollout counted twice.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from openforge_trainer import store
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLES = ROOT / "examples"
+
+
+def manifest(tmp_path: Path, engine_url: str, *, tasks: int, samples: int, parallelism: int = 2) -> Path:
+    """The react-toy example, pointed at the test engine, on a few tasks."""
+    lines = (EXAMPLES / "tasks" / "toy-tools" / "demo.jsonl").read_text().splitlines()[:tasks]
+    task_file = tmp_path / "tasks.jsonl"
+    task_file.write_text("\n".join(lines) + "\n")
+    text = (EXAMPLES / "react-toy.yaml").read_text()
+    text = text.replace("$OPENFORGE_MANIFEST_DIR", str(EXAMPLES)).replace("${OPENFORGE_MANIFEST_DIR}", str(EXAMPLES))
+    text = text.replace("file: tasks/toy-tools/demo.jsonl", f"file: {task_file}")
+    text = text.replace("    model: models/tiny-react", f"    model: openforge-tiny\n    endpoint: {engine_url}")
+    text = text.replace("samplesPerTask: 4", f"samplesPerTask: {samples}").replace("parallelism: 4", f"parallelism: {parallelism}")
+    path = tmp_path / "job.yaml"
+    path.write_text(text)
+    return path
+
+
+def run(args: list[str], **kwargs: Any) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "openforge.cli", "run", *args], capture_output=True, text=True, timeout=600, **kwargs)
+
+
+def journal(run_dir: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in (run_dir / "journal.jsonl").read_text().splitlines()]
+
+
+def test_a_local_run_captures_and_grades_every_rollout(procs: Any, tmp_path: Path) -> None:
+    engine = procs.engine()
+    run_dir = tmp_path / "run"
+    done = run([str(manifest(tmp_path, engine.url, tasks=2, samples=2)), "--no-train", "--quiet", "--run-dir", str(run_dir), "--iterations", "1"])
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "iteration 1/1: 4/4 done, 0 failed, mean reward 1.0" in done.stdout
+    finished = [e for e in journal(run_dir) if e["event"] == "finish"]
+    assert sorted(e["rollout_id"] for e in finished) == [f"react-toy-i0-{i}-0" for i in range(4)]
+    assert all(e["status"] == "succeeded" and e["reward"] == 1.0 and e["calls"] == 2 for e in finished)
+    with store.Store(run_dir / "store.db") as db:
+        rollouts = db.rollouts("react-toy")
+        assert sorted(r.rollout_id for r in rollouts) == sorted(e["rollout_id"] for e in finished)
+        assert all(r.complete and r.reward == 1.0 for r in rollouts)
+        assert sorted(len(db.calls(r.rollout_id)) for r in rollouts) == [2, 2, 2, 2]
+    # each rollout had its own working directory, holding only the harness's files
+    work = run_dir / "rollouts" / "react-toy-i0-0-0" / "work"
+    assert sorted(p.name for p in work.iterdir()) == ["answer.txt", "colors.json"]
+
+
+def test_a_stopped_run_continues_on_rerun_without_counting_a_rollout_twice(procs: Any, tmp_path: Path) -> None:
+    engine = procs.engine("--token-delay-ms", "30")
+    run_dir = tmp_path / "run"
+    path = manifest(tmp_path, engine.url, tasks=3, samples=2, parallelism=2)
+    args = [str(path), "--no-train", "--quiet", "--run-dir", str(run_dir), "--iterations", "2"]
+    process = subprocess.Popen([sys.executable, "-m", "openforge.cli", "run", *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:  # stop it once some rollouts finished, mid-iteration
+        if (run_dir / "journal.jsonl").exists() and sum(e["event"] == "finish" for e in journal(run_dir)) >= 2:
+            break
+        time.sleep(0.2)
+    process.send_signal(signal.SIGINT)
+    output, _ = process.communicate(timeout=120)
+    assert process.returncode == 130, output
+    assert "run the same command again to continue" in output
+    before = [e for e in journal(run_dir) if e["event"] == "finish"]
+    assert 2 <= len(before) < 12
+
+    again = run(args)
+    assert again.returncode == 0, again.stdout + again.stderr
+    finished = [e for e in journal(run_dir) if e["event"] == "finish"]
+    keys = [(e["iteration"], e["index"]) for e in finished]
+    assert sorted(keys) == sorted({(i, n) for i in range(2) for n in range(6)}), "every rollout finished exactly once"
+    assert finished[: len(before)] == before  # nothing that finished was redone
+    with store.Store(run_dir / "store.db") as db:
+        complete = [r for r in db.rollouts("react-toy") if r.complete]
+    assert sorted(r.rollout_id for r in complete) == sorted(e["rollout_id"] for e in finished)
+
+
+def test_a_bad_manifest_fails_before_anything_starts(tmp_path: Path) -> None:
+    path = tmp_path / "job.yaml"
+    text = (EXAMPLES / "react-toy.yaml").read_text().replace("samplesPerTask: 4", "samplesPerTask: four")
+    path.write_text(text)
+    done = run([str(path), "--run-dir", str(tmp_path / "run")], env={**os.environ})
+    assert done.returncode == 2
+    line = next(n for n, text_line in enumerate(text.splitlines(), 1) if "samplesPerTask" in text_line)
+    assert f"job.yaml:{line}: spec.samplesPerTask: input should be a valid integer, got 'four'" in done.stderr
+    assert not (tmp_path / "run").exists()
