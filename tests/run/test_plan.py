@@ -7,7 +7,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from openforge.api import manifests
 from openforge.run import plan
 
@@ -114,7 +113,7 @@ def test_bad_manifests_fail_before_anything_starts_naming_file_and_field(tmp_pat
 
 def test_local_policy_model_must_be_a_model_directory(tmp_path: Path) -> None:
     bundle = plan.load([write(tmp_path)])
-    with pytest.raises(plan.PlanError, match="spec.policy.model: 'model' is not a model directory"):
+    with pytest.raises(plan.PlanError, match=r"spec\.policy\.model: 'model' is not a model directory"):
         plan.policy_model(bundle)
     (tmp_path / "model").mkdir()
     (tmp_path / "model" / "config.json").write_text("{}")
