@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from openforge_trainer import testengine_policy as policy
@@ -147,3 +148,54 @@ def test_a_request_answered_before_is_not_run_again() -> None:
         {"role": "user", "content": "thanks"},
     ]
     assert policy.respond(prompt([tool("shell", {})], messages)) == "Done."
+
+
+# --- the toy color task (examples/tasks/toy-tools) ---------------------------
+
+
+def schema_tool(name: str, **properties: str) -> dict[str, Any]:
+    schema = {"type": "object", "properties": {k: {"type": v} for k, v in properties.items()}}
+    return {"type": "function", "function": {"name": name, "description": name, "parameters": schema}}
+
+
+LOOKUP = schema_tool("lookup_color", item="string")
+SHELL = schema_tool("shell", command="string")
+QUESTION = 'What color is item "vobipo"? Use the lookup tool, then answer with the color only.'
+
+
+def assistant_call(name: str, arguments: dict[str, Any]) -> dict[str, Any]:
+    return {"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": {"name": name, "arguments": arguments}}]}
+
+
+def test_color_question_calls_lookup_with_the_item() -> None:
+    answer = policy.respond(prompt([SHELL, LOOKUP], [{"role": "user", "content": QUESTION}]))
+    assert answer == policy.tool_call_text("lookup_color", {"item": "vobipo"})
+    body = answer.removeprefix("<tool_call>\n").removesuffix("\n</tool_call>")
+    assert json.loads(body) == {"name": "lookup_color", "arguments": {"item": "vobipo"}}
+
+
+def test_lookup_response_is_answered_with_its_first_line_only() -> None:
+    messages = [
+        {"role": "user", "content": QUESTION},
+        assistant_call("lookup_color", {"item": "vobipo"}),
+        {"role": "tool", "content": "brown\n"},
+    ]
+    assert policy.respond(prompt([LOOKUP], messages)) == "brown"
+
+
+def test_shell_response_still_gets_done() -> None:
+    messages = [
+        {"role": "user", "content": "Please run `echo brown`."},
+        assistant_call("shell", {"command": "echo brown"}),
+        {"role": "tool", "content": "brown"},
+    ]
+    assert policy.respond(prompt([SHELL, LOOKUP], messages)) == "Done: brown"
+
+
+def test_color_question_without_lookup_tool_is_not_a_tool_call() -> None:
+    assert policy.respond(prompt([SHELL], [{"role": "user", "content": QUESTION}])) == "Done."
+
+
+def test_reasoning_mode_thinks_before_the_lookup() -> None:
+    answer = policy.respond(prompt([LOOKUP], [{"role": "user", "content": QUESTION}]), reasoning=True)
+    assert answer.startswith("<think>\n") and answer.endswith(policy.tool_call_text("lookup_color", {"item": "vobipo"}))

@@ -8,8 +8,13 @@ answers the way a well-behaved agent model would on a one-tool-call task:
   call the first offered shell-like tool, with arguments shaped by that
   tool's JSON schema (an array ``command`` gets ``["bash", "-lc", cmd]``, a
   string one gets ``cmd``; other required parameters get plausible defaults);
-* a turn after the assistant's last turn holds tool responses: "Done:
-  <first line of the last output>";
+* a user turn after the assistant's last turn asks ``What color is item
+  "name"?`` and a ``lookup_color`` tool is offered: call it with
+  ``{"item": name}`` (the toy task set, ``examples/tasks/toy-tools``);
+* a turn after the assistant's last turn holds tool responses: the first
+  line of the last output when the assistant's last turn called
+  ``lookup_color`` (the color, as the toy task asks), else "Done: <first
+  line of the last output>";
 * anything else: "Done.".
 
 The answer text is laid out exactly as the chat template renders an assistant
@@ -38,6 +43,8 @@ SHELL_TOOL_NAMES = (
 
 _TOOLS_BLOCK = re.compile(r"<tools>\n(.*?)\n</tools>", re.DOTALL)
 _COMMAND = re.compile(r"\brun\b[^`]*?`([^`]+)`", re.IGNORECASE)
+_COLOR_QUESTION = re.compile(r'What colou?r is item "([^"]+)"\?', re.IGNORECASE)
+LOOKUP_TOOL = "lookup_color"
 _TOOL_RESPONSE = re.compile(r"<tool_response>\n(.*?)\n</tool_response>", re.DOTALL)
 _TURN_START = "<|im_start|>"
 _TURN_END = "<|im_end|>"
@@ -51,10 +58,16 @@ class Turn:
 
 def respond(prompt: str, *, reasoning: bool = False) -> str:
     """The assistant's answer to a rendered prompt (without the stop token)."""
-    pending = pending_turns(completed_turns(prompt))
+    turns = completed_turns(prompt)
+    pending = pending_turns(turns)
     responses = [t for t in pending if t.role == "user" and t.content.startswith("<tool_response>")]
+    if responses and _called_lookup(turns):
+        return _think(reasoning, "The lookup has answered.") + _first_line(responses[-1].content)
     if responses:
         return _think(reasoning, "The command has finished.") + _done(responses[-1].content)
+    item = _color_item(pending)
+    if item is not None and any(t["name"] == LOOKUP_TOOL for t in offered_tools(prompt)):
+        return _think(reasoning, "I will look it up.") + tool_call_text(LOOKUP_TOOL, {"item": item})
     command = _command(pending)
     tool = _shell_tool(offered_tools(prompt)) if command is not None else None
     if command is None or tool is None:
@@ -82,6 +95,21 @@ def _command(pending: list[Turn]) -> str | None:
         if matches:
             return str(matches[-1])
     return None
+
+
+def _color_item(pending: list[Turn]) -> str | None:
+    """The item a pending user turn asks the color of, if one does."""
+    for turn in reversed(pending):
+        match = _COLOR_QUESTION.search(turn.content) if turn.role == "user" else None
+        if match:
+            return match.group(1)
+    return None
+
+
+def _called_lookup(turns: list[Turn]) -> bool:
+    """Whether the assistant's last turn called the lookup tool."""
+    last = next((t for t in reversed(turns) if t.role == "assistant"), None)
+    return last is not None and f'"name": "{LOOKUP_TOOL}"' in last.content
 
 
 def completed_turns(prompt: str) -> list[Turn]:
@@ -138,10 +166,15 @@ def _think(enabled: bool, thought: str) -> str:
     return f"<think>\n{thought}\n</think>\n\n" if enabled else ""
 
 
-def _done(tool_responses: str) -> str:
+def _first_line(tool_responses: str) -> str:
+    """The first non-blank line of the last tool output, stripped ("" if none)."""
     outputs = _TOOL_RESPONSE.findall(tool_responses)
     lines = [line.strip() for line in (outputs[-1] if outputs else "").splitlines()]
-    first = next((line for line in lines if line), "")
+    return next((line for line in lines if line), "")
+
+
+def _done(tool_responses: str) -> str:
+    first = _first_line(tool_responses)
     return f"Done: {first}" if first else "Done."
 
 
