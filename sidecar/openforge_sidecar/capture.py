@@ -234,6 +234,7 @@ class Capture:
     # --- HTTP hooks -----------------------------------------------------------
 
     async def request(self, flow: http.HTTPFlow) -> None:
+        received_ns, started = time.time_ns(), time.monotonic()
         path = flow.request.path
         if path.startswith(CONTROL_PREFIX) or flow.request.pretty_host == CONTROL_HOST:
             await self._control(flow)
@@ -258,8 +259,8 @@ class Capture:
             request=request,
             request_json=body,
             headers=redact.headers(flow.request.headers.items()),
-            received_ns=time.time_ns(),
-            started=time.monotonic(),
+            received_ns=received_ns,
+            started=started,
         )
         flow.metadata["openforge"] = call
         self.stats["calls"] += 1
