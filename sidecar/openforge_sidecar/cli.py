@@ -84,11 +84,10 @@ def mitmdump_args(ns: argparse.Namespace) -> list[str]:
         "--set", f"openforge_harness={ns.harness}",
         "--set", f"openforge_policy_version={ns.policy_version}",
     ]
-    # In reverse mode the upstream is the engine: connect to it as the harness
-    # connects (eager, off the request's critical path). In proxy modes the
-    # harness names hosts the sidecar never needs to reach (it answers LLM
-    # calls itself), so connect only when a request is actually forwarded.
-    args += ["--set", f"connection_strategy={'eager' if ns.mode == 'reverse' else 'lazy'}"]
+    # Connect upstream only when a request is forwarded. (Eager connects in
+    # reverse mode were tried for latency and reverted: a rare 404 from the
+    # engine appeared in the end-to-end tests that was not understood.)
+    args += ["--set", "connection_strategy=lazy"]
     if ns.confdir:
         args += ["--set", f"confdir={ns.confdir}"]
     if not ns.verbose:

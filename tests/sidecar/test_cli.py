@@ -35,6 +35,6 @@ def test_bad_flags_fail_with_the_flag_named(argv, message):
         args(*argv)
 
 
-def test_reverse_mode_connects_eagerly_and_proxy_modes_lazily():
-    assert "connection_strategy=eager" in args("--engine", "http://127.0.0.1:8000")
+def test_the_sidecar_connects_upstream_lazily_in_every_mode():
+    assert "connection_strategy=lazy" in args("--engine", "http://127.0.0.1:8000")
     assert "connection_strategy=lazy" in args("--engine", "http://127.0.0.1:8000", "--mode", "regular")
