@@ -16,7 +16,8 @@ run every tool call the model makes and send the results back; stop at the
 first reply without tool calls. That reply's text is the final answer: it
 is printed on stdout and written to ``answer.txt`` in the working directory.
 
-Tools: ``lookup_color(item)`` reads ``colors.json`` in the working directory;
+Tools: ``lookup_color(item)`` reads ``colors.json`` in the working directory
+(``item`` may be left out when it holds one item);
 ``read_file(path)`` and ``write_file(path, content)`` stay inside it;
 ``shell(command)`` runs ``bash -c`` there with a timeout.
 
@@ -100,11 +101,15 @@ class Tools:
             raise ValueError(f"path {path!r} is outside the working directory")
         return resolved
 
-    def tool_lookup_color(self, item: str) -> str:
+    def tool_lookup_color(self, item: str | None = None) -> str:
         database = self.workdir / DATABASE
         if not database.is_file():
             return f"error: there is no {DATABASE} in the working directory"
         items = json.loads(database.read_text(encoding="utf-8")).get("items", {})
+        if item is None:
+            if len(items) != 1:
+                return f"error: the database holds {len(items)} items; name one"
+            return str(next(iter(items.values())))
         color = items.get(str(item).strip())
         return str(color) if color is not None else f"error: no item named {item!r}"
 

@@ -5,9 +5,14 @@ database file (``colors.json``) written into the task's working directory;
 an agent reads it with the harness's ``lookup_color`` tool. The same few
 items recur across tasks with different colors, so nothing in an item's
 name tells its color: an agent that answers without the tool guesses one of
-the palette's colors. Item names are made-up words that are one token each
-in the tiny tokenizer, so a tiny policy learns quickly to copy them into the
-tool call.
+the palette's colors (one in twelve).
+
+The database holds the asked item only, so ``lookup_color`` may be called
+with or without ``{"item": name}``. That is deliberate: a policy of a
+million parameters, warm-started in two CPU minutes, learns to copy the
+color from the tool's answer (six tokens back) but not to copy the item's
+name from the question into the call (some 45 tokens back, behind a
+336-token system turn) -- measured; see README.md.
 
 The constants (prompt, palette, database name, item names) live in
 ``spec.json`` beside this file, read by this module and by the trainer's
@@ -30,7 +35,7 @@ ANSWER_FILE = "answer.txt"
 
 def load_spec(path: Path = SPEC_PATH) -> dict[str, Any]:
     spec: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
-    for key in ("prompt", "colors", "database", "distractors", "items"):
+    for key in ("prompt", "colors", "database", "items"):
         if key not in spec:
             raise ValueError(f"{path}: field {key!r} is missing")
     return spec
@@ -51,7 +56,7 @@ def make_tasks(*, seed: int = 0, train: int = 64, held_out: int = 16) -> list[di
     for split, count in (("train", train), ("eval", held_out)):
         pairs = _pairs(rng, spec, count, asked)
         for number, (item, answer) in enumerate(pairs):
-            tasks.append(_task(rng, spec, f"{split}-{number:03d}", split, item, answer))
+            tasks.append(_task(spec, f"{split}-{number:03d}", split, item, answer))
     return tasks
 
 
@@ -84,19 +89,8 @@ def _pairs(
     raise ValueError(f"cannot draw {count} new (item, color) pairs from spec.json; add items")
 
 
-def _task(
-    rng: random.Random,
-    spec: dict[str, Any],
-    task_id: str,
-    split: str,
-    item: str,
-    answer: str,
-) -> dict[str, Any]:
-    others = rng.sample([name for name in spec["items"] if name != item], spec["distractors"])
-    names = [item, *others]
-    rng.shuffle(names)
-    colors = {name: answer if name == item else rng.choice(spec["colors"]) for name in names}
-    database = {"items": colors}
+def _task(spec: dict[str, Any], task_id: str, split: str, item: str, answer: str) -> dict[str, Any]:
+    database = {"items": {item: answer}}
     return {
         "id": task_id,
         "split": split,
