@@ -21,6 +21,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "tokenizer": ("openforge_trainer.tokenizer_build", "main", "build the tiny offline tokenizer and chat template"),
     "serve": ("openforge_trainer.serve", "main", "serve a Hugging Face causal LM over vLLM's /v1/completions (continuous batching, live weight updates)"),
     "train": ("openforge_trainer.train_cli", "main", "train the policy on captured rollouts (GRPO) and publish new weights"),
+    "model": ("openforge_trainer.model_cli", "main", "build, warm-start and evaluate the tiny offline policy"),
     "crds": ("openforge.api.crds", "main", "write crds/ from the API models"),
 }
 
