@@ -17,15 +17,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+from openforge.run.processes import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY_TOKENIZER = ROOT / "trainer" / "openforge_trainer" / "assets" / "tiny-tokenizer"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def wait_port(port: int, process: subprocess.Popen[bytes] | None = None, timeout: float = 30.0) -> None:

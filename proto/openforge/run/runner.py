@@ -109,8 +109,9 @@ class Runner:
     def run_iteration(self, iteration: int) -> IterationStats:
         """Every rollout of one iteration, ``parallelism`` at a time, with retries."""
         resume = resume_state(self.journal)
-        todo = [r for r in plan.rollouts_for(self.bundle, iteration) if (iteration, r.index) not in resume.finished]
-        stats = IterationStats(iteration, total=len(plan.rollouts_for(self.bundle, iteration)))
+        every = plan.rollouts_for(self.bundle, iteration)
+        todo = [r for r in every if (iteration, r.index) not in resume.finished]
+        stats = IterationStats(iteration, total=len(every))
         for entry in resume.finished.values():
             if entry["iteration"] == iteration:
                 self._count(stats, entry)
