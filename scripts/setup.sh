@@ -18,7 +18,7 @@ if [ ! -x "$venv/bin/python" ]; then
 fi
 if [ "$(cat "$stamp" 2>/dev/null)" != "$key" ]; then
   echo "openforge: installing pinned dependencies into $venv (first time: several minutes, torch is large)" >&2
-  "$venv/bin/python" -m pip install -q -c "$root/constraints.txt" -e "$root[test,train]" >&2
+  "$venv/bin/python" -m pip install -q -c "$root/constraints.txt" -e "$root[test,train,operator]" >&2
   echo "$key" > "$stamp"
 else
   "$venv/bin/python" -m pip install -q --no-deps -e "$root" >&2

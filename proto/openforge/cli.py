@@ -23,6 +23,8 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "train": ("openforge_trainer.train_cli", "main", "train the policy on captured rollouts (GRPO) and publish new weights"),
     "model": ("openforge_trainer.model_cli", "main", "build, warm-start and evaluate the tiny offline policy"),
     "crds": ("openforge.api.crds", "main", "write crds/ from the API models"),
+    "operator": ("openforge_operator.cli", "main", "run the Kubernetes operator (kopf) for RolloutJob and HarnessEnv"),
+    "analyze": ("openforge_trainer.analyze_cli", "main", "behaviour metrics of stored trajectories per harness and policy version"),
 }
 
 
