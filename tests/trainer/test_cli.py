@@ -6,11 +6,16 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
 from openforge.trajectory.v1 import trajectory_pb2, trajectory_pb2_grpc
 from openforge_trainer import cli, export, store
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLES = ROOT / "examples"
+TINY_TOKENIZER = ROOT / "trainer" / "openforge_trainer" / "assets" / "tiny-tokenizer"
 
 
 def rollout_records(rollout: str, sample: int, reward: float) -> list[trajectory_pb2.Record]:
@@ -141,13 +146,93 @@ def test_ls(db_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
 
 def test_show(db_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.trajectories_main(["show", "r0", "--store", str(db_path)]) == 0
-    out = capsys.readouterr().out
-    assert "rollout r0" in out and "reward 1" in out
-    assert "#0  WIRE_API_OPENAI_CHAT  stream=yes  prompt=3 completion=2  finish=tool_calls" in out
-    assert "segment=0 (first)" in out
-    assert 'response: "Let me look."; tools: shell' in out
-    assert 'response: "Done."' in out
+    out = capsys.readouterr().out  # not a terminal: plain text
+    assert "rollout r0  job job  task fix-bug" in out and "reward 1  calls 2/2" in out
+    assert "── call #0 · openai-chat · stream · finish tool_calls" in out
+    assert "segment 0 (first) · tokens: prompt 3, completion 2" in out
+    assert '→ reply\n[assistant]\n    Let me look.\n    tool call shell {"cmd": "ls"}' in out
+    assert "[assistant]\n    Done." in out
+    assert "  mask TT·T" in out
     assert cli.trajectories_main(["show", "nope", "--store", str(db_path)]) == 1
+
+
+def test_show_json(db_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.trajectories_main(["show", "r0", "--store", str(db_path), "--json"]) == 0
+    document = json.loads(capsys.readouterr().out)
+    assert [c["finish_reason"] for c in document["calls"]] == ["tool_calls", "stop"]
+    assert [(s["trained"], s["tokens"]) for s in document["rows"][0]["spans"]] == [
+        (True, 2),
+        (False, 1),
+        (True, 1),
+    ]
+
+
+def test_show_color_always_renders_with_rich(
+    db_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert cli.trajectories_main(["show", "r0", "--store", str(db_path), "--color", "always"]) == 0
+    out = capsys.readouterr().out
+    assert "\x1b[" in out and "╭─ call #0" in out
+
+
+def test_show_names_a_tokenizer_it_cannot_load(
+    db_path: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "tokenizer.json").write_text("{not json")
+    argv = ["show", "r0", "--store", str(db_path), "--tokenizer", str(tmp_path)]
+    assert cli.trajectories_main(argv) == 2
+    assert f"--tokenizer: cannot load {tmp_path}" in capsys.readouterr().err
+
+
+def test_show_a_rollout_openforge_run_captured(procs: Any, tmp_path: Path) -> None:
+    """The ReAct example run for real (harness, sidecar, collector) against the test
+    engine, then shown by the CLI in a subprocess, as a user would."""
+    engine = procs.engine()
+    task = (EXAMPLES / "tasks" / "toy-tools" / "demo.jsonl").read_text().splitlines()[0]
+    (tmp_path / "tasks.jsonl").write_text(task + "\n")
+    text = (EXAMPLES / "react-toy.yaml").read_text()
+    for old, new in [
+        ("$OPENFORGE_MANIFEST_DIR", str(EXAMPLES)),
+        ("${OPENFORGE_MANIFEST_DIR}", str(EXAMPLES)),
+        ("file: tasks/toy-tools/demo.jsonl", f"file: {tmp_path / 'tasks.jsonl'}"),
+        ("    model: models/tiny-react", f"    model: tiny\n    endpoint: {engine.url}"),
+        ("samplesPerTask: 4", "samplesPerTask: 1"),
+    ]:
+        text = text.replace(old, new)
+    (tmp_path / "job.yaml").write_text(text)
+    run_dir = tmp_path / "run"
+    done = subprocess.run(
+        [sys.executable, "-m", "openforge.cli", "run", str(tmp_path / "job.yaml"), "--no-train",
+         "--quiet", "--iterations", "1", "--run-dir", str(run_dir)],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    show = [sys.executable, "-m", "openforge.cli", "trajectories", "show", "react-toy-i0-0-0",
+            "--store", str(run_dir / "store.db"), "--tokenizer", str(TINY_TOKENIZER)]  # fmt: skip
+    document = json.loads(
+        subprocess.run([*show, "--json"], capture_output=True, text=True, check=True).stdout
+    )
+    first, second = document["calls"]
+    assert [m["role"] for m in first["messages"]] == ["system", "user"]
+    [call] = first["response"]["tool_calls"]
+    assert call["name"] == "lookup_color" and json.loads(call["arguments"]) == {"item": "thoo"}
+    assert [m["role"] for m in second["messages"]] == ["tool"] and second["messages"][0][
+        "text"
+    ] == "blue"
+    assert second["response"]["text"] == "blue"
+    [row] = document["rows"]
+    trained = [s for s in row["spans"] if s["trained"]]
+    masked = [s for s in row["spans"] if not s["trained"]]
+    assert [s["tokens"] for s in trained] == [
+        first["completion_tokens"],
+        second["completion_tokens"],
+    ]
+    appended = second["prompt_tokens"] - first["prompt_tokens"] - first["completion_tokens"]
+    assert [s["tokens"] for s in masked] == [appended]
+    assert "<tool_response>\nblue\n</tool_response>" in masked[0]["text"]
+    assert document["rollout"]["reward"] == 1.0
+    plain = subprocess.run(show, capture_output=True, text=True, check=True).stdout
+    assert "tool call lookup_color" in plain and "trained" in plain and "masked" in plain
 
 
 @pytest.mark.parametrize("format", ["jsonl", "parquet"])

@@ -13,9 +13,10 @@ import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
-from openforge_trainer import collector, export
+from rich.console import Console
+
+from openforge_trainer import collector, export, render
 from openforge_trainer import store as store_module
 
 # -- openforge collector -------------------------------------------------------
@@ -77,9 +78,25 @@ def trajectories_main(argv: Sequence[str]) -> int:
     ls = commands.add_parser("ls", help="list rollouts")
     ls.add_argument("--store", required=True, type=Path)
     ls.add_argument("--job", help="only this job (default: every job)")
-    show = commands.add_parser("show", help="show one rollout call by call")
+    show = commands.add_parser(
+        "show", help="show one rollout turn by turn, with token counts and the training mask"
+    )
     show.add_argument("rollout")
     show.add_argument("--store", required=True, type=Path)
+    show.add_argument("--json", action="store_true", help="print the view as one JSON object")
+    show.add_argument("--full", action="store_true", help="do not shorten long texts")
+    show.add_argument(
+        "--tokenizer",
+        type=Path,
+        help="tokenizer.json, or a model directory holding one, to decode masked/trained spans"
+        " (default: the newest checkpoint's beside the store, if any)",
+    )
+    show.add_argument(
+        "--color",
+        choices=("auto", "always", "never"),
+        default="auto",
+        help="rich output: auto = when stdout is a terminal",
+    )
     out = commands.add_parser("export", help="write training rows of a job's complete rollouts")
     out.add_argument("--store", required=True, type=Path)
     out.add_argument("--job", required=True)
@@ -93,7 +110,7 @@ def trajectories_main(argv: Sequence[str]) -> int:
         if args.command == "ls":
             return _ls(store, args.job)
         if args.command == "show":
-            return _show(store, args.rollout)
+            return _show(store, args)
         return _export(store, args.job, args.format, args.out)
 
 
@@ -130,67 +147,29 @@ def _status(rollout: store_module.Rollout) -> str:
     return rollout.status or "finished"
 
 
-def _show(store: store_module.Store, rollout_id: str) -> int:
-    rollout = store.rollout(rollout_id)
-    if rollout is None:
-        print(f"openforge trajectories: no rollout {rollout_id!r}", file=sys.stderr)
+def _show(store: store_module.Store, args: argparse.Namespace) -> int:
+    tokenizer_path = args.tokenizer or render.find_tokenizer(args.store)
+    tokenizer = None
+    if tokenizer_path is not None:
+        try:
+            tokenizer = render.load_tokenizer(tokenizer_path)
+        except Exception as exc:  # tokenizers raises its own untyped errors
+            print(
+                f"openforge trajectories: --tokenizer: cannot load {tokenizer_path}: {exc}",
+                file=sys.stderr,
+            )
+            return 2
+    view = render.build(store, args.rollout, tokenizer)
+    if view is None:
+        print(f"openforge trajectories: no rollout {args.rollout!r}", file=sys.stderr)
         return 1
-    reward = f"{rollout.reward:g}" if rollout.has_reward else "-"
-    print(
-        f"rollout {rollout.rollout_id}  job {rollout.job}  task {rollout.task_id}"
-        f"  sample {rollout.sample_index}  attempt {rollout.attempt}  harness {rollout.harness}"
-    )
-    print(f"status {_status(rollout)}  exit {rollout.exit_code}  reward {reward}")
-    for call in store.calls(rollout_id):
-        reason = f" ({call.segment_reason})" if call.segment_reason else ""
-        print(
-            f"#{call.call_index}  {call.wire_api}  stream={'yes' if call.stream else 'no'}"
-            f"  prompt={len(call.prompt_token_ids)} completion={len(call.completion_token_ids)}"
-            f"  finish={call.finish_reason or '-'}  segment={call.segment_index}{reason}"
-            f"  policy={call.policy_version}  http={call.http_status}"
-        )
-        if call.error:
-            print(f"    error: {call.error}")
-        print(f"    response: {summarize_response(call.response_json)}")
-    for lost in store.lost(rollout.job):
-        if lost.rollout_id == rollout_id:
-            what = "whole rollout" if lost.whole_rollout else f"call #{lost.call_index}"
-            print(f"lost {what}: {lost.reason}")
+    if args.json:
+        print(json.dumps(render.to_json(view), ensure_ascii=False))
+    elif args.color == "always" or (args.color == "auto" and sys.stdout.isatty()):
+        render.render_rich(view, Console(force_terminal=True), full=args.full)
+    else:
+        render.render_plain(view, sys.stdout, full=args.full)
     return 0
-
-
-def summarize_response(body: bytes, limit: int = 160) -> str:
-    """A one-line summary of a response JSON: its text and the tools it called."""
-    if not body:
-        return "(none)"
-    try:
-        document = json.loads(body)
-    except ValueError:
-        return f"(not JSON, {len(body)} bytes)"
-    texts: list[str] = []
-    tools: list[str] = []
-    _walk(document, texts, tools)
-    text = " ".join(" ".join(texts).split())
-    if len(text) > limit:
-        text = text[: limit - 1] + "…"
-    parts = [json.dumps(text, ensure_ascii=False)] if text else []
-    if tools:
-        parts.append("tools: " + ", ".join(tools))
-    return "; ".join(parts) or "(no text)"
-
-
-def _walk(node: Any, texts: list[str], tools: list[str]) -> None:
-    if isinstance(node, dict):
-        if isinstance(node.get("name"), str) and ("arguments" in node or "input" in node):
-            tools.append(node["name"])
-        for key, value in node.items():
-            if key in {"content", "text"} and isinstance(value, str):
-                texts.append(value)
-            else:
-                _walk(value, texts, tools)
-    elif isinstance(node, list):
-        for item in node:
-            _walk(item, texts, tools)
 
 
 def _export(store: store_module.Store, job: str, format: str, out: Path) -> int:
