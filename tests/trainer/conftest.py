@@ -1,0 +1,14 @@
+"""Make this folder's shared helper (``wire_trajectories``) importable.
+
+Tests run with ``--import-mode=importlib``, which puts no test folder on
+``sys.path``; the analysis tests share their hand-built episodes through it.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+_HERE = str(Path(__file__).parent)
+if _HERE not in sys.path:
+    sys.path.insert(0, _HERE)
