@@ -3,7 +3,9 @@
 A codec parses the harness's request into the canonical model, builds the
 response body (or the SSE stream) the real API would have sent, and, for
 passthrough capture, parses an upstream's response back into the canonical
-model. ``for_path`` picks the codec that serves an HTTP path.
+model. ``for_path`` picks the codec that serves an HTTP path;
+``counter_for_path`` the one behind a token-counting path (Gemini's
+``countTokens``), which tokens mode answers from the policy tokenizer.
 """
 
 from __future__ import annotations
@@ -68,16 +70,45 @@ class Codec(Protocol):
         ...
 
 
-def all_codecs() -> list[Codec]:
-    from openforge_sidecar.codecs import anthropic_messages, openai_chat, openai_responses
+class TokenCounter(Protocol):
+    """A wire API's token-counting endpoint: no model call, just a count."""
 
-    return [openai_chat.CODEC, openai_responses.CODEC, anthropic_messages.CODEC]
+    def parse_count_request(self, body: bytes) -> conversation.ChatRequest:
+        """Parse and validate; raise CodecError naming the field at fault."""
+        ...
+
+    def count_response(self, total_tokens: int) -> dict[str, Any]: ...
+
+    def error_body(self, status: int, message: str) -> dict[str, Any]: ...
+
+
+def all_codecs() -> list[Codec]:
+    from openforge_sidecar.codecs import anthropic_messages, gemini, openai_chat, openai_responses
+
+    return [openai_chat.CODEC, openai_responses.CODEC, anthropic_messages.CODEC, gemini.CODEC]
 
 
 def for_path(path: str) -> Codec | None:
-    """The codec serving ``path`` (query string ignored), or None."""
+    """The codec serving ``path``, or None.
+
+    Gemini names the model and the method in the path (and streaming in
+    the query), so its codec comes bound to the path; for the others the
+    query string is ignored.
+    """
+    from openforge_sidecar.codecs import gemini
+
+    bound = gemini.for_path(path)
+    if bound is not None:
+        return bound
     path = path.split("?", 1)[0].rstrip("/")
     for codec in all_codecs():
         if any(path.endswith(suffix) for suffix in codec.paths):
             return codec
     return None
+
+
+def counter_for_path(path: str) -> TokenCounter | None:
+    """The token counter serving ``path`` (Gemini's ``:countTokens``), or None."""
+    from openforge_sidecar.codecs import gemini
+
+    return gemini.counter_for_path(path)
