@@ -239,6 +239,11 @@ class Capture:
         if path.startswith(CONTROL_PREFIX) or flow.request.pretty_host == CONTROL_HOST:
             await self._control(flow)
             return
+        if flow.request.method == "POST" and ctx.options.openforge_mode == "tokens":
+            counter = codecs.counter_for_path(path)
+            if counter is not None:
+                await self._count_tokens(flow, counter)
+                return
         codec = codecs.for_path(path) if flow.request.method == "POST" else None
         if codec is None:
             self.stats["non_llm_passed"] += 1
@@ -350,6 +355,24 @@ class Capture:
         flow.request.headers["content-type"] = "application/json"
         flow.request.headers["accept-encoding"] = "identity"
         flow.request.content = fastjson.dumps_bytes(body)
+
+    async def _count_tokens(self, flow: http.HTTPFlow, counter: codecs.TokenCounter) -> None:
+        """Answer a token-counting call (Gemini's ``countTokens``) from the policy tokenizer.
+
+        It is no model call, so nothing is recorded; it is counted in the stats.
+        """
+        try:
+            request = counter.parse_count_request(flow.request.get_content(strict=False) or b"")
+            tokenizer = await self._policy_tokenizer()
+        except CodecError as exc:
+            self._reject(flow, counter, exc.status, str(exc))
+            return
+        except OSError as exc:
+            self._reject(flow, counter, 503, f"policy tokenizer unavailable: {exc}")
+            return
+        text = tokenizer.render(request.messages, request.tools, add_generation_prompt=False)
+        flow.response = _json_response(200, counter.count_response(len(tokenizer.encode(text))))
+        self.stats["token_counts_answered"] += 1
 
     def _finish_tokens(self, flow: http.HTTPFlow, call: _Call) -> None:
         assert flow.response is not None
@@ -539,7 +562,7 @@ class Capture:
             "unacked": self._spool.unacked_count if self._spool else 0,
         }
 
-    def _reject(self, flow: http.HTTPFlow, codec: Codec, status: int, message: str) -> None:
+    def _reject(self, flow: http.HTTPFlow, codec: Codec | codecs.TokenCounter, status: int, message: str) -> None:
         self.stats[f"rejected_{status}"] += 1
         log.warning("answering %d to %s %s: %s", status, flow.request.method, redact.path(flow.request.path), message)
         flow.response = _json_response(status, codec.error_body(status, message))
