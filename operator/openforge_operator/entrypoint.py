@@ -1,0 +1,86 @@
+"""The harness container's entrypoint: run the harness, then the grader, then report.
+
+A rollout pod runs the harness's own command under a short POSIX ``sh``
+script (so the harness image needs ``/bin/sh``; nothing else of ours). The
+script
+
+1. runs the harness command unchanged and keeps its exit code;
+2. runs the grader, if the HarnessEnv has one, in the same container (the
+   harness's filesystem and environment, ``OPENFORGE_HARNESS_EXIT_CODE`` set),
+   under ``timeout`` when the image has it, its stdout and exit code to files;
+3. writes ``harness-done`` into the run directory, an ``emptyDir`` it shares
+   with the sidecar container, where the in-pod agent
+   (:mod:`openforge_operator.podagent`) turns those files into the reward,
+   reports the rollout to the sidecar (``/openforge/v1/rollout/finish``) and
+   waits for the collector's acknowledgement;
+4. waits (at most ``OPENFORGE_FINISH_WAIT`` seconds) for the agent's verdict
+   (``finished``, a small JSON object), copies it to the container's
+   termination message, where the operator reads it from the pod status, and
+   exits with the harness's exit code.
+
+The harness and grader argv are passed as arguments, never spliced into the
+script: ``sh -c SCRIPT openforge-rollout N GRADER... HARNESS...`` with ``N``
+the grader's argument count. The script avoids ``$$`` and ``$(NAME)``, which
+the kubelet would expand in a container's command.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+RUN_DIR = "/openforge/run"
+HARNESS_DONE = "harness-done"
+HARNESS_EXIT_CODE = "harness-exit-code"
+GRADER_STDOUT = "grader-stdout"
+GRADER_STDERR = "grader-stderr"
+GRADER_EXIT_CODE = "grader-exit-code"
+FINISHED = "finished"
+ARGV0 = "openforge-rollout"
+
+SCRIPT = r"""set -u
+run="${OPENFORGE_RUN_DIR:-/openforge/run}"
+grader_argc="$1"
+shift
+i=0
+while [ "$i" -lt "$grader_argc" ]; do
+  i=$((i + 1))
+  eval "openforge_grader_$i=\"\$1\""
+  shift
+done
+"$@"
+code=$?
+printf '%s\n' "$code" > "$run/harness-exit-code"
+if [ "$grader_argc" -gt 0 ]; then
+  set --
+  if command -v timeout > /dev/null 2>&1; then
+    set -- timeout "${OPENFORGE_GRADER_TIMEOUT:-300}"
+  fi
+  i=0
+  while [ "$i" -lt "$grader_argc" ]; do
+    i=$((i + 1))
+    eval "set -- \"\$@\" \"\$openforge_grader_$i\""
+  done
+  OPENFORGE_HARNESS_EXIT_CODE="$code" "$@" < /dev/null > "$run/grader-stdout" 2> "$run/grader-stderr"
+  printf '%s\n' "$?" > "$run/grader-exit-code"
+fi
+: > "$run/harness-done"
+waited=0
+while [ ! -e "$run/finished" ] && [ "$waited" -lt "${OPENFORGE_FINISH_WAIT:-90}" ]; do
+  sleep 1
+  waited=$((waited + 1))
+done
+if [ -e "$run/finished" ]; then
+  cat "$run/finished" > "${OPENFORGE_TERMINATION_LOG:-/dev/termination-log}" 2> /dev/null
+fi
+exit "$code"
+"""
+
+COMMAND = ["/bin/sh", "-c", SCRIPT, ARGV0]
+
+
+def arguments(harness: Sequence[str], grader: Sequence[str] | None) -> list[str]:
+    """The container ``args`` after :data:`COMMAND` that run ``harness`` and then ``grader``."""
+    if not harness:
+        raise ValueError("the harness command is empty")
+    grader = list(grader or [])
+    return [str(len(grader)), *grader, *harness]

@@ -1,0 +1,257 @@
+"""The reconcile planner (pure): from a job and its observed attempts to what to do.
+
+Level-based: the plan depends only on the job (spec and last status), the
+attempts its pods show, the number of rollouts and the time, never on what
+happened before in this process, so an operator restarted mid-job plans
+exactly what the old one would have. It says which pods to create (rollout
+index, attempt) up to ``parallelism``, which live pods to delete, the status
+to write, the Events worth recording, and whether the job's TTL ran out.
+
+Per rollout, attempts are read in order. A failed attempt is retried while
+the failure policy's action for it (``FailurePolicy.action_for``: first
+matching rule, else Retry) allows: Retry counts against
+``maxAttemptsPerRollout``, Ignore does not (up to :data:`IGNORED_ATTEMPTS_CAP`
+extra attempts, so a rule cannot loop forever), FailRollout gives the rollout
+up at once.
+
+The job is Complete when every rollout has finished and at least one
+succeeded, Failed when none succeeded or when it ran past
+``activeDeadlineSeconds`` (live pods are then deleted). Suspending stops new
+attempts; attempts already running finish, and the deadline clock stops
+(``startTime`` is cleared and set again on resume, as for a Job).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from typing import Any, Literal
+
+from openforge.api import rollouts, v1alpha1
+
+from openforge_operator.attempts import Attempt
+
+IGNORED_ATTEMPTS_CAP = 10
+"""Attempts an Ignore rule may add beyond maxAttemptsPerRollout."""
+
+RolloutStateName = Literal["new", "retry", "live", "succeeded", "failed"]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Event:
+    """A Kubernetes Event to record on the job."""
+
+    type: Literal["Normal", "Warning"]
+    reason: str
+    message: str
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class RolloutState:
+    """Where one rollout stands, from its attempts."""
+
+    index: int
+    state: RolloutStateName
+    next_attempt: int
+    """The attempt number a new pod for this rollout gets (new, retry)."""
+    retried: int
+    """Failed attempts of this rollout that were retried."""
+    last: Attempt | None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Plan:
+    create: list[tuple[int, int]]
+    """(rollout index, attempt) of the pods to create, in order."""
+    delete: list[str]
+    """Names of live pods to delete."""
+    status: dict[str, Any]
+    """The job's whole status, as the API holds it."""
+    events: list[Event]
+    delete_job: bool = False
+    requeue_after: float | None = None
+    """Look again after this many seconds at the latest (deadline, TTL)."""
+    finished: bool = False
+
+
+def rollout_state(index: int, attempts: Sequence[Attempt], spec: v1alpha1.RolloutJobSpec) -> RolloutState:
+    """Where rollout ``index`` stands, given every attempt of it seen so far."""
+    counted = retried = 0
+    last: Attempt | None = None
+    cap = spec.max_attempts_per_rollout + IGNORED_ATTEMPTS_CAP
+    for attempt in sorted(attempts, key=lambda a: a.attempt):
+        last = attempt
+        if attempt.live:
+            return RolloutState(index, "live", attempt.attempt + 1, retried, attempt)
+        if attempt.state == "succeeded":
+            return RolloutState(index, "succeeded", attempt.attempt + 1, retried, attempt)
+        action = spec.failure_action(exit_code=attempt.exit_code, reason=attempt.reason)
+        counted += action != "Ignore"
+        exhausted = counted >= spec.max_attempts_per_rollout or attempt.attempt + 1 >= cap
+        if action == "FailRollout" or exhausted:
+            return RolloutState(index, "failed", attempt.attempt + 1, retried, attempt)
+        retried += 1
+    if last is None:
+        return RolloutState(index, "new", 0, 0, None)
+    return RolloutState(index, "retry", last.attempt + 1, retried - 1, last)
+
+
+def plan(
+    *,
+    job: v1alpha1.RolloutJob,
+    total: int | None,
+    attempts: Iterable[Attempt],
+    now: datetime.datetime,
+    blocked: str | None = None,
+) -> Plan:
+    """What to do now. ``total`` is the number of rollouts (None while the tasks are
+    unknown); ``blocked`` says why no pod may start (a missing HarnessEnv, unreadable
+    tasks), and keeps the planner from creating any."""
+    spec = job.spec
+    old = job.status or v1alpha1.RolloutJobStatus()
+    generation = job.metadata.generation
+    attempts = list(attempts)
+    live = [a for a in attempts if a.live]
+    if _terminal(old) is not None:
+        return _after_finish(job, old, live, now)
+    states = _states(attempts, total, spec)
+    counts = _counts(states, live)
+    failed = [s.index for s in states if s.state == "failed"]
+    conditions = list(old.conditions)
+    events: list[Event] = []
+    start_time = old.start_time
+    completion_time: datetime.datetime | None = None
+    delete: list[str] = []
+    create: list[tuple[int, int]] = []
+    requeue: float | None = None
+
+    def condition(type_: str, status: v1alpha1.ConditionStatus, reason: str, message: str) -> None:
+        nonlocal conditions
+        conditions = v1alpha1.set_condition(
+            conditions,
+            v1alpha1.Condition(
+                type=type_, status=status, reason=reason, message=message,
+                last_transition_time=now, observed_generation=generation,
+            ),
+        )  # fmt: skip
+
+    was_suspended = _is_true(old.conditions, v1alpha1.SUSPENDED)
+    if spec.suspend:
+        condition(v1alpha1.SUSPENDED, "True", "JobSuspended", "suspended: no new attempts start")
+        if not was_suspended:
+            events.append(Event("Normal", "Suspended", f"suspended with {counts.active} rollouts still running"))
+        start_time = None
+    else:
+        if was_suspended:
+            condition(v1alpha1.SUSPENDED, "False", "JobResumed", "resumed")
+            events.append(Event("Normal", "Resumed", "resumed: new attempts start again"))
+        if start_time is None:
+            start_time = now
+            what = f"{total} rollouts" if total is not None else "rollouts"
+            events.append(Event("Normal", "Started", f"running {what}, at most {spec.parallelism} at once"))
+
+    newly_failed = sorted(set(failed) - set(rollouts.parse_indexes(old.failed_indexes or "")))
+    if newly_failed:
+        events.append(Event("Warning", "RolloutsFailed", _failed_message(newly_failed, states)))
+
+    deadline = spec.active_deadline_seconds
+    finished = total is not None and all(s.state in ("succeeded", "failed") for s in states)
+    if deadline is not None and start_time is not None and now >= start_time + datetime.timedelta(seconds=deadline):
+        message = f"ran past activeDeadlineSeconds ({deadline} s); {len(live)} live pods deleted"
+        condition(v1alpha1.FAILED, "True", "DeadlineExceeded", message)
+        events.append(Event("Warning", "DeadlineExceeded", message))
+        delete = [a.name for a in live if not a.deleting]
+        completion_time = now
+    elif finished:
+        summary = f"{counts.succeeded} rollouts succeeded, {counts.failed} failed"
+        if counts.succeeded == 0 and counts.failed > 0:
+            condition(v1alpha1.FAILED, "True", "NoRolloutSucceeded", summary)
+            events.append(Event("Warning", "Failed", summary))
+        else:
+            condition(v1alpha1.COMPLETE, "True", "RolloutsFinished", summary)
+            events.append(Event("Normal", "Completed", summary))
+        completion_time = now
+    else:
+        if not spec.suspend and blocked is None:
+            capacity = max(0, spec.parallelism - len(live))
+            todo = (s for s in states if s.state in ("new", "retry"))
+            create = [(s.index, s.next_attempt) for s, _ in zip(todo, range(capacity), strict=False)]
+        if deadline is not None and start_time is not None:
+            requeue = (start_time + datetime.timedelta(seconds=deadline) - now).total_seconds()
+    if completion_time is not None and spec.ttl_seconds_after_finished is not None:
+        requeue = float(spec.ttl_seconds_after_finished)
+
+    status = v1alpha1.RolloutJobStatus(
+        observed_generation=generation,
+        conditions=conditions,
+        counts=counts,
+        trajectories_acknowledged=sum(a.acknowledged for a in attempts),
+        failed_indexes=rollouts.format_indexes(failed) or None,
+        start_time=start_time,
+        completion_time=completion_time,
+    )
+    return Plan(create, delete, status.to_dict(), events, False, requeue, completion_time is not None)
+
+
+def _after_finish(
+    job: v1alpha1.RolloutJob, old: v1alpha1.RolloutJobStatus, live: list[Attempt], now: datetime.datetime
+) -> Plan:
+    """A finished job: no new pods; a failed one's live pods deleted; the TTL."""
+    status = old.model_copy(update={"observed_generation": job.metadata.generation}).to_dict()
+    delete = [a.name for a in live if not a.deleting] if _terminal(old) == v1alpha1.FAILED else []
+    ttl = job.spec.ttl_seconds_after_finished
+    if ttl is None or old.completion_time is None:
+        return Plan([], delete, status, [], finished=True)
+    remaining = (old.completion_time + datetime.timedelta(seconds=ttl) - now).total_seconds()
+    if remaining <= 0:
+        return Plan([], delete, status, [], delete_job=True, finished=True)
+    return Plan([], delete, status, [], requeue_after=remaining, finished=True)
+
+
+def _states(attempts: Sequence[Attempt], total: int | None, spec: v1alpha1.RolloutJobSpec) -> list[RolloutState]:
+    by_index: dict[int, list[Attempt]] = defaultdict(list)
+    for attempt in attempts:
+        if total is None or attempt.index < total:
+            by_index[attempt.index].append(attempt)
+    indexes: Iterable[int] = range(total) if total is not None else sorted(by_index)
+    return [rollout_state(i, by_index.get(i, []), spec) for i in indexes]
+
+
+def _counts(states: Sequence[RolloutState], live: Sequence[Attempt]) -> v1alpha1.RolloutCounts:
+    tally: dict[str, int] = defaultdict(int)
+    for state in states:
+        tally[state.state] += 1
+    return v1alpha1.RolloutCounts(
+        pending=tally["new"] + tally["retry"],
+        active=len(live),
+        succeeded=tally["succeeded"],
+        failed=tally["failed"],
+        retried=sum(s.retried for s in states),
+    )
+
+
+def _failed_message(indexes: list[int], states: Sequence[RolloutState], shown: int = 5) -> str:
+    by_index = {s.index: s for s in states}
+    details = []
+    for index in indexes[:shown]:
+        last = by_index[index].last
+        if last is None:
+            continue
+        why = last.reason or (f"exit code {last.exit_code}" if last.exit_code is not None else "failed")
+        details.append(f"{index} after attempt {last.attempt} ({why}{': ' + last.message if last.message else ''})")
+    more = f"; {len(indexes) - shown} more" if len(indexes) > shown else ""
+    return f"rollouts {rollouts.format_indexes(indexes)} failed: " + "; ".join(details) + more
+
+
+def _terminal(status: v1alpha1.RolloutJobStatus) -> str | None:
+    for type_ in (v1alpha1.COMPLETE, v1alpha1.FAILED):
+        if _is_true(status.conditions, type_):
+            return type_
+    return None
+
+
+def _is_true(conditions: list[v1alpha1.Condition], type_: str) -> bool:
+    condition = v1alpha1.find_condition(conditions, type_)
+    return condition is not None and condition.status == "True"

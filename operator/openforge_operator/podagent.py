@@ -1,0 +1,280 @@
+"""The in-pod agent: main process of a rollout pod's sidecar container.
+
+Run as ``python -m openforge_operator.podagent [options] -- SIDECAR-ARGS``. It
+
+- copies the job's CA (Proxy and Transparent modes) from its read-only Secret
+  mount into the sidecar's writable mitmproxy confdir;
+- runs ``openforge sidecar SIDECAR-ARGS`` as its child, and exits with the
+  child's code if the child dies (the kubelet restarts the container, and the
+  sidecar resumes from its spool);
+- when the harness container's entrypoint (:mod:`openforge_operator.entrypoint`)
+  writes ``harness-done`` into the shared run directory, turns the harness's
+  exit code and the grader's output into a reward and a verdict exactly as
+  ``openforge run`` does, reports the rollout to the sidecar
+  (``POST /openforge/v1/rollout/finish``, which records it and waits for the
+  collector's acknowledgement) and writes the verdict to ``finished``, which
+  the entrypoint copies into its termination message for the operator;
+- on SIGTERM (the kubelet stops sidecars after the harness container exits,
+  or the whole pod at its deadline) reports a rollout that never finished as
+  failed, then stops the sidecar, which flushes its spool to the collector.
+
+Every step is keyed on files in the run directory, so a restarted agent
+neither loses nor repeats a report.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+from openforge.api import rollouts
+
+from openforge_operator import entrypoint
+
+REWARD_KEY = "reward"
+CA_FILE = "mitmproxy-ca.pem"
+STOPPED_EXIT_CODE = -1
+"""The exit code reported for a harness that never finished (the pod was stopped)."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Verdict:
+    """What one attempt came to, in the pod."""
+
+    exit_code: int
+    reward: float | None
+    grader_output: str
+    status: str  # "succeeded" | "failed"
+    reason: str  # a FailureReason name, or "" (success, or a failing exit code)
+    message: str = ""
+
+    def finish_body(self, wait_seconds: float) -> dict[str, Any]:
+        """The ``/openforge/v1/rollout/finish`` request body."""
+        return {
+            "exit_code": self.exit_code,
+            "reward": self.reward,
+            "grader_output": self.grader_output,
+            "status": self.status,
+            "wait_seconds": wait_seconds,
+        }
+
+
+def reward(reward_from: str, *, stdout: str, exit_code: int) -> tuple[float | None, str]:
+    """The reward a grader's output gives, and why there is none (as ``openforge run``)."""
+    if reward_from == "exit-code":
+        return (1.0 if exit_code == 0 else 0.0), ""
+    for line in reversed(stdout.strip().splitlines()):
+        try:
+            body = json.loads(line)
+        except ValueError:
+            continue
+        value = body.get(REWARD_KEY) if isinstance(body, dict) else None
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            return float(value), ""
+        return None, f"grader printed JSON without a numeric {REWARD_KEY!r}: {line[:200]}"
+    return None, f"grader printed no JSON line (exit {exit_code}): {stdout[-200:]!r}"
+
+
+def judge(run_dir: Path, *, reward_from: str, failing_exit_codes: frozenset[int]) -> Verdict:
+    """The verdict of a finished harness, from the entrypoint's files.
+
+    ``reward_from`` is the grader's ``rewardFrom``, or ``none`` without a
+    grader (then exit 0 is reward 1.0, anything else 0.0). A rollout without
+    a reward failed (GraderFailed); one whose harness exited with a code the
+    job's failure policy does not ignore failed; any other is graded data,
+    whatever the harness's exit code.
+    """
+    exit_code = _read_int(run_dir / entrypoint.HARNESS_EXIT_CODE, default=STOPPED_EXIT_CODE)
+    grader_output = ""
+    if reward_from == "none":
+        value: float | None = 1.0 if exit_code == 0 else 0.0
+        why = ""
+    else:
+        stdout = _read_text(run_dir / entrypoint.GRADER_STDOUT)
+        grader_exit = _read_int(run_dir / entrypoint.GRADER_EXIT_CODE, default=STOPPED_EXIT_CODE)
+        grader_output = stdout.strip()[-4000:]
+        if grader_exit == 124 and reward_from == "stdout-json" and not stdout.strip():
+            value, why = None, "grader timed out"
+        else:
+            value, why = reward(reward_from, stdout=stdout, exit_code=grader_exit)
+    if value is None:
+        return Verdict(exit_code, None, grader_output, "failed", "GraderFailed", why)
+    if exit_code != 0 and exit_code in failing_exit_codes:
+        message = f"harness exited with {exit_code}"
+        return Verdict(exit_code, value, grader_output, "failed", "", message)
+    return Verdict(exit_code, value, grader_output, "succeeded", "")
+
+
+def stopped_verdict() -> Verdict:
+    """The verdict of a rollout whose pod was stopped before its harness finished."""
+    message = "the pod was stopped before the harness finished"
+    return Verdict(STOPPED_EXIT_CODE, None, "", "failed", "DeadlineExceeded", message)
+
+
+def post_finish(listen: str, verdict: Verdict, *, wait_seconds: float, deadline: float) -> dict[str, Any]:
+    """Report the rollout to the sidecar, retrying until ``deadline`` while it is not up."""
+    body = json.dumps(verdict.finish_body(wait_seconds)).encode()
+    url = f"http://{listen}/openforge/v1/rollout/finish"
+    while True:
+        request = urllib.request.Request(url, data=body, headers={"content-type": "application/json"})
+        try:
+            with urllib.request.urlopen(request, timeout=wait_seconds + 10) as response:
+                result: dict[str, Any] = json.load(response)
+                return result
+        except (OSError, ValueError) as error:
+            if time.monotonic() >= deadline:
+                return {"acknowledged": False, "error": str(error)}
+            time.sleep(0.5)
+
+
+def termination_message(verdict: Verdict, result: dict[str, Any]) -> dict[str, Any]:
+    """What the operator reads back from the harness container's termination message."""
+    acknowledged = bool(result.get("acknowledged", False))
+    status, reason, message = verdict.status, verdict.reason, verdict.message
+    if not acknowledged:
+        status, reason = "failed", "SidecarFailed"
+        message = f"the collector did not acknowledge the rollout's records: {result.get('error', '')}"
+    return {
+        "exitCode": verdict.exit_code,
+        "status": status,
+        "reason": reason,
+        "reward": verdict.reward,
+        "acknowledged": acknowledged,
+        "calls": int(result.get("calls", 0) or 0),
+        "message": message[:1000],
+    }
+
+
+class Agent:
+    """The supervisor loop around one ``openforge sidecar`` child."""
+
+    def __init__(self, options: argparse.Namespace, sidecar_argv: list[str]) -> None:
+        self.options = options
+        self.sidecar_argv = sidecar_argv
+        self.run_dir = Path(options.run_dir)
+        self.terminating = False
+        self.child: subprocess.Popen[bytes] | None = None
+
+    def run(self) -> int:
+        self._prepare()
+        signal.signal(signal.SIGTERM, self._on_term)
+        signal.signal(signal.SIGINT, self._on_term)
+        self.child = subprocess.Popen(self.sidecar_argv)
+        while not self.terminating:
+            code = self.child.poll()
+            if code is not None:
+                return code
+            if (self.run_dir / entrypoint.HARNESS_DONE).exists() and not self._reported():
+                self._report(self._judge(), wait=self.options.finish_wait)
+            time.sleep(self.options.poll)
+        if not self._reported():
+            self._report(stopped_verdict(), wait=min(5.0, self.options.finish_wait))
+        return self._stop_child()
+
+    def _prepare(self) -> None:
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        if self.options.ca_file:
+            confdir = Path(self.options.confdir)
+            confdir.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(self.options.ca_file, confdir / CA_FILE)
+            os.chmod(confdir / CA_FILE, 0o600)
+
+    def _judge(self) -> Verdict:
+        failing = frozenset(rollouts.parse_indexes(self.options.failing_exit_codes))
+        return judge(self.run_dir, reward_from=self.options.reward_from, failing_exit_codes=failing)
+
+    def _reported(self) -> bool:
+        return (self.run_dir / entrypoint.FINISHED).exists()
+
+    def _report(self, verdict: Verdict, *, wait: float) -> None:
+        deadline = time.monotonic() + wait + 10
+        result = post_finish(self.options.listen, verdict, wait_seconds=wait, deadline=deadline)
+        message = termination_message(verdict, result)
+        partial = self.run_dir / (entrypoint.FINISHED + ".partial")
+        partial.write_text(json.dumps(message, separators=(",", ":")))
+        partial.replace(self.run_dir / entrypoint.FINISHED)
+
+    def _stop_child(self) -> int:
+        assert self.child is not None
+        if self.child.poll() is None:
+            self.child.terminate()
+            try:
+                self.child.wait(self.options.stop_timeout)
+            except subprocess.TimeoutExpired:
+                self.child.kill()
+                self.child.wait()
+        return 0
+
+    def _on_term(self, signum: int, frame: FrameType | None) -> None:
+        self.terminating = True
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m openforge_operator.podagent",
+        description="Run the capture sidecar in a rollout pod and report the rollout when the harness is done.",
+    )
+    parser.add_argument("--run-dir", default=entrypoint.RUN_DIR, help="directory shared with the harness container")
+    parser.add_argument("--listen", required=True, help="the sidecar's host:port (its --listen)")
+    parser.add_argument("--ca-file", default="", help="the job's CA (key and certificate) to copy into --confdir")
+    parser.add_argument("--confdir", default="", help="the sidecar's mitmproxy confdir")
+    parser.add_argument(
+        "--reward-from", choices=("stdout-json", "exit-code", "none"), default="none",
+        help="the grader's rewardFrom; none: no grader (exit 0 is reward 1.0)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--failing-exit-codes", default="",
+        help="harness exit codes that fail the rollout, compact ('1-255'); others are graded data",
+    )  # fmt: skip
+    parser.add_argument("--finish-wait", type=float, default=60.0, help="seconds to wait for the collector's ack")
+    parser.add_argument("--stop-timeout", type=float, default=25.0, help="seconds the sidecar gets to flush on SIGTERM")
+    parser.add_argument("--poll", type=float, default=0.2, help="seconds between looks at the run directory")
+    parser.add_argument("--sidecar-command", default="", help="the sidecar's argv0 (default: this python -m openforge.cli sidecar)")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if "--" not in args:
+        raise SystemExit("podagent: give the sidecar's arguments after '--'")
+    split = args.index("--")
+    options = build_parser().parse_args(args[:split])
+    if options.ca_file and not options.confdir:
+        raise SystemExit("podagent: --ca-file needs --confdir")
+    try:
+        rollouts.parse_indexes(options.failing_exit_codes)
+    except ValueError as error:
+        raise SystemExit(f"podagent: --failing-exit-codes: {error}") from None
+    command = options.sidecar_command.split() or [sys.executable, "-m", "openforge.cli", "sidecar"]
+    return Agent(options, [*command, *args[split + 1 :]]).run()
+
+
+def _read_text(path: Path) -> str:
+    try:
+        return path.read_text(errors="replace")
+    except OSError:
+        return ""
+
+
+def _read_int(path: Path, *, default: int) -> int:
+    text = _read_text(path).strip()
+    try:
+        return int(text)
+    except ValueError:
+        return default
+
+
+if __name__ == "__main__":
+    sys.exit(main())

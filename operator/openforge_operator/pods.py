@@ -1,0 +1,466 @@
+"""The rollout pod: one attempt of one rollout, built from the job, its HarnessEnv and settings (pure).
+
+Anatomy of ``<job>-<index>-<attempt>``:
+
+- ``initContainers``: in Transparent mode first ``openforge-redirect``
+  (iptables, the only container with a capability: NET_ADMIN), then the
+  capture sidecar ``openforge-sidecar`` as a native sidecar
+  (``restartPolicy: Always``, a ``startupProbe`` on its port, so the harness
+  starts only once it listens), then the template's own init containers.
+- ``containers``: the template's, the ``harness`` container's command wrapped
+  by :mod:`openforge_operator.entrypoint` (harness, then grader, then report),
+  its env carrying the task and pointing it at the sidecar.
+- ``volumes``: ``openforge-run`` (shared by harness and sidecar: the harness's
+  exit code, the grader's output, the verdict), ``openforge-sidecar`` (the
+  sidecar's spool and confdir), the job's CA (key for the sidecar, certificate
+  alone for the harness), the collector token (sidecar only), the task file.
+- ``restartPolicy: Never``, ``activeDeadlineSeconds`` from the rollout timeout,
+  no service-account token, non-root with every capability dropped.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import posixpath
+from collections.abc import Mapping
+from typing import Any
+
+from openforge.api import rollouts, templates, v1alpha1
+
+from openforge_operator import entrypoint, objects, settings, tasks
+
+SIDECAR = "openforge-sidecar"
+REDIRECT = "openforge-redirect"
+RUN_VOLUME = "openforge-run"
+SIDECAR_VOLUME = "openforge-sidecar"
+CA_VOLUME = "openforge-ca"
+CA_CERT_VOLUME = "openforge-ca-cert"
+TOKEN_VOLUME = "openforge-token"
+TASK_VOLUME = "openforge-task"
+
+SIDECAR_DIR = "/openforge/sidecar"
+CA_DIR = "/openforge/ca"
+CA_CERT_DIR = "/openforge/ca-cert"
+TOKEN_DIR = "/openforge/token"
+CA_KEY = "mitmproxy-ca.pem"
+"""Secret key of the CA's private key and certificate (mitmproxy's confdir file)."""
+CA_CERT = "ca.crt"
+"""Secret key of the CA certificate alone (what the harness trusts)."""
+TOKEN_FILE = "token"
+TASK_ITEM = "task"
+
+CA_TRUST_ENV = ("SSL_CERT_FILE", "NODE_EXTRA_CA_CERTS", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "GIT_SSL_CAINFO")
+"""Env vars that make OpenSSL, Node, requests/httpx, curl and git trust the job's CA."""
+PROXY_ENV = ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy")
+NO_PROXY_ENV = ("NO_PROXY", "no_proxy")
+
+AGENT_COMMAND = ["python", "-m", "openforge_operator.podagent"]
+SIDECAR_COMMAND = ["python", "-m", "openforge.cli", "sidecar"]
+MODES = {"BaseURL": "reverse", "Proxy": "regular", "Transparent": "transparent"}
+"""Capture mode -> the sidecar's network mode."""
+
+REDIRECT_SCRIPT = r"""set -eu
+iptables -t nat -N OPENFORGE_OUTPUT
+iptables -t nat -A OUTPUT -p tcp -j OPENFORGE_OUTPUT
+iptables -t nat -A OPENFORGE_OUTPUT -m owner --uid-owner "$OPENFORGE_SIDECAR_UID" -j RETURN
+iptables -t nat -A OPENFORGE_OUTPUT -d 127.0.0.0/8 -j RETURN
+iptables -t nat -A OPENFORGE_OUTPUT -p tcp --dport 53 -j RETURN
+for host in $OPENFORGE_REDIRECT_EXCLUDE; do
+  iptables -t nat -A OPENFORGE_OUTPUT -d "$host" -j RETURN || echo "openforge-redirect: cannot exclude $host" >&2
+done
+iptables -t nat -A OPENFORGE_OUTPUT -p tcp -j REDIRECT --to-ports "$OPENFORGE_SIDECAR_PORT"
+"""
+"""Redirect the pod's outbound TCP to the sidecar, except the sidecar's own traffic
+(by user id), loopback, DNS and the collector; IPv4 only."""
+
+
+class PodError(ValueError):
+    """A HarnessEnv or job that cannot make a pod; the message names the field."""
+
+
+def rollout_timeout(job: v1alpha1.RolloutJob, env: v1alpha1.HarnessEnv, config: settings.Settings) -> int:
+    """Seconds one attempt's harness may run: the job's, else the HarnessEnv's, else the default."""
+    return (
+        job.spec.rollout_timeout_seconds
+        or env.spec.timeout_seconds
+        or config.default_rollout_timeout_seconds
+    )
+
+
+def deadline_seconds(job: v1alpha1.RolloutJob, env: v1alpha1.HarnessEnv, config: settings.Settings) -> int:
+    """The pod's ``activeDeadlineSeconds``: harness, grader, the collector's ack, start-up slack."""
+    grader = env.spec.grader.timeout_seconds if env.spec.grader is not None else 0
+    return (
+        rollout_timeout(job, env, config)
+        + grader
+        + config.finish_wait_seconds
+        + config.pod_deadline_slack_seconds
+    )
+
+
+def failing_exit_codes(job: v1alpha1.RolloutJob) -> str:
+    """Harness exit codes that fail an attempt (compact), as ``openforge run`` judges:
+    with failure rules, a non-zero code whose action is not Ignore; without, none."""
+    policy = job.spec.failure_policy
+    if policy is None or not policy.rules:
+        return ""
+    return rollouts.format_indexes(
+        code for code in range(1, 256) if policy.action_for(exit_code=code, reason=None) != "Ignore"
+    )
+
+
+def build_pod(
+    job: v1alpha1.RolloutJob,
+    env: v1alpha1.HarnessEnv,
+    rollout: tasks.Rollout,
+    attempt: int,
+    config: settings.Settings,
+) -> dict[str, Any]:
+    """The pod of attempt ``attempt`` of ``rollout``; raises PodError naming a field it cannot use."""
+    if job.spec.policy.endpoint is None:
+        raise PodError("spec.policy.endpoint is required in a cluster")
+    template = env.spec.template.to_dict()
+    spec: dict[str, Any] = copy.deepcopy(template["spec"])
+    name = objects.pod_name(objects.job_name(job), rollout.index, attempt)
+    containers = spec["containers"]
+    position = next(i for i, c in enumerate(containers) if c["name"] == v1alpha1.HARNESS_CONTAINER)
+    pod_security = template["spec"].get("securityContext") or {}
+    containers[position] = _harness(job, env, rollout, attempt, name, containers[position], pod_security, config)
+    for i, container in enumerate(containers):
+        if i != position:
+            containers[i] = _hardened(container)
+    init = [_hardened(c) for c in spec.get("initContainers", [])]
+    sidecar = _sidecar(job, env, rollout, attempt, name, config)
+    spec["initContainers"] = [*_redirect(job, env, config), sidecar, *init]
+    spec["volumes"] = [*spec.get("volumes", []), *_volumes(job, env)]
+    if env.spec.task.file is not None:
+        spec["volumes"].append(task_volume(job, rollout))
+    spec["restartPolicy"] = "Never"
+    spec["activeDeadlineSeconds"] = deadline_seconds(job, env, config)
+    spec["automountServiceAccountToken"] = False
+    spec.setdefault("enableServiceLinks", False)
+    security = spec.setdefault("securityContext", {})
+    security.setdefault("runAsNonRoot", True)
+    security.setdefault("seccompProfile", {"type": "RuntimeDefault"})
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": _metadata(job, rollout, attempt, name, template.get("metadata") or {}),
+        "spec": spec,
+    }
+
+
+def _metadata(
+    job: v1alpha1.RolloutJob, rollout: tasks.Rollout, attempt: int, name: str, template: Mapping[str, Any]
+) -> dict[str, Any]:
+    meta = objects.metadata(job, name)
+    meta["labels"] = {
+        **(template.get("labels") or {}),
+        **meta["labels"],
+        objects.LABEL_ROLLOUT: str(rollout.index),
+        objects.LABEL_ATTEMPT: str(attempt),
+    }
+    meta["annotations"] = {
+        **(template.get("annotations") or {}),
+        objects.ANNOTATION_TASK_ID: rollout.task_id,
+        objects.ANNOTATION_SAMPLE: str(rollout.sample),
+        objects.ANNOTATION_POLICY_VERSION: str(job.spec.policy.version),
+    }
+    return meta
+
+
+def _harness(
+    job: v1alpha1.RolloutJob,
+    env: v1alpha1.HarnessEnv,
+    rollout: tasks.Rollout,
+    attempt: int,
+    name: str,
+    container: dict[str, Any],
+    pod_security: Mapping[str, Any],
+    config: settings.Settings,
+) -> dict[str, Any]:
+    spec = env.spec
+    where = f"HarnessEnv {env.metadata.name}: spec.template.spec.containers[{v1alpha1.HARNESS_CONTAINER}]"
+    if not container.get("command"):
+        raise PodError(f"{where}.command is required in a cluster (the operator runs it under its entrypoint)")
+    if not container.get("image"):
+        raise PodError(f"{where}.image is required in a cluster")
+    workdir = container.get("workingDir")
+    base = _base_env(job, env, rollout, attempt, name, workdir, config)
+    argv = [*container["command"], *container.get("args", [])]
+    try:
+        argv += [templates.render(arg, rollout.task) for arg in spec.task.args or []]
+        task_env = {k: templates.render(v, rollout.task) for k, v in (spec.task.env or {}).items()}
+    except templates.TemplateError as error:
+        raise PodError(f"HarnessEnv {env.metadata.name}: spec.task: {error}") from None
+    grader = [_expand(arg, base) for arg in spec.grader.command] if spec.grader is not None else None
+    harness = {**container}
+    harness["command"] = entrypoint.COMMAND
+    harness["args"] = entrypoint.arguments([_expand(arg, base) for arg in argv], grader)
+    harness["env"] = _merge_env(
+        [{"name": k, "value": v} for k, v in base.items()],
+        container.get("env", []),
+        [{"name": k, "value": v} for k, v in task_env.items()],
+        [{"name": k, "value": v} for k, v in _capture_env(env, config).items()],
+    )
+    mounts: list[dict[str, Any]] = [
+        *container.get("volumeMounts", []),
+        {"name": RUN_VOLUME, "mountPath": entrypoint.RUN_DIR},
+    ]
+    if spec.capture.mode != "BaseURL":
+        mounts.append({"name": CA_CERT_VOLUME, "mountPath": CA_CERT_DIR, "readOnly": True})
+    if spec.task.file is not None:
+        mounts.append(
+            {"name": TASK_VOLUME, "mountPath": _task_path(env, workdir), "subPath": TASK_ITEM, "readOnly": True}
+        )
+    harness["volumeMounts"] = mounts
+    harness["securityContext"] = _harness_security(container, pod_security, config)
+    return harness
+
+
+def _base_env(
+    job: v1alpha1.RolloutJob,
+    env: v1alpha1.HarnessEnv,
+    rollout: tasks.Rollout,
+    attempt: int,
+    name: str,
+    workdir: str | None,
+    config: settings.Settings,
+) -> dict[str, str]:
+    """What every harness and grader sees about its rollout (as ``openforge run`` sets it)."""
+    grader = env.spec.grader
+    return {
+        "OPENFORGE_JOB": objects.job_name(job),
+        "OPENFORGE_ROLLOUT_ID": name,
+        "OPENFORGE_TASK_ID": rollout.task_id,
+        "OPENFORGE_TASK_JSON": json.dumps(dict(rollout.task), ensure_ascii=False),
+        "OPENFORGE_SAMPLE_INDEX": str(rollout.sample),
+        "OPENFORGE_ATTEMPT": str(attempt),
+        "OPENFORGE_WORKDIR": workdir or ".",
+        "OPENFORGE_RUN_DIR": entrypoint.RUN_DIR,
+        "OPENFORGE_FINISH_WAIT": str(config.finish_wait_seconds + 30),
+        "OPENFORGE_GRADER_TIMEOUT": str(grader.timeout_seconds if grader is not None else 0),
+    }
+
+
+def _capture_env(env: v1alpha1.HarnessEnv, config: settings.Settings) -> dict[str, str]:
+    """How the harness's model traffic reaches the sidecar."""
+    address = f"http://127.0.0.1:{config.sidecar_port}"
+    mode = env.spec.capture.mode
+    values: dict[str, str] = {}
+    if env.spec.base_url is not None:
+        values.update({var: address + env.spec.base_url.suffix for var in env.spec.base_url.env})
+    if mode == "Proxy":
+        values.update({var: address for var in PROXY_ENV})
+        values.update({var: "127.0.0.1,localhost" for var in NO_PROXY_ENV})
+    if mode != "BaseURL":
+        values.update({var: posixpath.join(CA_CERT_DIR, CA_CERT) for var in CA_TRUST_ENV})
+    return values
+
+
+def _sidecar(
+    job: v1alpha1.RolloutJob,
+    env: v1alpha1.HarnessEnv,
+    rollout: tasks.Rollout,
+    attempt: int,
+    name: str,
+    config: settings.Settings,
+) -> dict[str, Any]:
+    listen = f"127.0.0.1:{config.sidecar_port}"
+    confdir = posixpath.join(SIDECAR_DIR, "confdir")
+    grader = env.spec.grader
+    agent = [
+        "--listen", listen,
+        "--reward-from", grader.reward_from if grader is not None else "none",
+        "--failing-exit-codes", failing_exit_codes(job),
+        "--finish-wait", str(config.finish_wait_seconds),
+    ]  # fmt: skip
+    mounts: list[dict[str, Any]] = [
+        {"name": RUN_VOLUME, "mountPath": entrypoint.RUN_DIR},
+        {"name": SIDECAR_VOLUME, "mountPath": SIDECAR_DIR},
+    ]
+    if env.spec.capture.mode != "BaseURL":
+        agent += ["--ca-file", posixpath.join(CA_DIR, CA_KEY), "--confdir", confdir]
+        mounts.append({"name": CA_VOLUME, "mountPath": CA_DIR, "readOnly": True})
+    sidecar = [
+        "--listen", listen,
+        "--mode", MODES[env.spec.capture.mode],
+        "--engine", job.spec.policy.endpoint or "",
+        "--engine-model", job.spec.policy.model,
+        "--spool", posixpath.join(SIDECAR_DIR, "spool"),
+        "--confdir", confdir,
+        "--job", objects.job_name(job),
+        "--rollout-id", name,
+        "--task-id", rollout.task_id,
+        "--sample-index", str(rollout.sample),
+        "--attempt", str(attempt),
+        "--harness", env.metadata.name or "",
+        "--policy-version", str(job.spec.policy.version),
+    ]  # fmt: skip
+    trainer = job.spec.trainer
+    if trainer is not None:
+        sidecar += ["--collector", trainer.endpoint]
+        if trainer.token_secret_ref is not None:
+            sidecar += ["--collector-token-file", posixpath.join(TOKEN_DIR, TOKEN_FILE)]
+            mounts.append({"name": TOKEN_VOLUME, "mountPath": TOKEN_DIR, "readOnly": True})
+    image = env.spec.capture.sidecar_image or config.sidecar_image
+    return sidecar_container(image, AGENT_COMMAND, [*agent, "--", *sidecar], mounts, config)
+
+
+def sidecar_container(
+    image: str, command: list[str], args: list[str], mounts: list[dict[str, Any]], config: settings.Settings
+) -> dict[str, Any]:
+    """The capture sidecar as a native sidecar: an init container that keeps running, whose
+    startup probe holds the later containers back until it listens."""
+    container: dict[str, Any] = {
+        "name": SIDECAR,
+        "image": image,
+        "restartPolicy": "Always",
+        "command": command,
+        "args": args,
+        "env": [
+            {"name": "HOME", "value": SIDECAR_DIR},
+            {"name": "TMPDIR", "value": SIDECAR_DIR},
+            {"name": "PYTHONDONTWRITEBYTECODE", "value": "1"},
+        ],
+        "startupProbe": {
+            "tcpSocket": {"host": "127.0.0.1", "port": config.sidecar_port},
+            "periodSeconds": 1,
+            "failureThreshold": 120,
+        },
+        "resources": copy.deepcopy(config.sidecar_resources),
+        "volumeMounts": mounts,
+        "securityContext": {
+            "runAsUser": config.sidecar_uid,
+            "runAsGroup": config.sidecar_uid,
+            "runAsNonRoot": True,
+            "readOnlyRootFilesystem": True,
+            "allowPrivilegeEscalation": False,
+            "capabilities": {"drop": ["ALL"]},
+        },
+    }
+    if config.image_pull_policy:
+        container["imagePullPolicy"] = config.image_pull_policy
+    return container
+
+
+def _redirect(
+    job: v1alpha1.RolloutJob, env: v1alpha1.HarnessEnv, config: settings.Settings
+) -> list[dict[str, Any]]:
+    """Transparent mode's iptables init container (none in the other modes)."""
+    if env.spec.capture.mode != "Transparent":
+        return []
+    exclude = [_host(job.spec.trainer.endpoint)] if job.spec.trainer is not None else []
+    container: dict[str, Any] = {
+        "name": REDIRECT,
+        "image": env.spec.capture.sidecar_image or config.sidecar_image,
+        "command": ["/bin/sh", "-c", REDIRECT_SCRIPT],
+        "env": [
+            {"name": "OPENFORGE_SIDECAR_UID", "value": str(config.sidecar_uid)},
+            {"name": "OPENFORGE_SIDECAR_PORT", "value": str(config.sidecar_port)},
+            {"name": "OPENFORGE_REDIRECT_EXCLUDE", "value": " ".join(exclude)},
+        ],
+        "resources": {"requests": {"cpu": "10m", "memory": "16Mi"}, "limits": {"memory": "64Mi"}},
+        "securityContext": {
+            "runAsUser": 0,
+            "runAsNonRoot": False,
+            "readOnlyRootFilesystem": True,
+            "allowPrivilegeEscalation": False,
+            "capabilities": {"add": ["NET_ADMIN", "NET_RAW"], "drop": ["ALL"]},
+        },
+    }
+    if config.image_pull_policy:
+        container["imagePullPolicy"] = config.image_pull_policy
+    return [container]
+
+
+def _volumes(job: v1alpha1.RolloutJob, env: v1alpha1.HarnessEnv) -> list[dict[str, Any]]:
+    name = objects.job_name(job)
+    volumes: list[dict[str, Any]] = [
+        {"name": RUN_VOLUME, "emptyDir": {}},
+        {"name": SIDECAR_VOLUME, "emptyDir": {}},
+    ]
+    if env.spec.capture.mode != "BaseURL":
+        secret = objects.ca_secret_name(name)
+        volumes.append(
+            {"name": CA_VOLUME, "secret": {"secretName": secret, "items": [{"key": CA_KEY, "path": CA_KEY}], "defaultMode": 0o440}}
+        )
+        volumes.append(
+            {"name": CA_CERT_VOLUME, "secret": {"secretName": secret, "items": [{"key": CA_CERT, "path": CA_CERT}], "defaultMode": 0o444}}
+        )
+    trainer = job.spec.trainer
+    if trainer is not None and trainer.token_secret_ref is not None:
+        ref = trainer.token_secret_ref
+        volumes.append(
+            {"name": TOKEN_VOLUME, "secret": {"secretName": ref.name, "items": [{"key": ref.key, "path": TOKEN_FILE}], "defaultMode": 0o440}}
+        )
+    return volumes
+
+
+def task_volume(job: v1alpha1.RolloutJob, rollout: tasks.Rollout) -> dict[str, Any]:
+    """The volume holding this rollout's task file, from the job's task-file ConfigMap."""
+    return {
+        "name": TASK_VOLUME,
+        "configMap": {
+            "name": objects.task_files_name(objects.job_name(job)),
+            "items": [{"key": tasks.file_key(rollout.task_index), "path": TASK_ITEM}],
+        },
+    }
+
+
+def _task_path(env: v1alpha1.HarnessEnv, workdir: str | None) -> str:
+    assert env.spec.task.file is not None
+    path = env.spec.task.file.path
+    if posixpath.isabs(path):
+        return path
+    if not workdir:
+        raise PodError(
+            f"HarnessEnv {env.metadata.name}: spec.task.file.path {path!r} is relative and the "
+            f"{v1alpha1.HARNESS_CONTAINER!r} container sets no workingDir; give an absolute path"
+        )
+    return posixpath.normpath(posixpath.join(workdir, path))
+
+
+def _harness_security(
+    container: Mapping[str, Any], pod_security: Mapping[str, Any], config: settings.Settings
+) -> dict[str, Any]:
+    security = dict(container.get("securityContext") or {})
+    security["runAsNonRoot"] = True
+    security["allowPrivilegeEscalation"] = False
+    security["capabilities"] = {"drop": ["ALL"]}
+    if "runAsUser" not in security and "runAsUser" not in pod_security:
+        security["runAsUser"] = config.harness_uid
+    return security
+
+
+def _hardened(container: Mapping[str, Any]) -> dict[str, Any]:
+    """A template container with privilege escalation off and capabilities dropped, unless it says otherwise."""
+    hardened = dict(container)
+    security = dict(hardened.get("securityContext") or {})
+    security.setdefault("allowPrivilegeEscalation", False)
+    security.setdefault("capabilities", {"drop": ["ALL"]})
+    hardened["securityContext"] = security
+    return hardened
+
+
+def _merge_env(*layers: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Env entries, a later layer's entry replacing an earlier one of the same name in place."""
+    merged: dict[str, dict[str, Any]] = {}
+    for layer in layers:
+        for entry in layer:
+            merged[entry["name"]] = entry
+    return list(merged.values())
+
+
+def _expand(arg: str, env: Mapping[str, str]) -> str:
+    """``${OPENFORGE_TASK_ID}``-style references, as ``openforge run`` expands them."""
+    for name in ("OPENFORGE_TASK_ID", "OPENFORGE_WORKDIR", "OPENFORGE_ROLLOUT_ID", "OPENFORGE_JOB"):
+        arg = arg.replace("${" + name + "}", env[name])
+    return arg
+
+
+def _host(address: str) -> str:
+    """The host of ``host:port`` (brackets of an IPv6 literal removed)."""
+    host = address.rpartition(":")[0]
+    return host[1:-1] if host.startswith("[") else host

@@ -1,0 +1,47 @@
+"""The operator's own settings: what the CLI flags set, with the defaults the docs state."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+DEFAULT_SIDECAR_IMAGE = "ghcr.io/openforge/openforge:0.1.0"
+"""The operator's own image: it holds the whole ``openforge`` wheel, so it runs the
+capture sidecar (``openforge sidecar``) and the in-pod agent too."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class Settings:
+    """Operator-wide knobs; every rollout pod is built from a job, its HarnessEnv and these."""
+
+    sidecar_image: str = DEFAULT_SIDECAR_IMAGE
+    image_pull_policy: str | None = None
+    sidecar_port: int = 15090
+    """Where the sidecar listens on the pod's loopback (all capture modes)."""
+    sidecar_uid: int = 1337
+    """The sidecar's user id; Transparent mode's redirect skips this user's traffic."""
+    harness_uid: int = 1000
+    """Run-as user of the harness when neither the pod nor the container template sets one."""
+    sidecar_resources: dict[str, Any] = dataclasses.field(
+        default_factory=lambda: {
+            "requests": {"cpu": "100m", "memory": "256Mi"},
+            "limits": {"memory": "1Gi"},
+        }
+    )
+    default_rollout_timeout_seconds: int = 600
+    """An attempt's harness time when neither the job nor the HarnessEnv sets one (as locally)."""
+    finish_wait_seconds: int = 60
+    """How long the pod waits for the collector to acknowledge a rollout's records."""
+    pod_deadline_slack_seconds: int = 60
+    """Added to an attempt's harness, grader and finish time: sidecar start and image pulls."""
+    resync_seconds: float = 30.0
+    """Reconcile every job at least this often, even without a pod or job event."""
+    batch_seconds: float = 0.05
+    """After a wake-up, wait this long so a burst of pod events makes one reconcile."""
+    create_concurrency: int = 64
+    """Pod creations in flight at once, across all jobs."""
+    dns_namespace: str = "kube-system"
+    dns_pod_labels: dict[str, str] = dataclasses.field(
+        default_factory=lambda: {"k8s-app": "kube-dns"}
+    )
+    """Where rollout pods may send DNS queries (the cluster DNS pods)."""
