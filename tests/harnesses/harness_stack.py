@@ -2,9 +2,9 @@
 
 The binaries are the ones ``scripts/install_harnesses.sh`` installs. Its last
 lines are ``KEY=path`` pairs (``NODE24_BIN_DIR``, ``CODEX_BIN``,
-``CLAUDE_BIN``, ``OPENCLAW_BIN``); when those are in the environment (e.g.
-after ``eval "$(scripts/install_harnesses.sh)"``) they are used as given,
-otherwise the same paths are recomputed from ``OPENFORGE_HARNESS_ROOT``
+``CLAUDE_BIN``, ``OPENCLAW_BIN``, ``GEMINI_BIN``); when those are in the
+environment (e.g. after ``eval "$(scripts/install_harnesses.sh)"``) they are
+used as given, otherwise the same paths are recomputed from ``OPENFORGE_HARNESS_ROOT``
 (default ``~/.cache/openforge/npm``) with the script's layout. Tests never
 install anything: a missing binary skips its test, naming the script.
 
@@ -36,6 +36,7 @@ class HarnessBins:
     codex: Path
     claude: Path
     openclaw: Path
+    gemini: Path
 
     @classmethod
     def from_environment(cls, environ: dict[str, str] | None = None) -> HarnessBins:
@@ -51,6 +52,7 @@ class HarnessBins:
             codex=pick("CODEX_BIN", "codex/node_modules/.bin/codex"),
             claude=pick("CLAUDE_BIN", "claude-code/node_modules/.bin/claude"),
             openclaw=pick("OPENCLAW_BIN", "openclaw/node_modules/.bin/openclaw"),
+            gemini=pick("GEMINI_BIN", "gemini-cli/node_modules/.bin/gemini"),
         )
 
 

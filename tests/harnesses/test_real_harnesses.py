@@ -1,6 +1,6 @@
 """Real agent harnesses from npm, answered through the capture sidecar.
 
-Codex CLI, Claude Code and OpenClaw (installed by
+Codex CLI, Claude Code, OpenClaw and Gemini CLI (installed by
 ``scripts/install_harnesses.sh``) each get a one-tool-call task in a fresh
 working directory, with their base URL pointed at a real sidecar (reverse
 mode, tokens capture) in front of the deterministic test engine, and a real
@@ -20,8 +20,10 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -274,3 +276,84 @@ def test_openclaw(
         assert outcome.follow_up.segment_index == outcome.tool_call.segment_index + 1
         assert outcome.follow_up.prefix_token_count == 0
         assert outcome.stats["merge_rate"] == 0.0
+
+
+# --- Gemini CLI ------------------------------------------------------------------------------
+
+# Headless settings: API-key auth (with GOOGLE_GEMINI_BASE_URL set and no selected type it
+# picks the "gateway" auth type, which headless mode refuses), no usage statistics (without
+# this: CONNECT play.googleapis.com:443 at start and end), telemetry off, no update checks.
+GEMINI_SETTINGS = {
+    "security": {"auth": {"selectedType": "gemini-api-key"}},
+    "privacy": {"usageStatisticsEnabled": False},
+    "telemetry": {"enabled": False},
+    "general": {"enableAutoUpdate": False, "enableAutoUpdateNotification": False},
+}
+
+
+class _Recorder(BaseHTTPRequestHandler):
+    """A proxy that forwards nothing and remembers who tried to get out."""
+
+    seen: list[str]
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+    def _refuse(self) -> None:
+        self.seen.append(f"{self.command} {self.path}")
+        self.send_response(403)
+        self.send_header("content-length", "0")
+        self.end_headers()
+
+    do_CONNECT = do_GET = do_POST = _refuse
+
+
+@pytest.fixture
+def outbound() -> Iterator[tuple[str, list[str]]]:
+    """A proxy URL for HTTP(S)_PROXY and the list of requests it refused."""
+    seen: list[str] = []
+    handler = type("Recorder", (_Recorder,), {"seen": seen})
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}", seen
+    server.shutdown()
+
+
+def test_gemini_cli(
+    harness_bins: HarnessBins,
+    capture_stack: Callable[[str], CaptureStack],
+    tmp_path: Path,
+    outbound: tuple[str, list[str]],
+) -> None:
+    gemini = require_binary(harness_bins.gemini, "Gemini CLI")
+    stack = capture_stack("gemini-cli")
+    home, work = tmp_path / "gemini-home", tmp_path / "work"
+    (home / ".gemini").mkdir(parents=True)
+    work.mkdir()
+    (home / ".gemini" / "settings.json").write_text(json.dumps(GEMINI_SETTINGS))
+    proxy, escaped = outbound
+    env = {
+        "PATH": base_path(),
+        "HOME": str(home),
+        "GEMINI_API_KEY": API_KEY,
+        "GOOGLE_GEMINI_BASE_URL": stack.sidecar.url,
+        "GEMINI_CLI_TRUST_WORKSPACE": "true",
+        # Anything that tries to leave 127.0.0.1 lands in `escaped`.
+        "HTTPS_PROXY": proxy,
+        "HTTP_PROXY": proxy,
+        "NO_PROXY": "127.0.0.1,localhost",
+    }
+    # An explicit model: with the default ("auto") a classifier call picks one first.
+    argv = [str(gemini), "-p", TASK, "--yolo", "--output-format", "json", "--model", "policy"]
+    result = run_harness(argv, env=env, cwd=work, timeout=180, stack=stack)
+    answer = json.loads(result.stdout)
+    assert "error" not in answer, answer
+    outcome = check_rollout(stack, work, answer["response"])
+    assert escaped == []
+    assert {c.wire_api for c in outcome.calls} == {"WIRE_API_GEMINI"}
+    assert all(c.stream and c.model == "policy" for c in outcome.calls)
+    assert outcome.stats["counters"].get("non_llm_passed", 0) == 0, outcome.stats
+    [call] = json.loads(outcome.tool_call.response_json)["candidates"][0]["content"]["parts"]
+    assert call["functionCall"]["name"] == "run_shell_command"
+    contents = json.loads(outcome.follow_up.request_json)["contents"]
+    assert "functionResponse" in contents[-1]["parts"][0]
