@@ -151,8 +151,25 @@ def test_count_tokens_is_answered_from_the_policy_tokenizer(
     message = conv.Message("user", (conv.TextPart("How many tokens is this?"),))
     text = tokenizer.render([message], [], add_generation_prompt=False)
     assert counted.total_tokens == len(tokenizer.encode(text)) > 5
+    # What Gemini CLI counts before sending an image it read: the result and the image.
+    png = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAIAAACQd1PeAAAADElEQVR4nGP4z8AAAAMBAQDJ/pLvAAAAAElFTkSuQmCC"
+    parts = [
+        {"functionResponse": {"id": "c1", "name": "read_file", "response": {"output": "1 item"}}},
+        {"inlineData": {"data": png, "mimeType": "image/png"}},
+    ]
+    raw = httpx.post(
+        f"{stack['sidecar'].url}/v1beta/models/policy:countTokens",
+        json={"contents": [{"role": "user", "parts": parts}]},
+    )
+    result = conv.ToolResultPart("c1", (conv.TextPart("1 item"),), name="read_file")
+    messages = [
+        conv.Message("tool", (result,)),
+        conv.Message("user", (conv.ImagePart(f"data:image/png;base64,{png}"),)),
+    ]
+    text = tokenizer.render(messages, [], add_generation_prompt=False)
+    assert raw.json() == {"totalTokens": len(tokenizer.encode(text))}
     stats = finish(stack["sidecar"])
-    assert stats["calls"] == 0 and stats["counters"]["token_counts_answered"] == 1
+    assert stats["calls"] == 0 and stats["counters"]["token_counts_answered"] == 2
 
 
 def test_bad_requests_get_google_errors_naming_the_field(stack: dict[str, Any]) -> None:
