@@ -1,0 +1,122 @@
+"""sidecar/Dockerfile and trainer/Dockerfile, checked without Docker (none here).
+
+What can be checked on this machine is checked: every file the builds copy
+exists, the images run as the users the operator and chart expect, their
+entrypoints are `openforge` commands, and, the real risk, that what each image
+runs imports and starts with only the dependencies that image installs (the
+sidecar image has no torch and no kopf; the trainer image no kopf). That last
+check runs the commands in a fresh interpreter whose import system refuses the
+missing distributions. The builds themselves have not been run here.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from openforge_operator import settings
+
+ROOT = Path(__file__).resolve().parents[2]
+
+# Top-level modules of the dependencies each image does not install.
+NOT_IN_SIDECAR = ["torch", "transformers", "verl", "safetensors", "tensorboard", "matplotlib", "kopf", "kubernetes_asyncio"]
+NOT_IN_TRAINER = ["kopf", "kubernetes_asyncio"]
+
+BLOCKER = """
+import importlib.abc, sys
+BLOCKED = set(sys.argv[1].split(","))
+class Refuse(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in BLOCKED:
+            raise ModuleNotFoundError(f"{name} is not installed in this image", name=name)
+        return None
+sys.meta_path.insert(0, Refuse())
+sys.argv = sys.argv[2:]
+"""
+
+
+def instructions(dockerfile: Path) -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) pairs, continuation lines joined, comments dropped."""
+    text = dockerfile.read_text().replace("\\\n", " ")
+    pairs = []
+    for line in text.splitlines():
+        line = line.strip()
+        if line and not line.startswith("#"):
+            word, _, rest = line.partition(" ")
+            pairs.append((word.upper(), rest.strip()))
+    return pairs
+
+
+def final_stage(dockerfile: Path) -> list[tuple[str, str]]:
+    steps = instructions(dockerfile)
+    last_from = max(i for i, (word, _) in enumerate(steps) if word == "FROM")
+    return steps[last_from:]
+
+
+def run_without(blocked: list[str], code: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-c", BLOCKER + code, ",".join(blocked)],
+        capture_output=True, text=True, timeout=120, cwd=ROOT, check=False,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("component", ["sidecar", "trainer"])
+def test_every_copied_path_exists(component: str) -> None:
+    for word, args in instructions(ROOT / component / "Dockerfile"):
+        if word == "COPY" and not args.startswith("--from"):
+            *sources, _ = shlex.split(args)
+            for source in sources:
+                assert (ROOT / source).exists(), f"{component}/Dockerfile copies {source}, which does not exist"
+
+
+def test_sidecar_image_runs_as_the_operators_sidecar_user() -> None:
+    steps = final_stage(ROOT / "sidecar" / "Dockerfile")
+    uid = settings.Settings().sidecar_uid
+    assert ("USER", f"{uid}:{uid}") in steps
+    assert ("ENTRYPOINT", json.dumps(["openforge", "sidecar"])) in steps
+
+
+def test_trainer_image_runs_as_the_charts_user() -> None:
+    steps = final_stage(ROOT / "trainer" / "Dockerfile")
+    assert ("USER", "65532:65532") in steps
+    assert ("ENTRYPOINT", json.dumps(["openforge"])) in steps
+
+
+def test_sidecar_image_installs_no_extras() -> None:
+    (install,) = [args for word, args in instructions(ROOT / "sidecar" / "Dockerfile") if word == "RUN" and "-c constraints.txt" in args]
+    assert install.endswith("-c constraints.txt .")
+
+
+def test_what_the_sidecar_image_runs_needs_neither_torch_nor_kopf() -> None:
+    code = (
+        "import openforge_operator.podagent, openforge_sidecar.capture, openforge_sidecar.addon\n"
+        "from openforge import cli\n"
+        "cli.main(['sidecar', '--help'])\n"
+    )
+    result = run_without(NOT_IN_SIDECAR, code)
+    assert result.returncode == 0, result.stderr
+    assert "--spool" in result.stdout
+
+
+def test_what_the_trainer_image_runs_needs_no_kopf() -> None:
+    code = (
+        "import contextlib\n"
+        "from openforge import cli\n"
+        "for command in ('collector', 'train', 'serve'):\n"
+        "    with contextlib.suppress(SystemExit):\n"
+        "        cli.main([command, '--help'])\n"
+        "    print('ok', command)\n"
+    )
+    result = run_without(NOT_IN_TRAINER, code)
+    assert result.returncode == 0, result.stderr
+    assert [line for line in result.stdout.splitlines() if line.startswith("ok ")] == ["ok collector", "ok train", "ok serve"]
+
+
+def test_the_blocker_does_block() -> None:
+    result = run_without(NOT_IN_SIDECAR, "import torch\n")
+    assert result.returncode != 0
+    assert "torch is not installed in this image" in result.stderr
