@@ -108,16 +108,21 @@ class Reconciler:
         total = tasks.count(records, job.spec.samples_per_task) if records is not None else None
         observed = self._observe(job, memory)
         now = datetime.datetime.now(datetime.UTC).replace(microsecond=0)
-        plan = planner.plan(job=job, total=total, attempts=observed, now=now, blocked=blocked.message if blocked else None)
+        plan_blocked = blocked.message if blocked else None
+        plan = planner.plan(job=job, total=total, attempts=observed, now=now, blocked=plan_blocked)
         if blocked is not None:
             await self._warn(body, memory, blocked)
         else:
             memory.warned = None
         failed_create = False
+        status = plan.status
         if plan.create and env is not None and records is not None and time.monotonic() >= memory.backoff_until:
             failed_create = not await self._create(body, job, env, records, plan.create, memory)
+            # count what was just created in the status written now, not one reconcile later
+            after = planner.plan(job=job, total=total, attempts=self._observe(job, memory), now=now, blocked=plan_blocked)
+            status = after.status
         await asyncio.gather(*(self._api.delete(k8s.namespaced(namespace, "pods", name)) for name in plan.delete))
-        await self._write_status(body, plan.status, memory)
+        await self._write_status(body, status, memory)
         for event in plan.events:
             await self._event(body, event.type, event.reason, event.message)
         if plan.delete_job:

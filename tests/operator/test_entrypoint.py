@@ -1,0 +1,103 @@
+"""The harness container's entrypoint script, run for real with /bin/sh: the harness,
+then the grader with its arguments intact, the handshake files, the termination message."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+from openforge_operator import entrypoint
+
+PY = sys.executable
+
+
+def run(tmp_path: Path, harness: list[str], grader: list[str] | None, *, verdict: str | None = '{"status": "succeeded"}', wait: int = 10) -> tuple[subprocess.CompletedProcess[str], Path]:
+    """Run the entrypoint; a thread plays the in-pod agent (writes ``finished`` once ``harness-done`` appears)."""
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    termination = tmp_path / "termination-log"
+
+    def agent() -> None:
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline:
+            if (run_dir / entrypoint.HARNESS_DONE).exists():
+                if verdict is not None:
+                    (run_dir / entrypoint.FINISHED).write_text(verdict)
+                return
+            time.sleep(0.05)
+
+    thread = threading.Thread(target=agent)
+    thread.start()
+    env = {
+        **os.environ,
+        "OPENFORGE_RUN_DIR": str(run_dir),
+        "OPENFORGE_TERMINATION_LOG": str(termination),
+        "OPENFORGE_FINISH_WAIT": str(wait),
+        "OPENFORGE_GRADER_TIMEOUT": "20",
+    }
+    done = subprocess.run([*entrypoint.COMMAND, *entrypoint.arguments(harness, grader)], env=env, capture_output=True, text=True, timeout=60, check=False)
+    thread.join()
+    return done, run_dir
+
+
+def test_exits_with_the_harness_code_after_grading_and_reporting(tmp_path: Path) -> None:
+    done, run_dir = run(
+        tmp_path,
+        [PY, "-c", "import sys; print('harness'); sys.exit(7)"],
+        [PY, "-c", "import os; print('noise'); print('{\"reward\": 0.5, \"exit\": %s}' % os.environ['OPENFORGE_HARNESS_EXIT_CODE'])"],
+        verdict='{"status": "succeeded", "reward": 0.5}',
+    )
+    assert done.returncode == 7
+    assert done.stdout.strip() == "harness", "the harness's output is the container's; the grader's goes to a file"
+    assert (run_dir / "harness-exit-code").read_text() == "7\n"
+    assert (run_dir / "grader-exit-code").read_text() == "0\n"
+    assert (run_dir / "grader-stdout").read_text().splitlines() == ["noise", '{"reward": 0.5, "exit": 7}']
+    assert (tmp_path / "termination-log").read_text() == '{"status": "succeeded", "reward": 0.5}'
+
+
+def test_grader_arguments_arrive_exactly(tmp_path: Path) -> None:
+    odd = ["a b", "$HOME", "'single'", '"double"', "back\\slash", "*", "", "$(whoami)", "-", "--"]
+    done, run_dir = run(tmp_path, ["true"], [PY, "-c", "import json, sys; print(json.dumps(sys.argv[1:]))", *odd])
+    assert done.returncode == 0
+    assert json.loads((run_dir / "grader-stdout").read_text()) == odd
+
+
+def test_harness_arguments_arrive_exactly(tmp_path: Path) -> None:
+    odd = ["x y", "$PATH", "'q'", "\\n", ""]
+    out = tmp_path / "argv.json"
+    done, _ = run(tmp_path, [PY, "-c", f"import json, sys; open({str(out)!r}, 'w').write(json.dumps(sys.argv[1:]))", *odd], None)
+    assert done.returncode == 0
+    assert json.loads(out.read_text()) == odd
+
+
+def test_without_a_grader_nothing_is_graded(tmp_path: Path) -> None:
+    done, run_dir = run(tmp_path, ["sh", "-c", "exit 3"], None)
+    assert done.returncode == 3
+    assert not (run_dir / "grader-stdout").exists() and (run_dir / "harness-done").exists()
+
+
+def test_a_missing_harness_binary_exits_127_and_still_reports(tmp_path: Path) -> None:
+    done, run_dir = run(tmp_path, ["/nonexistent/harness"], None)
+    assert done.returncode == 127
+    assert (run_dir / "harness-exit-code").read_text() == "127\n"
+    assert (tmp_path / "termination-log").exists()
+
+
+def test_without_a_verdict_it_gives_up_after_the_finish_wait(tmp_path: Path) -> None:
+    started = time.monotonic()
+    done, _ = run(tmp_path, ["true"], None, verdict=None, wait=2)
+    assert done.returncode == 0
+    assert 1.5 < time.monotonic() - started < 30
+    assert not (tmp_path / "termination-log").exists()
+
+
+def test_the_script_survives_the_kubelets_variable_expansion() -> None:
+    """The kubelet rewrites ``$$`` to ``$`` and ``$(NAME)`` to NAME's value in a container's command."""
+    assert "$$" not in entrypoint.SCRIPT
+    assert not re.search(r"\$\([A-Za-z_]", entrypoint.SCRIPT)

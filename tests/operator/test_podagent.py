@@ -1,0 +1,174 @@
+"""The in-pod agent: its verdicts (as ``openforge run`` judges), and the whole in-pod
+handshake with real processes: the agent running a real ``openforge sidecar``, the
+entrypoint script running a harness and a grader, the verdict in the termination message."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from openforge.run.processes import free_port
+from openforge_operator import entrypoint, podagent
+
+FAILING = frozenset(range(1, 256))
+
+
+def wait_port(port: int, process: subprocess.Popen[bytes], timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert process.poll() is None, f"the agent exited with {process.returncode}"
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+                return
+        except OSError:
+            time.sleep(0.1)
+    raise TimeoutError(f"nothing listens on {port}")
+
+
+def files(run_dir: Path, *, harness: int | None, grader_stdout: str | None = None, grader_exit: int = 0) -> Path:
+    run_dir.mkdir(parents=True, exist_ok=True)
+    if harness is not None:
+        (run_dir / entrypoint.HARNESS_EXIT_CODE).write_text(f"{harness}\n")
+    if grader_stdout is not None:
+        (run_dir / entrypoint.GRADER_STDOUT).write_text(grader_stdout)
+        (run_dir / entrypoint.GRADER_EXIT_CODE).write_text(f"{grader_exit}\n")
+    return run_dir
+
+
+# -- verdicts --------------------------------------------------------------------------------
+
+
+def test_reward_is_the_last_json_line() -> None:
+    assert podagent.reward("stdout-json", stdout='log\n{"reward": 0.75}\n', exit_code=0) == (0.75, "")
+    assert podagent.reward("stdout-json", stdout='{"reward": 1}\n{"score": 2}', exit_code=0)[0] is None
+    value, why = podagent.reward("stdout-json", stdout="no json here", exit_code=2)
+    assert value is None and "no JSON line (exit 2)" in why
+    assert podagent.reward("stdout-json", stdout='{"reward": true}', exit_code=0)[0] is None
+    assert podagent.reward("exit-code", stdout="", exit_code=0) == (1.0, "")
+    assert podagent.reward("exit-code", stdout="", exit_code=5) == (0.0, "")
+
+
+def test_a_graded_rollout_succeeds_whatever_the_exit_code_unless_the_policy_fails_it(tmp_path: Path) -> None:
+    run_dir = files(tmp_path, harness=3, grader_stdout='{"reward": 0.5}')
+    assert podagent.judge(run_dir, reward_from="stdout-json", failing_exit_codes=frozenset()) == podagent.Verdict(3, 0.5, '{"reward": 0.5}', "succeeded", "")
+    failed = podagent.judge(run_dir, reward_from="stdout-json", failing_exit_codes=FAILING)
+    assert (failed.status, failed.reason, failed.reward) == ("failed", "", 0.5)
+
+
+def test_no_reward_is_a_grader_failure(tmp_path: Path) -> None:
+    verdict = podagent.judge(files(tmp_path, harness=0, grader_stdout="crashed", grader_exit=1), reward_from="stdout-json", failing_exit_codes=FAILING)
+    assert (verdict.status, verdict.reason, verdict.reward) == ("failed", "GraderFailed", None)
+    assert "no JSON line" in verdict.message
+
+
+def test_without_a_grader_exit_zero_is_reward_one(tmp_path: Path) -> None:
+    assert podagent.judge(files(tmp_path, harness=0), reward_from="none", failing_exit_codes=FAILING).reward == 1.0
+    verdict = podagent.judge(files(tmp_path / "b", harness=2), reward_from="none", failing_exit_codes=frozenset())
+    assert (verdict.reward, verdict.status) == (0.0, "succeeded")
+
+
+def test_the_termination_message_turns_an_unacknowledged_rollout_into_a_sidecar_failure() -> None:
+    verdict = podagent.Verdict(0, 1.0, "", "succeeded", "")
+    assert podagent.termination_message(verdict, {"acknowledged": True, "calls": 4}) == {
+        "exitCode": 0, "status": "succeeded", "reason": "", "reward": 1.0, "acknowledged": True, "calls": 4, "message": "",
+    }  # fmt: skip
+    lost = podagent.termination_message(verdict, {"acknowledged": False, "error": "connection refused"})
+    assert (lost["status"], lost["reason"]) == ("failed", "SidecarFailed") and "connection refused" in lost["message"]
+    assert len(json.dumps(podagent.termination_message(podagent.Verdict(1, None, "", "failed", "GraderFailed", "x" * 9000), {}))) < 4096
+
+
+# -- the handshake, for real -------------------------------------------------------------------
+
+
+class Agent:
+    """``python -m openforge_operator.podagent`` around a real passthrough ``openforge sidecar``."""
+
+    def __init__(self, tmp_path: Path, *extra: str, sidecar_command: str | None = None) -> None:
+        self.run_dir = tmp_path / "run"
+        self.port = free_port()
+        self.log = tmp_path / "agent.log"
+        listen = f"127.0.0.1:{self.port}"
+        args = [sys.executable, "-m", "openforge_operator.podagent", "--run-dir", str(self.run_dir), "--listen", listen,
+                "--reward-from", "stdout-json", "--failing-exit-codes", "1-255", "--finish-wait", "5", "--poll", "0.05", *extra]  # fmt: skip
+        if sidecar_command:
+            args += ["--sidecar-command", sidecar_command]
+        args += ["--", "--listen", listen, "--capture", "passthrough", "--upstream", "http://127.0.0.1:9",
+                 "--spool", str(tmp_path / "spool"), "--confdir", str(tmp_path / "confdir"), "--job", "job", "--rollout-id", "job-0-0"]  # fmt: skip
+        self.process = subprocess.Popen(args, stdout=self.log.open("wb"), stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+
+    def stop(self) -> int:
+        self.process.send_signal(signal.SIGTERM)
+        return self.process.wait(timeout=40)
+
+
+def entrypoint_run(run_dir: Path, termination: Path, harness: list[str], grader: list[str] | None) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "OPENFORGE_RUN_DIR": str(run_dir), "OPENFORGE_TERMINATION_LOG": str(termination), "OPENFORGE_FINISH_WAIT": "30"}
+    return subprocess.run([*entrypoint.COMMAND, *entrypoint.arguments(harness, grader)], env=env, capture_output=True, text=True, timeout=60, check=False)
+
+
+def test_the_rollout_is_graded_reported_and_acknowledged(tmp_path: Path) -> None:
+    agent = Agent(tmp_path)
+    try:
+        wait_port(agent.port, agent.process, timeout=60)
+        done = entrypoint_run(agent.run_dir, tmp_path / "term", ["sh", "-c", "exit 3"], [sys.executable, "-c", "print('{\"reward\": 0.25}')"])
+        assert done.returncode == 3
+        message = json.loads((tmp_path / "term").read_text())
+        assert message == {"exitCode": 3, "status": "failed", "reason": "", "reward": 0.25, "acknowledged": True, "calls": 0, "message": "harness exited with 3"}
+    finally:
+        assert agent.stop() == 0
+    assert list((tmp_path / "spool").glob("segment-*.log")), "the sidecar spooled the finish record"
+
+
+def test_a_pod_stopped_before_the_harness_finished_reports_the_rollout_failed(tmp_path: Path) -> None:
+    agent = Agent(tmp_path)
+    try:
+        wait_port(agent.port, agent.process, timeout=60)
+    finally:
+        assert agent.stop() == 0
+    message = json.loads((agent.run_dir / entrypoint.FINISHED).read_text())
+    assert (message["status"], message["reason"], message["exitCode"], message["acknowledged"]) == ("failed", "DeadlineExceeded", -1, True)
+
+
+def test_the_agent_exits_with_its_sidecars_code_so_the_kubelet_restarts_it(tmp_path: Path) -> None:
+    agent = Agent(tmp_path, sidecar_command="false")
+    assert agent.process.wait(timeout=30) == 1
+    assert not (agent.run_dir / entrypoint.FINISHED).exists()
+
+
+def test_the_jobs_ca_is_copied_into_the_writable_confdir(tmp_path: Path) -> None:
+    ca = tmp_path / "secret" / "mitmproxy-ca.pem"
+    ca.parent.mkdir()
+    ca.write_text("-----BEGIN PRIVATE KEY-----\n")
+    agent = Agent(tmp_path, "--ca-file", str(ca), "--confdir", str(tmp_path / "copy"), sidecar_command="true")
+    assert agent.process.wait(timeout=30) == 0
+    copied = tmp_path / "copy" / "mitmproxy-ca.pem"
+    assert copied.read_text() == ca.read_text() and (copied.stat().st_mode & 0o777) == 0o600
+
+
+@pytest.mark.parametrize("argv", [["--listen", "x"], ["--listen", "x", "--failing-exit-codes", "5-1", "--"], ["--listen", "x", "--ca-file", "f", "--"]])
+def test_bad_arguments_are_refused(argv: list[str]) -> None:
+    with pytest.raises(SystemExit):
+        podagent.main(argv)
+
+
+def test_a_restarted_agent_does_not_report_twice(tmp_path: Path) -> None:
+    """With ``finished`` already there, the agent posts nothing (nothing listens: a post
+    would end, seconds later, in a new unacknowledged verdict)."""
+    run_dir = files(tmp_path / "run", harness=0, grader_stdout='{"reward": 1}')
+    (run_dir / entrypoint.HARNESS_DONE).touch()
+    (run_dir / entrypoint.FINISHED).write_text('{"status": "succeeded"}')
+    process = subprocess.Popen(
+        [sys.executable, "-m", "openforge_operator.podagent", "--run-dir", str(run_dir), "--listen", f"127.0.0.1:{free_port()}",
+         "--poll", "0.05", "--sidecar-command", "sleep 30", "--"],
+    )  # fmt: skip
+    time.sleep(1.5)
+    process.send_signal(signal.SIGTERM)
+    assert process.wait(timeout=30) == 0
+    assert (run_dir / entrypoint.FINISHED).read_text() == '{"status": "succeeded"}'
