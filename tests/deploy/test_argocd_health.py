@@ -18,7 +18,8 @@ from typing import Any
 import lupa.lua51 as lua51
 import pytest
 import yaml
-from openforge.api import manifests
+from openforge.api import manifests, v1alpha1
+from openforge_operator import readiness
 
 ROOT = Path(__file__).resolve().parents[2]
 CUSTOMIZATIONS = ROOT / "deploy" / "argocd" / "resource_customizations" / "openforge.dev"
@@ -66,6 +67,24 @@ def test_every_sample_is_a_case_and_the_statuses_are_argocds(kind: str) -> None:
     on_disk = {f"testdata/{path.name}" for path in (CUSTOMIZATIONS / kind / "testdata").glob("*.yaml")}
     assert inputs == on_disk
     assert {case["healthStatus"]["status"] for case in spec["tests"]} <= STATUSES
+
+
+def test_harnessenv_samples_say_what_the_operator_would() -> None:
+    """Each sample's Ready condition, where it is for the current spec and not Unknown,
+    is the operator's own verdict on that spec (reason and message)."""
+    checked = 0
+    for path in sorted((CUSTOMIZATIONS / "HarnessEnv" / "testdata").glob("*.yaml")):
+        obj = yaml.safe_load(path.read_text())
+        status = obj.get("status") or {}
+        ready = next((c for c in status.get("conditions", []) if c["type"] == "Ready"), None)
+        if ready is None or ready["status"] == "Unknown" or status.get("observedGeneration") != obj["metadata"]["generation"]:
+            continue
+        env = manifests.parse(obj)
+        assert isinstance(env, v1alpha1.HarnessEnv)
+        verdict = readiness.check(env)
+        assert (ready["status"] == "True", ready["reason"], ready["message"]) == (verdict.ready, verdict.reason, verdict.message), path.name
+        checked += 1
+    assert checked == 2
 
 
 def test_rolloutjob_cases_cover_every_status_the_script_returns() -> None:
