@@ -192,8 +192,39 @@ def test_shell_response_still_gets_done() -> None:
     assert policy.respond(prompt([SHELL, LOOKUP], messages)) == "Done: brown"
 
 
-def test_color_question_without_lookup_tool_is_not_a_tool_call() -> None:
-    assert policy.respond(prompt([SHELL], [{"role": "user", "content": QUESTION}])) == "Done."
+def test_color_question_without_lookup_tool_reads_the_database_with_the_shell() -> None:
+    exec_command = schema_tool("exec_command", cmd="string")
+    answer = policy.respond(prompt([exec_command], [{"role": "user", "content": QUESTION}]))
+    assert answer == policy.tool_call_text("exec_command", {"cmd": "cat colors.json"})
+
+
+def test_color_question_without_any_tool_is_not_a_tool_call() -> None:
+    assert policy.respond(prompt([schema_tool("read", path="string")], [{"role": "user", "content": QUESTION}])) == "Done."
+
+
+DATABASE = '{\n  "items": {\n    "vobipo": "teal"\n  }\n}\n'
+
+
+def test_the_database_read_back_is_answered_with_the_items_color() -> None:
+    for output in [
+        "Chunk ID: 1a\nProcess exited with code 0\nOutput:\n" + DATABASE,  # Codex's exec output
+        json.dumps({"output": DATABASE}),  # inside a JSON string, as Gemini CLI sends it
+    ]:
+        messages = [
+            {"role": "user", "content": QUESTION},
+            assistant_call("shell", {"command": "cat colors.json"}),
+            {"role": "tool", "content": output},
+        ]
+        assert policy.respond(prompt([SHELL], messages)) == "teal", output
+
+
+def test_a_database_without_the_item_gets_done() -> None:
+    messages = [
+        {"role": "user", "content": QUESTION},
+        assistant_call("shell", {"command": "cat colors.json"}),
+        {"role": "tool", "content": DATABASE.replace("vobipo", "other")},
+    ]
+    assert policy.respond(prompt([SHELL], messages)) == "Done: {"
 
 
 def test_reasoning_mode_thinks_before_the_lookup() -> None:

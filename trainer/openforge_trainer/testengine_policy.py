@@ -9,12 +9,19 @@ answers the way a well-behaved agent model would on a one-tool-call task:
   tool's JSON schema (an array ``command`` gets ``["bash", "-lc", cmd]``, a
   string one gets ``cmd``; other required parameters get plausible defaults);
 * a user turn after the assistant's last turn asks ``What color is item
-  "name"?`` and a ``lookup_color`` tool is offered: call it with
-  ``{"item": name}`` (the toy task set, ``examples/tasks/toy-tools``);
+  "name"?`` (the toy task set, ``examples/tasks/toy-tools``): call the
+  ``lookup_color`` tool with ``{"item": name}`` when it is offered, else
+  read the task's database with the shell tool (``cat colors.json``), as an
+  agent in a real harness would;
 * a turn after the assistant's last turn holds tool responses: the first
   line of the last output when the assistant's last turn called
-  ``lookup_color`` (the color, as the toy task asks), else "Done: <first
+  ``lookup_color`` (the color, as the toy task asks); the asked item's color
+  when the last output holds the database's ``"name": "color"`` entry (also
+  JSON-escaped, as some harnesses wrap tool output); else "Done: <first
   line of the last output>";
+* the GUI browser harness's ``click`` and ``type_text`` tools are offered
+  and the task is in the web-forms grammar: the next step of its plan
+  (:mod:`testengine_gui`);
 * anything else: "Done.".
 
 The answer text is laid out exactly as the chat template renders an assistant
@@ -28,6 +35,8 @@ import json
 import re
 from dataclasses import dataclass
 from typing import Any
+
+from openforge_trainer import testengine_gui
 
 SHELL_TOOL_NAMES = (
     "shell",
@@ -45,6 +54,7 @@ _TOOLS_BLOCK = re.compile(r"<tools>\n(.*?)\n</tools>", re.DOTALL)
 _COMMAND = re.compile(r"\brun\b[^`]*?`([^`]+)`", re.IGNORECASE)
 _COLOR_QUESTION = re.compile(r'What colou?r is item "([^"]+)"\?', re.IGNORECASE)
 LOOKUP_TOOL = "lookup_color"
+DATABASE = "colors.json"  # where the toy task keeps the answer, in the working directory
 _TOOL_RESPONSE = re.compile(r"<tool_response>\n(.*?)\n</tool_response>", re.DOTALL)
 _TURN_START = "<|im_start|>"
 _TURN_END = "<|im_end|>"
@@ -59,15 +69,26 @@ class Turn:
 def respond(prompt: str, *, reasoning: bool = False) -> str:
     """The assistant's answer to a rendered prompt (without the stop token)."""
     turns = completed_turns(prompt)
+    gui = testengine_gui.next_action(turns, {t["name"] for t in offered_tools(prompt)})
+    if gui is not None:
+        action = tool_call_text(gui.name, gui.arguments) if gui.name else gui.text
+        return _think(reasoning, "I will act on the page.") + action
     pending = pending_turns(turns)
     responses = [t for t in pending if t.role == "user" and t.content.startswith("<tool_response>")]
     if responses and _called_lookup(turns):
         return _think(reasoning, "The lookup has answered.") + _first_line(responses[-1].content)
+    color = _database_color(responses[-1].content, _color_item(turns)) if responses else None
+    if color is not None:
+        return _think(reasoning, "The database has answered.") + color
     if responses:
         return _think(reasoning, "The command has finished.") + _done(responses[-1].content)
     item = _color_item(pending)
     if item is not None and any(t["name"] == LOOKUP_TOOL for t in offered_tools(prompt)):
         return _think(reasoning, "I will look it up.") + tool_call_text(LOOKUP_TOOL, {"item": item})
+    shell = _shell_tool(offered_tools(prompt)) if item is not None else None
+    if shell is not None:
+        arguments = arguments_for(shell.get("parameters") or {}, f"cat {DATABASE}")
+        return _think(reasoning, "I will read the database.") + tool_call_text(shell["name"], arguments)
     command = _command(pending)
     tool = _shell_tool(offered_tools(prompt)) if command is not None else None
     if command is None or tool is None:
@@ -104,6 +125,20 @@ def _color_item(pending: list[Turn]) -> str | None:
         if match:
             return match.group(1)
     return None
+
+
+def _database_color(tool_responses: str, item: str | None) -> str | None:
+    """The color the last tool output gives ``item`` as a ``"item": "color"`` JSON entry.
+
+    Backslashes before the quotes are allowed: a harness that hands tool
+    output back inside a JSON string (Gemini CLI's ``functionResponse``)
+    renders the database escaped.
+    """
+    outputs = _TOOL_RESPONSE.findall(tool_responses)
+    if item is None or not outputs:
+        return None
+    entry = re.search(rf'\\*"{re.escape(item)}\\*"\s*:\s*\\*"([^"\\]+)\\*"', outputs[-1])
+    return entry.group(1) if entry else None
 
 
 def _called_lookup(turns: list[Turn]) -> bool:
