@@ -77,6 +77,22 @@ def test_harness_command_delivers_the_task_and_points_the_base_url_at_the_sideca
     assert grader.env["OPENFORGE_HARNESS_EXIT_CODE"] == "3"
 
 
+def test_a_harness_env_from_another_file_names_its_files_by_harness_dir(tmp_path: Path) -> None:
+    harness = tmp_path / "catalog" / "echo"
+    harness.mkdir(parents=True)
+    (harness / "harnessenv.yaml").write_text(ENV.replace("OPENFORGE_MANIFEST_DIR", "OPENFORGE_HARNESS_DIR"))
+    (tmp_path / "job.yaml").write_text(JOB)
+    (tmp_path / "tasks.jsonl").write_text('{"id": "a", "prompt": "hi"}\n')
+    bundle = plan.load([harness / "harnessenv.yaml", tmp_path / "job.yaml"])
+    assert (bundle.manifest_dir, bundle.harness_dir) == (tmp_path, harness)
+    rollout = plan.rollouts_for(bundle, 0)[0]
+    command = plan.harness_command(bundle, rollout, sidecar_url="http://127.0.0.1:9", workdir=tmp_path / "w")
+    assert command.env["OPENFORGE_HARNESS_DIR"] == str(harness)
+    assert command.env["OPENFORGE_MANIFEST_DIR"] == str(tmp_path)
+    grader = plan.grader_command(bundle, rollout, workdir=tmp_path / "w", harness_exit=0)
+    assert grader is not None and grader.argv == ["python", f"{harness}/grade.py", "a"]
+
+
 @pytest.mark.parametrize(
     ("stdout", "exit_code", "expected"),
     [

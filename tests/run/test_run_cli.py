@@ -63,6 +63,9 @@ def test_a_local_run_captures_and_grades_every_rollout(procs: Any, tmp_path: Pat
     # each rollout had its own working directory, holding only the harness's files
     work = run_dir / "rollouts" / "react-toy-i0-0-0" / "work"
     assert sorted(p.name for p in work.iterdir()) == ["answer.txt", "colors.json"]
+    # and what its sidecar counted is kept beside it
+    counted = json.loads((run_dir / "rollouts" / "react-toy-i0-0-0" / "sidecar.json").read_text())
+    assert counted["acknowledged"] and counted["calls"] == 2 and counted["merge_rate"] == 1.0, counted
 
 
 def test_a_stopped_run_continues_on_rerun_without_counting_a_rollout_twice(procs: Any, tmp_path: Path) -> None:

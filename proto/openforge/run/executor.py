@@ -2,7 +2,9 @@
 
 The rollout's files live under ``<run dir>/rollouts/<rollout id>/``: ``work/``
 is the harness's working directory (and nothing else is in it), ``spool/``
-the sidecar's durable spool, ``*.log`` the processes' output.
+the sidecar's durable spool, ``*.log`` the processes' output, and
+``sidecar.json`` what the sidecar counted (its answer to the rollout's
+finish: calls, merge rate, requests passed or answered without the policy).
 """
 
 from __future__ import annotations
@@ -80,6 +82,7 @@ def run_rollout(
         reward, grader_output, why = _grade(bundle, rollout, workdir, exit_code, home / "grader.log")
         status, reason, message = _judge(bundle, exit_code, timed_out, reward, why)
         finish = _finish(sidecar.url, exit_code=exit_code, reward=reward, grader_output=grader_output, status=status)
+        (home / "sidecar.json").write_text(json.dumps(finish, indent=2) + "\n")
     finally:
         sidecar.stop()
     if not finish.get("acknowledged", False):

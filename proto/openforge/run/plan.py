@@ -27,12 +27,19 @@ class PlanError(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class Bundle:
-    """One RolloutJob with its HarnessEnv and tasks, ready to run."""
+    """One RolloutJob with its HarnessEnv and tasks, ready to run.
+
+    ``manifest_dir`` is the RolloutJob's file's directory, ``harness_dir`` the
+    HarnessEnv's: they differ when a job runs a HarnessEnv kept elsewhere
+    (``openforge run examples/harnesses/codex/harnessenv.yaml my-job.yaml``),
+    whose commands then name their files by ``$OPENFORGE_HARNESS_DIR``.
+    """
 
     env: v1alpha1.HarnessEnv
     job: v1alpha1.RolloutJob
     tasks: tuple[dict[str, Any], ...]
     manifest_dir: Path
+    harness_dir: Path
 
     @property
     def name(self) -> str:
@@ -98,7 +105,7 @@ def load(paths: Sequence[str | os.PathLike[str]]) -> Bundle:
         env.spec.local_process()
     except ValueError as exc:
         raise PlanError(f"{env_path}: spec.template: {exc}") from None
-    return Bundle(env, job, tuple(_tasks(job, job_path)), job_path.resolve().parent)
+    return Bundle(env, job, tuple(_tasks(job, job_path)), job_path.resolve().parent, env_path.resolve().parent)
 
 
 def _tasks(job: v1alpha1.RolloutJob, path: Path) -> list[dict[str, Any]]:
@@ -199,6 +206,7 @@ def _base_env(bundle: Bundle, rollout: Rollout, workdir: Path) -> dict[str, str]
         "OPENFORGE_SAMPLE_INDEX": str(rollout.sample),
         "OPENFORGE_WORKDIR": str(workdir),
         "OPENFORGE_MANIFEST_DIR": str(bundle.manifest_dir),
+        "OPENFORGE_HARNESS_DIR": str(bundle.harness_dir),
     }
 
 
@@ -211,7 +219,7 @@ def _task_file(spec: v1alpha1.TaskFile, task: Mapping[str, Any]) -> str:
 def _expand(arg: str, env: Mapping[str, str]) -> str:
     """``$OPENFORGE_MANIFEST_DIR``-style references, so commands can name files
     beside the manifest wherever the rollout's working directory is."""
-    for name in ("OPENFORGE_MANIFEST_DIR", "OPENFORGE_WORKDIR", "OPENFORGE_TASK_ID"):
+    for name in ("OPENFORGE_MANIFEST_DIR", "OPENFORGE_HARNESS_DIR", "OPENFORGE_WORKDIR", "OPENFORGE_TASK_ID"):
         arg = arg.replace("${" + name + "}", env[name])
     return arg
 
