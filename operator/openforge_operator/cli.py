@@ -87,6 +87,10 @@ def options(argv: list[str]) -> tuple[argparse.Namespace, settings.Settings]:
 
 def main(argv: list[str] | None = None) -> int:
     ns, config = options(list(sys.argv[1:] if argv is None else argv))
+    if ns.kubeconfig:
+        # before kubernetes_asyncio is imported: it reads $KUBECONFIG once, at import,
+        # and kopf's login goes through it
+        os.environ["KUBECONFIG"] = ns.kubeconfig
     logging.basicConfig(
         level=logging.DEBUG if ns.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
@@ -106,8 +110,6 @@ def main(argv: list[str] | None = None) -> int:
         )  # fmt: skip
     namespaces = None if ns.all_namespaces else list(ns.namespace)
     runtime = handlers.Runtime(config=config, namespaces=namespaces, webhook=hook, kubeconfig=ns.kubeconfig)
-    if ns.kubeconfig:
-        os.environ["KUBECONFIG"] = ns.kubeconfig  # kopf's login reads it
     kopf.run(
         registry=handlers.build_registry(runtime),
         standalone=ns.standalone,

@@ -25,7 +25,6 @@ kopf needs no access to CRDs or namespaces (see ``permissions``).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import datetime
 import logging
@@ -127,7 +126,7 @@ def build_registry(runtime: Runtime) -> kopf.OperatorRegistry:
 
     @kopf.daemon(
         group, version, v1alpha1.RolloutJob.PLURAL,
-        registry=registry, id="rollout-job", cancellation_timeout=2.0,
+        registry=registry, id="rollout-job", cancellation_backoff=5.0, cancellation_timeout=5.0,
         when=lambda body, **_: not finished_without_ttl(body),
     )  # fmt: skip
     async def rollout_job(
@@ -177,8 +176,13 @@ async def run_job(
                 delay = ERROR_BACKOFF_SECONDS
             if delay is None:
                 return
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(wakeup.wait(), timeout=delay)
+            woken = asyncio.ensure_future(wakeup.wait())
+            stopping = asyncio.ensure_future(stopped.wait())
+            try:
+                await asyncio.wait({woken, stopping}, timeout=delay, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                woken.cancel()
+                stopping.cancel()
             await asyncio.sleep(runtime.config.batch_seconds)
     finally:
         runtime.cache.forget(uid)

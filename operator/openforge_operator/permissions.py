@@ -52,13 +52,16 @@ RULES: list[dict[str, Any]] = [
 WEBHOOK_RULES: list[dict[str, Any]] = [
     {
         "apiGroups": ["admissionregistration.k8s.io"],
-        "resources": ["mutatingwebhookconfigurations"],
+        "resources": ["mutatingwebhookconfigurations", "validatingwebhookconfigurations"],
         "verbs": ["create", "patch"],
     },
 ]
-"""Extra rules with ``--webhook``: kopf creates its MutatingWebhookConfiguration if it
-is absent and patches its webhooks and CA bundle (a cluster-scoped object, so
-these go in a ClusterRole even when the operator serves one namespace)."""
+"""Extra rules with ``--webhook``: kopf creates its webhook configurations if they are
+absent and patches their webhooks and CA bundle (cluster-scoped objects, so these go
+in a ClusterRole even when the operator serves one namespace). Kopf manages a
+mutating and a validating configuration of the same name together; the validating
+one stays empty (the operator registers no validating handler), but without the
+rule kopf retries creating it and logs errors."""
 
 PEERING_RULES: list[dict[str, Any]] = [
     {"apiGroups": ["kopf.dev"], "resources": ["kopfpeerings"], "verbs": ["list", "watch", "patch"]},

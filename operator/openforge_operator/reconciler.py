@@ -122,9 +122,11 @@ class Reconciler:
             after = planner.plan(job=job, total=total, attempts=self._observe(job, memory), now=now, blocked=plan_blocked)
             status = after.status
         await asyncio.gather(*(self._api.delete(k8s.namespaced(namespace, "pods", name)) for name in plan.delete))
-        await self._write_status(body, status, memory)
+        # Events before the status: a status that finishes the job stops this loop (the
+        # daemon's filter), and the Events of the transition must not be lost to that
         for event in plan.events:
             await self._event(body, event.type, event.reason, event.message)
+        await self._write_status(body, status, memory)
         if plan.delete_job:
             await self._api.delete(k8s.namespaced(namespace, "rolloutjobs", meta["name"], api_version=v1alpha1.API_VERSION), uid=uid)
             return None

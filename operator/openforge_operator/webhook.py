@@ -46,7 +46,8 @@ from cryptography.x509.oid import NameOID
 
 from openforge_operator import pods, settings
 
-HANDLER_ID = "capture-sidecar"
+HANDLER_ID = "capture.openforge.dev"
+"""Also the webhook's name prefix, which the API server wants dotted (a domain)."""
 CAPTURE_LABEL = "openforge.dev/capture"
 PREFIX = "openforge.dev/"
 _URL = re.compile(r"^https?://[^\s/]+(/\S*)?$")
