@@ -5,9 +5,9 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-DEFAULT_SIDECAR_IMAGE = "ghcr.io/openforge/openforge:0.1.0"
-"""The operator's own image: it holds the whole ``openforge`` wheel, so it runs the
-capture sidecar (``openforge sidecar``) and the in-pod agent too."""
+DEFAULT_SIDECAR_IMAGE = "ghcr.io/openforge/sidecar:0.1.0"
+"""The sidecar image (sidecar/Dockerfile): ``openforge sidecar``, the in-pod agent
+(``openforge_operator.podagent``) and iptables for Transparent mode, user 1337."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)

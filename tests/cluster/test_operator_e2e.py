@@ -35,7 +35,7 @@ pytestmark = pytest.mark.cluster
 ROOT = Path(__file__).resolve().parents[2]
 CRDS = [ROOT / "crds" / "openforge.dev_harnessenvs.yaml", ROOT / "crds" / "openforge.dev_rolloutjobs.yaml"]
 NAMESPACES = ["modes", "retry", "gc", "restart", "suspend", "deadline", "ttl", "hook"]
-SIDECAR_IMAGE = os.environ.get("OPENFORGE_TEST_SIDECAR_IMAGE", "ghcr.io/openforge/openforge:0.1.0")
+SIDECAR_IMAGE = os.environ.get("OPENFORGE_TEST_SIDECAR_IMAGE", "ghcr.io/openforge/sidecar:0.1.0")
 
 
 # -- the operator under test -----------------------------------------------------------------
