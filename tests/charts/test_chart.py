@@ -218,9 +218,10 @@ def test_webhook_gets_a_service_and_a_configuration_the_operator_fills(helm: Hel
     assert service["spec"]["ports"] == [{"name": "webhook", "port": parsed.webhook_port, "targetPort": "webhook", "protocol": "TCP", "appProtocol": "https"}]
     assert {"name": "webhook", "containerPort": parsed.webhook_port, "protocol": "TCP"} in operator["ports"]
     assert service["spec"]["selector"] == operator_deployment["spec"]["selector"]["matchLabels"]
-    configuration = one(objects, "MutatingWebhookConfiguration")
-    assert configuration["metadata"]["name"] == parsed.webhook_configuration == "of-openforge.openforge.dev"
-    assert "webhooks" not in configuration, "the operator owns the webhooks; Helm must not overwrite them"
+    for kind in ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"):  # kopf manages both
+        configuration = one(objects, kind)
+        assert configuration["metadata"]["name"] == parsed.webhook_configuration == "of-openforge-capture"
+        assert "webhooks" not in configuration, "the operator owns the webhooks; Helm must not overwrite them"
     # kopf names each webhook HANDLER.CONFIGURATION; the API server wants >= 3 segments.
     assert len(f"{webhook.HANDLER_ID}.{parsed.webhook_configuration}".split(".")) >= 3
 

@@ -141,7 +141,8 @@ def test_webhook_and_trainer_render_is_admitted(kube: kube_cluster.Kube, helm: H
         "trainer": {"train": {"enabled": True, "job": "react-toy", "model": "/opt/openforge/models/tiny-react"}, "persistence": {"enabled": False}},
     }
     out = helm("install", "dry", str(CHART), "--namespace", namespace, "--dry-run=server", values=values)
-    assert "kind: MutatingWebhookConfiguration" in out and "name: dry-openforge.openforge.dev" in out
+    assert "kind: MutatingWebhookConfiguration" in out and "kind: ValidatingWebhookConfiguration" in out
+    assert "name: dry-openforge-capture" in out
 
 
 def test_the_webhook_the_operator_registers_is_admitted(kube: kube_cluster.Kube, helm: Helm, namespace: str) -> None:

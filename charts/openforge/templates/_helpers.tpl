@@ -106,12 +106,11 @@ the tag, else the chart's appVersion. (dict "image" .Values.x.image "context" $)
 {{- end }}
 
 {{/*
-The MutatingWebhookConfiguration the operator manages. Dotted: kopf names each
-webhook HANDLER.CONFIGURATION, and the API server wants at least three
-dot-separated segments in a webhook's name.
+The name of the webhook configurations the operator manages (kopf keeps a
+mutating and a validating one of the same name); one per release.
 */}}
 {{- define "openforge.webhook.configuration" -}}
-{{- printf "%s.openforge.dev" (include "openforge.fullname" .) }}
+{{- printf "%s-capture" (include "openforge.fullname" .) }}
 {{- end }}
 
 {{/* The operator's webhook flags (operator.webhook.enabled). */}}
