@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 import yaml
 from helm_chart import CHART, Helm, find, one
-from openforge_operator import cli, webhook
+from openforge_operator import cli, settings, webhook
 
 APP_VERSION = yaml.safe_load((CHART / "Chart.yaml").read_text())["appVersion"]
 
@@ -43,6 +43,14 @@ NON_DEFAULT: dict[str, Any] = {
 
 def containers(deployment: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return {c["name"]: c for c in deployment["spec"]["template"]["spec"]["containers"]}
+
+
+def test_app_version_is_the_packages_and_the_operators_default_sidecar() -> None:
+    import tomllib
+
+    version = tomllib.loads((CHART.parents[1] / "pyproject.toml").read_text())["project"]["version"]
+    assert APP_VERSION == version
+    assert settings.DEFAULT_SIDECAR_IMAGE == f"ghcr.io/openforge/sidecar:{APP_VERSION}"
 
 
 def test_lint_is_clean_with_default_values(helm: Helm) -> None:
