@@ -49,8 +49,8 @@ def test_app_version_is_the_packages_and_the_operators_default_sidecar() -> None
     import tomllib
 
     version = tomllib.loads((CHART.parents[1] / "pyproject.toml").read_text())["project"]["version"]
-    assert APP_VERSION == version
-    assert settings.DEFAULT_SIDECAR_IMAGE == f"ghcr.io/openforge/sidecar:{APP_VERSION}"
+    assert version == APP_VERSION
+    assert f"ghcr.io/openforge/sidecar:{APP_VERSION}" == settings.DEFAULT_SIDECAR_IMAGE
 
 
 def test_lint_is_clean_with_default_values(helm: Helm) -> None:
