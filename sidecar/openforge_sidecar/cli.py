@@ -16,6 +16,7 @@ Three network modes:
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -98,6 +99,8 @@ def mitmdump_args(ns: argparse.Namespace) -> list[str]:
 def main(argv: list[str]) -> int:
     ns = build_parser().parse_args(argv)
     ns.spool.mkdir(parents=True, exist_ok=True)
+    # The policy tokenizer encodes one text at a time: no thread pool for it.
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     from mitmproxy.tools.main import mitmdump
 
     mitmdump(mitmdump_args(ns))

@@ -65,6 +65,8 @@ class SSEParser:
         self._pending_cr = False
         if not text:
             return []
+        if not self._line and not self._has_fields and text.endswith("\n\n") and "\r" not in text:
+            return self._feed_whole_events(text[:-2])
         lines = _LINE_END.split(self._line + text)
         self._line = lines.pop()  # what follows the last line end: unfinished
         # A CR at the very end ended a line, but its LF may be in the next chunk.
@@ -74,6 +76,25 @@ class SSEParser:
             event = self._process_line(line)
             if event is not None:
                 events.append(event)
+        return events
+
+    def _feed_whole_events(self, body: str) -> list[Event]:
+        """The common case: whole events, LF endings, nothing buffered.
+
+        ``body`` is the chunk without its final blank line. An event that is a
+        single ``data`` line (what engines and APIs send per token) is made
+        directly; any other goes through :meth:`_process_line` as usual.
+        """
+        events: list[Event] = []
+        for block in body.split("\n\n"):
+            if block.startswith("data:") and "\n" not in block:
+                value = block[6:] if block.startswith("data: ") else block[5:]
+                events.append(Event(value, None, self._id, None))
+                continue
+            for line in [*block.split("\n"), ""]:
+                event = self._process_line(line)
+                if event is not None:
+                    events.append(event)
         return events
 
     def _process_line(self, line: str) -> Event | None:

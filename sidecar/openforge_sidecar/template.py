@@ -95,8 +95,16 @@ class PolicyTokenizer:
         )
 
     def encode(self, text: str) -> list[int]:
-        """Token IDs for ``text``; special tokens in it are recognised, none are added."""
-        return list(self._tokenizer.encode(text, add_special_tokens=False).ids)
+        """Token IDs for ``text``; special tokens in it are recognised, none are added.
+
+        ``encode_batch_fast`` gives the same IDs as ``encode`` without working
+        out character offsets, which nothing here uses: a quarter to a third
+        less time on a prompt, and a new conversation's whole prompt is
+        encoded before its first token can be asked for. (Batch calls may use
+        a thread pool; ``openforge sidecar`` sets ``TOKENIZERS_PARALLELISM``
+        to false, so a single text stays on the calling thread.)
+        """
+        return list(self._tokenizer.encode_batch_fast([text], add_special_tokens=False)[0].ids)
 
     def decode(self, ids: Sequence[int]) -> str:
         """Text for ``ids``, special tokens included."""
@@ -185,10 +193,30 @@ def _raise_exception(message: str) -> NoReturn:
     raise jinja2.TemplateError(message)
 
 
+_DICT_ATTRIBUTES = frozenset(dir(dict))
+
+
+class _Environment(ImmutableSandboxedEnvironment):
+    """The sandbox, with a shortcut for ``message.role`` on the dicts we render.
+
+    Jinja looks ``x.name`` up as an attribute first and, when that raises,
+    as a key. On a plain dict only dict's own attributes can be found, so
+    for any other name the answer is the key or undefined, as the sandbox
+    would give it, without paying for the exception (a sixth of a render
+    or more).
+    """
+
+    def getattr(self, obj: Any, attribute: str) -> Any:
+        if type(obj) is dict and attribute not in _DICT_ATTRIBUTES:
+            try:
+                return obj[attribute]
+            except KeyError:
+                return self.undefined(obj=obj, name=attribute)
+        return super().getattr(obj, attribute)
+
+
 def _environment() -> ImmutableSandboxedEnvironment:
-    env = ImmutableSandboxedEnvironment(
-        trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols]
-    )
+    env = _Environment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
     env.filters["tojson"] = _tojson
     env.globals["raise_exception"] = _raise_exception
     return env

@@ -101,13 +101,7 @@ class OutputParser:
     # --- the state machine ---------------------------------------------------
 
     def _drain(self, *, final: bool) -> list[conversation.StreamEvent]:
-        steps = {
-            _Mode.START: self._start,
-            _Mode.THINK: self._think,
-            _Mode.CONTENT: self._content,
-            _Mode.CALL: self._call,
-        }
-        while steps[self._mode](final):
+        while _STEPS[self._mode](self, final):
             pass
         events, self._events = self._events, []
         return events
@@ -202,12 +196,23 @@ class OutputParser:
             self._reasoning_emitted = True
 
 
+_STEPS: dict[_Mode, Callable[[OutputParser, bool], bool]] = {
+    _Mode.START: OutputParser._start,
+    _Mode.THINK: OutputParser._think,
+    _Mode.CONTENT: OutputParser._content,
+    _Mode.CALL: OutputParser._call,
+}
+
+
 def _drop_newline(text: str) -> str:
     return text[:-1] if text.endswith("\n") else text
 
 
 def _held_back(buffer: str, tag: str) -> int:
     """Length of the longest tail of ``buffer`` that may begin ``tag`` or "\n" + ``tag``."""
+    window = buffer[-len(tag) :]
+    if tag[0] not in window and "\n" not in window:
+        return 0  # such a tail starts with one of the two: the common case, plain text
     with_newline = "\n" + tag
     for size in range(min(len(buffer), len(tag)), 0, -1):
         tail = buffer[-size:]

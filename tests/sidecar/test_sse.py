@@ -132,3 +132,38 @@ def test_a_crlf_cut_after_its_cr_then_a_blank_line_in_the_next_chunks() -> None:
     assert out == [sse.Event("a")]
     parser = sse.SSEParser()
     assert parser.feed(b"data: a\r") + parser.feed(b"\n") + parser.feed(b"\r\n") == [sse.Event("a")]
+
+
+_sse_lines = st.lists(
+    st.sampled_from(
+        ["data: x", "data:y", "data", "data:  z", "id: 7", "id", "event: e", ": c", "retry: 9", ""]
+    )
+    | st.text(_one_line, max_size=12).map(lambda s: "data: " + s),
+    max_size=12,
+)
+
+
+@settings(deadline=None)  # a shared 2-core machine makes timings noisy
+@given(st.lists(_sse_lines, max_size=4))
+def test_whole_event_chunks_parse_as_the_same_bytes_fed_one_at_a_time(
+    chunks: list[list[str]],
+) -> None:
+    """Chunks of whole events take a shortcut; it must give what the general path gives."""
+    wire = [("\n".join(lines) + "\n\n").encode() for lines in chunks]
+    whole = sse.SSEParser()
+    fast = [e for chunk in wire for e in whole.feed(chunk)]
+    slow_parser = sse.SSEParser()
+    joined = b"".join(wire)
+    slow = [e for i in range(len(joined)) for e in slow_parser.feed(joined[i : i + 1])]
+    assert fast == slow
+    assert whole.has_partial == slow_parser.has_partial
+
+
+def test_a_chunk_of_one_line_events_parses_each() -> None:
+    parser = sse.SSEParser()
+    assert parser.feed(b"id: 1\ndata: a\n\n") == [sse.Event("a", id="1")]
+    assert parser.feed(b"data: b\n\ndata:c\n\n\ndata: [DONE]\n\n") == [
+        sse.Event("b", id="1"),
+        sse.Event("c", id="1"),
+        sse.Event("[DONE]", id="1"),
+    ]

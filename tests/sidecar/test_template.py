@@ -308,3 +308,36 @@ def test_windowed_detokenizer_for_non_byte_level_tokenizers() -> None:
 def test_out_of_vocabulary_id_is_a_clear_error() -> None:
     with pytest.raises(ValueError, match="outside the vocabulary"):
         template.IncrementalDetokenizer(tiny()).push(10**6)
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    st.lists(
+        st.sampled_from(["<|im_start|>", "<|im_end|>", "<tool_call>", "\n", " ", "  "])
+        | st.text(max_size=20),
+        max_size=8,
+    ).map("".join)
+)
+def test_encode_gives_the_ids_of_the_tokenizers_own_encode(text: str) -> None:
+    """encode skips the offsets; the IDs must be exactly those of a plain encode."""
+    for tok in (tiny(), metaspace_tokenizer()):
+        assert tok.encode(text) == tok._tokenizer.encode(text, add_special_tokens=False).ids
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        "{{ m.role }}|{{ m.missing is defined }}|{{ m.missing }}|{{ m.get('role') }}",
+        "{% for k, v in m.items() %}{{ k }}={{ v }};{% endfor %}{{ m.keys() | list | length }}",
+        "{{ m.items }}{{ m.values is defined }}{{ m.nested.deep }}{{ m.nested.missing is defined }}",
+        "{{ m.__class__ }}|{{ m.copy is defined }}|{{ m.update is defined }}",
+    ],
+)
+def test_dict_attribute_lookup_matches_the_stock_sandbox(source: str) -> None:
+    """The shortcut for plain dicts gives what Jinja's own sandbox gives, unsafe names included."""
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    stock = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    message = {"role": "user", "items": "a key named like a method", "nested": {"deep": 1}}
+    ours = template._environment().from_string(source).render(m=message)
+    assert ours == stock.from_string(source).render(m=message)
