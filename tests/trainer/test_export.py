@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -181,3 +182,33 @@ def test_jsonl_and_parquet_read_back_equal(tmp_path: Path) -> None:
     assert schema.field("response_ids").type == pa.list_(pa.int32())
     assert schema.field("response_logprobs").type == pa.list_(pa.float32())
     assert expected[1]["reward"] == 0.0 and expected[0]["reward"] == 1.0
+
+
+def _chat_request(*image_urls: str) -> bytes:
+    content = [{"type": "text", "text": "look"}] + [{"type": "image_url", "image_url": {"url": u}} for u in image_urls]
+    return json.dumps({"messages": [{"role": "user", "content": content}]}).encode()
+
+
+def test_a_row_carries_the_images_of_its_segments_last_request(tmp_path: Path) -> None:
+    first, second, third = (call(i, c.prompt_token_ids, c.completion_token_ids, c.completion_logprobs)
+                            for i, c in enumerate(MULTI_TURN))  # fmt: skip
+    first.wire_api = second.wire_api = third.wire_api = trajectory_pb2.WIRE_API_OPENAI_CHAT
+    first.request_json = _chat_request("data:image/png;base64,QUFB")
+    second.request_json = _chat_request("data:image/png;base64,QUFB", "data:image/png;base64,QkJC")
+    third.request_json = _chat_request("data:image/png;base64,QUFB", "data:image/png;base64,QkJC", "https://x/c.png")
+    (row,), _ = export.rollout_rows(ROLLOUT, stored_calls(first, second, third))
+    assert row.images == ["data:image/png;base64,QUFB", "data:image/png;base64,QkJC", "https://x/c.png"]
+    assert export.write_jsonl([row], tmp_path / "rows.jsonl") == export.write_parquet([row], tmp_path / "rows.parquet") == 1
+    assert export.read_jsonl(tmp_path / "rows.jsonl")[0]["images"] == row.images
+    assert export.read_parquet(tmp_path / "rows.parquet")[0]["images"] == row.images
+    assert pq.read_schema(tmp_path / "rows.parquet").field("images").type == pa.list_(pa.string())
+
+
+def test_text_rows_have_no_images_and_an_unreadable_request_names_the_call() -> None:
+    (row,), _ = export.rollout_rows(ROLLOUT, stored_calls(*MULTI_TURN))
+    assert row.images == []
+    broken = call(0, [1], [2])
+    broken.wire_api = trajectory_pb2.WIRE_API_OPENAI_CHAT
+    broken.request_json = b"{not json"
+    with pytest.raises(export.ExportError, match=r"rollout 'r' call 0: request body is not JSON"):
+        export.rollout_rows(ROLLOUT, stored_calls(broken))

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import base64
+import dataclasses
+import io
 from pathlib import Path
 
 import pytest
@@ -11,6 +14,7 @@ import transformers
 from omegaconf import OmegaConf
 from openforge.trajectory.v1 import trajectory_pb2
 from openforge_trainer import export, rollout_sampler, store, trainer_loop, verl_agent_loop
+from PIL import Image
 from verl.experimental.agent_loop import agent_loop as verl_loop
 from verl.utils.dataset.rl_dataset import RLHFDataset
 
@@ -122,3 +126,27 @@ def test_the_agent_loop_runs_under_verl_base_class(captured: tuple[Path, Path, l
         verl_agent_loop.RolloutUnavailable, match="belongs to job 'job', not 'other-job'"
     ):
         asyncio.run(other.run({}, **{verl_agent_loop.ROLLOUT_KEY: ids[0]}))
+
+
+def png_url(color: tuple[int, int, int], size: tuple[int, int] = (30, 20)) -> str:
+    buffer = io.BytesIO()
+    Image.new("RGB", size, color).save(buffer, format="PNG")
+    return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
+
+
+def test_a_row_with_images_gives_verl_its_multi_modal_data(captured: tuple[Path, Path, list[str]]) -> None:
+    db_path, _, ids = captured
+    urls = [png_url((255, 0, 0)), png_url((0, 0, 255), (40, 28))]
+    row = dataclasses.replace(row_of(db_path, ids[0]), images=urls)
+    output = verl_agent_loop.to_output(row)
+    assert output.multi_modal_data is not None
+    first, second = output.multi_modal_data["images"]
+    assert (first.mode, first.size, first.getpixel((0, 0))) == ("RGB", (30, 20), (255, 0, 0))
+    assert (second.size, second.getpixel((39, 27))) == ((40, 28), (0, 0, 255))
+    assert verl_agent_loop.to_output(row_of(db_path, ids[0])).multi_modal_data is None
+    # A cut response would keep the images but lose placeholders: refused.
+    with pytest.raises(verl_agent_loop.RolloutUnavailable, match="separate images from their placeholders"):
+        verl_agent_loop.to_output(row, max_response_length=1)
+    with pytest.raises(verl_agent_loop.RolloutUnavailable, match="cannot be decoded"):
+        verl_agent_loop.to_output(dataclasses.replace(row, images=["https://x/y.png"]))
+

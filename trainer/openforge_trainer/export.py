@@ -18,6 +18,14 @@ rows, each token-exact.
 
 Calls without prompt tokens (passthrough capture without token IDs) cannot
 be trained on and are skipped, counted in ``untokenized``.
+
+A row also carries the images its tokens show (``images``: URLs, base64
+``data:`` URLs for inline images, exactly as the harness sent them), read
+from the segment's last request (:mod:`request_images`): the *n*-th image
+placeholder in ``prompt_ids + response_ids`` is ``images[n]``. That is
+veRL's multimodal layout (an ``images`` column beside ``<image>``
+placeholders for ``RLHFDataset``; ``multi_modal_data["images"]`` for the
+agent loop, see :mod:`verl_agent_loop`).
 """
 
 from __future__ import annotations
@@ -31,6 +39,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from openforge_trainer import request_images
 from openforge_trainer import store as store_module
 
 
@@ -55,6 +64,7 @@ class Row:
     policy_versions: list[int]  # per call
     call_indices: list[int]
     num_turns: int  # model calls in the row
+    images: list[str] = dataclasses.field(default_factory=list)  # in placeholder order
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -135,6 +145,11 @@ def build_row(
         logprobs += _logprobs(rollout, call)
         previous = call
     versions = [call.policy_version for call in segment]
+    last = segment[-1]
+    try:
+        images = request_images.request_images(last.wire_api, last.request_json)
+    except request_images.ImageError as exc:
+        raise ExportError(f"rollout {rollout.rollout_id!r} call {last.call_index}: {exc}") from exc
     return Row(
         rollout_id=rollout.rollout_id,
         job=rollout.job,
@@ -151,6 +166,7 @@ def build_row(
         policy_versions=versions,
         call_indices=[call.call_index for call in segment],
         num_turns=len(segment),
+        images=images,
     )
 
 
@@ -206,6 +222,7 @@ SCHEMA = pa.schema(
         ("policy_versions", pa.list_(pa.int64())),
         ("call_indices", pa.list_(pa.int32())),
         ("num_turns", pa.int32()),
+        ("images", pa.list_(pa.string())),
     ]
 )
 

@@ -22,6 +22,16 @@ and give each dataset row ``agent_name: openforge`` and
 harness pod with the sidecar pointed at veRL's vLLM servers (the operator's
 RolloutJob, or ``openforge run``); this loop only waits for its result.
 
+A row with images (a multimodal harness, e.g. the GUI browser agent) also
+gives veRL ``multi_modal_data={"images": [PIL images]}``, decoded from the
+captured PNG bytes, one per image placeholder in its tokens, for veRL's
+processor to turn into ``pixel_values``/``image_grid_thw``. Such a row's
+response is never cut (a cut would drop placeholders but not their images):
+a longer one is refused. For a VL model the placeholders must be the model's
+own image tokens (Qwen2.5-VL: ``<|vision_start|><|image_pad|><|vision_end|>``);
+the sidecar's template rendering writes ``<image>`` today (one token in the
+tiny tokenizer), so only the trainer side of that path is tested here.
+
 What needs a GPU and was not run here: veRL's trainer itself, its vLLM
 servers and the harness pods; and veRL keeps one sequence per sample, so a
 rollout whose history was rewritten (several segments) contributes its last
@@ -33,10 +43,12 @@ with the tiny tokenizer and run against a real store.
 from __future__ import annotations
 
 import asyncio
+import io
 import time
 from pathlib import Path
 from typing import Any
 
+from PIL import Image
 from verl.experimental.agent_loop.agent_loop import (
     AgentLoopBase,
     AgentLoopMetrics,
@@ -44,7 +56,7 @@ from verl.experimental.agent_loop.agent_loop import (
     register,
 )
 
-from openforge_trainer import export
+from openforge_trainer import export, request_images
 from openforge_trainer import store as store_module
 
 ROLLOUT_KEY = "openforge_rollout_id"
@@ -73,11 +85,17 @@ def to_output(
             f"over veRL's prompt_length {max_prompt_length}"
         )
     keep = len(row.response_ids) if max_response_length is None else max_response_length
+    if row.images and keep < len(row.response_ids):
+        raise RolloutUnavailable(
+            f"rollout {row.rollout_id!r}: response has {len(row.response_ids)} tokens, over veRL's "
+            f"response_length {keep}, and cutting it would separate images from their placeholders"
+        )
     return AgentLoopOutput(
         prompt_ids=list(row.prompt_ids),
         response_ids=row.response_ids[:keep],
         response_mask=row.response_mask[:keep],
         response_logprobs=row.response_logprobs[:keep],
+        multi_modal_data={"images": [decode_image(url) for url in row.images]} if row.images else None,
         reward_score=row.reward if row.has_reward else None,
         num_turns=2 * row.num_turns,  # veRL counts user/tool and assistant turns
         metrics=AgentLoopMetrics(),
@@ -88,6 +106,15 @@ def to_output(
             "openforge_truncated_tokens": len(row.response_ids) - len(row.response_ids[:keep]),
         },
     )
+
+
+def decode_image(url: str) -> Image.Image:
+    """A captured image as veRL's processors take it: a PIL image in RGB."""
+    try:
+        with Image.open(io.BytesIO(request_images.image_bytes(url))) as image:
+            return image.convert("RGB")
+    except (request_images.ImageError, OSError) as exc:
+        raise RolloutUnavailable(f"an image of the rollout cannot be decoded: {exc}") from exc
 
 
 def rollout_id_of(sample: dict[str, Any]) -> str:
