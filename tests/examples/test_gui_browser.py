@@ -8,7 +8,9 @@ agent through the sidecar is tests/harnesses/test_gui_conformance.py.
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import shutil
 import struct
 import subprocess
@@ -17,6 +19,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from openforge.api import manifests, v1alpha1
+from openforge_operator import pods, readiness, settings, tasks
 
 ROOT = Path(__file__).resolve().parents[2]
 HARNESS = ROOT / "examples" / "harnesses" / "gui-browser"
@@ -156,3 +160,52 @@ def test_agent_exits_5_when_the_browser_cannot_start(tmp_path: Path) -> None:
                      "--chromium", str(tmp_path / "no-such-chromium"), "--workdir", str(tmp_path), env=env)  # fmt: skip
     assert done.returncode == 5, done.stderr
     assert "the browser failed: cannot start" in done.stderr
+
+
+# --- the manifests and the image --------------------------------------------------------
+
+
+def harness_env() -> v1alpha1.HarnessEnv:
+    (env,) = manifests.load_manifests(HARNESS / "gui-browser.yaml")
+    assert isinstance(env, v1alpha1.HarnessEnv)
+    return env
+
+
+def test_the_harness_env_is_ready_and_becomes_a_rollout_pod() -> None:
+    env = harness_env()
+    assert readiness.check(env).ready, readiness.check(env)
+    (job,) = manifests.load_manifests(HARNESS / "web-forms-job.yaml")
+    assert isinstance(job, v1alpha1.RolloutJob) and job.spec.harness_env_ref.name == env.metadata.name
+    job = job.model_copy(update={"metadata": job.metadata.model_copy(update={"namespace": "rl", "uid": "6f1c2d7e-0a9b-4c3d-8e5f-1a2b3c4d5e6f"})})
+    env = env.model_copy(update={"metadata": env.metadata.model_copy(update={"namespace": "rl"})})
+    task = {"id": "contact-ada"}
+    pod = pods.build_pod(job, env, tasks.rollout([task], 1, 0), 0, settings.Settings())
+    harness = next(c for c in pod["spec"]["containers"] if c["name"] == v1alpha1.HARNESS_CONTAINER)
+    assert "/opt/openforge/harnesses/gui-browser/agent.py --no-sandbox" in " ".join(harness["args"])
+    assert {e["name"]: e.get("value") for e in harness["env"]}["OPENFORGE_TASK_ID"] == "contact-ada"
+    assert pod["spec"]["securityContext"]["runAsNonRoot"] is True
+
+
+def test_the_grader_command_finds_the_tasks_locally_and_in_the_image(tmp_path: Path) -> None:
+    env = harness_env()
+    assert env.spec.grader is not None and env.spec.grader.reward_from == "stdout-json"
+    script = env.spec.grader.command[-1]
+    assert "${OPENFORGE_HARNESS_DIR:-/opt/openforge/harnesses/gui-browser}/../../tasks/web-forms/grade.py" in script
+    base = {"PATH": os.environ["PATH"], "OPENFORGE_TASK_ID": "order-1042", "OPENFORGE_WORKDIR": str(tmp_path)}
+    (tmp_path / webforms.LOG_FILE).write_text('{"event": "view", "path": "/orders/1042", "query": {}}\n')
+    done = subprocess.run(env.spec.grader.command, env={**base, "OPENFORGE_HARNESS_DIR": str(HARNESS)},
+                          capture_output=True, text=True, timeout=30, check=False)  # fmt: skip
+    assert json.loads(done.stdout)["reward"] == 1.0, done.stderr
+
+
+def test_the_dockerfile_installs_the_browser_and_copies_what_the_manifest_runs() -> None:
+    text = (HARNESS / "Dockerfile").read_text()
+    assert "-t ghcr.io/openforge/gui-browser-harness:0.1.0 ." in text
+    assert harness_env().spec.harness_container().image == "ghcr.io/openforge/gui-browser-harness:0.1.0"
+    assert "apt-get install -y --no-install-recommends chromium xvfb fonts-dejavu-core" in text
+    assert re.findall(r"^USER (\S+)$", text, re.MULTILINE)[-1] == "1000:1000"
+    copies = re.findall(r"^COPY (\S+) (\S+)$", text, re.MULTILINE)
+    container = harness_env().spec.harness_container()
+    for path in re.findall(r"/opt/openforge/\S+\.py", " ".join(container.args or [])):
+        source = next((ROOT / src / Path(path).relative_to(dst) for src, dst in copies if path.startswith(dst)), None)
+        assert source is not None and source.is_file(), f"{path} is not copied into the image"
