@@ -31,6 +31,7 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
+import aiohttp
 import kopf
 from openforge.api import v1alpha1
 
@@ -171,8 +172,12 @@ async def run_job(
             env_body = next(iter(envs.get((namespace, env_name), [])), None)
             try:
                 delay = await runtime.reconciler.reconcile(body, env_body)
-            except k8s.ApiError as error:
+            except (k8s.ApiError, aiohttp.ClientError, OSError) as error:  # OSError: TimeoutError too
                 log.warning("reconciling RolloutJob %s/%s: %s", namespace, body["metadata"]["name"], error)
+                delay = ERROR_BACKOFF_SECONDS
+            except Exception:
+                # a bug: say so loudly, and keep the loop (kopf would wait a minute to restart it)
+                log.exception("reconciling RolloutJob %s/%s failed", namespace, body["metadata"]["name"])
                 delay = ERROR_BACKOFF_SECONDS
             if delay is None:
                 return
