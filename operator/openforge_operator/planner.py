@@ -31,7 +31,7 @@ from typing import Any, Literal
 
 from openforge.api import rollouts, v1alpha1
 
-from openforge_operator.attempts import Attempt
+from openforge_operator import attempts as attempts_
 
 IGNORED_ATTEMPTS_CAP = 10
 """Attempts an Ignore rule may add beyond maxAttemptsPerRollout."""
@@ -58,7 +58,7 @@ class RolloutState:
     """The attempt number a new pod for this rollout gets (new, retry)."""
     retried: int
     """Failed attempts of this rollout that were retried."""
-    last: Attempt | None
+    last: attempts_.Attempt | None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -76,10 +76,10 @@ class Plan:
     finished: bool = False
 
 
-def rollout_state(index: int, attempts: Sequence[Attempt], spec: v1alpha1.RolloutJobSpec) -> RolloutState:
+def rollout_state(index: int, attempts: Sequence[attempts_.Attempt], spec: v1alpha1.RolloutJobSpec) -> RolloutState:
     """Where rollout ``index`` stands, given every attempt of it seen so far."""
     counted = retried = 0
-    last: Attempt | None = None
+    last: attempts_.Attempt | None = None
     cap = spec.max_attempts_per_rollout + IGNORED_ATTEMPTS_CAP
     for attempt in sorted(attempts, key=lambda a: a.attempt):
         last = attempt
@@ -102,7 +102,7 @@ def plan(
     *,
     job: v1alpha1.RolloutJob,
     total: int | None,
-    attempts: Iterable[Attempt],
+    attempts: Iterable[attempts_.Attempt],
     now: datetime.datetime,
     blocked: str | None = None,
 ) -> Plan:
@@ -196,7 +196,7 @@ def plan(
 
 
 def _after_finish(
-    job: v1alpha1.RolloutJob, old: v1alpha1.RolloutJobStatus, live: list[Attempt], now: datetime.datetime
+    job: v1alpha1.RolloutJob, old: v1alpha1.RolloutJobStatus, live: list[attempts_.Attempt], now: datetime.datetime
 ) -> Plan:
     """A finished job: no new pods; a failed one's live pods deleted; the TTL."""
     status = old.model_copy(update={"observed_generation": job.metadata.generation}).to_dict()
@@ -210,8 +210,8 @@ def _after_finish(
     return Plan([], delete, status, [], requeue_after=remaining, finished=True)
 
 
-def _states(attempts: Sequence[Attempt], total: int | None, spec: v1alpha1.RolloutJobSpec) -> list[RolloutState]:
-    by_index: dict[int, list[Attempt]] = defaultdict(list)
+def _states(attempts: Sequence[attempts_.Attempt], total: int | None, spec: v1alpha1.RolloutJobSpec) -> list[RolloutState]:
+    by_index: dict[int, list[attempts_.Attempt]] = defaultdict(list)
     for attempt in attempts:
         if total is None or attempt.index < total:
             by_index[attempt.index].append(attempt)
@@ -219,7 +219,7 @@ def _states(attempts: Sequence[Attempt], total: int | None, spec: v1alpha1.Rollo
     return [rollout_state(i, by_index.get(i, []), spec) for i in indexes]
 
 
-def _counts(states: Sequence[RolloutState], live: Sequence[Attempt]) -> v1alpha1.RolloutCounts:
+def _counts(states: Sequence[RolloutState], live: Sequence[attempts_.Attempt]) -> v1alpha1.RolloutCounts:
     tally: dict[str, int] = defaultdict(int)
     for state in states:
         tally[state.state] += 1
