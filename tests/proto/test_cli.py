@@ -3,25 +3,16 @@
 from __future__ import annotations
 
 import importlib
-import importlib.util
 import inspect
 
 import pytest
 from openforge import cli
-
-# TEMPORARY, remove when both land: the operator's CLI (helper H1) and
-# `openforge analyze` (helper H5) are being written while their COMMANDS
-# entries already exist. Only these two may be skipped, and only while
-# their module is missing; every other entry must import.
-NOT_YET_WRITTEN = {"operator", "analyze"}
 
 
 @pytest.mark.parametrize("name", sorted(cli.COMMANDS))
 def test_every_command_resolves_to_a_function(name: str) -> None:
     module_name, function_name, summary = cli.COMMANDS[name]
     assert summary, f"{name}: no help line"
-    if name in NOT_YET_WRITTEN and importlib.util.find_spec(module_name) is None:
-        pytest.skip(f"TEMPORARY: {module_name} is not written yet (remove this skip when it is)")
     module = importlib.import_module(module_name)
     function = getattr(module, function_name, None)
     assert callable(function), f"{name}: {module_name}.{function_name} is not a function"
