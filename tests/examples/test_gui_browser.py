@@ -12,9 +12,12 @@ import json
 import os
 import re
 import shutil
+import signal
+import socket
 import struct
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -209,3 +212,54 @@ def test_the_dockerfile_installs_the_browser_and_copies_what_the_manifest_runs()
     for path in re.findall(r"/opt/openforge/\S+\.py", " ".join(container.args or [])):
         source = next((ROOT / src / Path(path).relative_to(dst) for src, dst in copies if path.startswith(dst)), None)
         assert source is not None and source.is_file(), f"{path} is not copied into the image"
+
+
+def children(pid: int) -> set[int]:
+    found = set()
+    for entry in Path("/proc").iterdir():
+        try:
+            stat = (entry / "stat").read_text()
+        except (OSError, ValueError):
+            continue
+        fields = stat.rsplit(")", 1)[1].split()
+        if fields[0] != "Z" and int(fields[1]) == pid:
+            found.add(int(entry.name))
+    return found
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+@needs_gui
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL], ids=["SIGTERM", "SIGKILL"])
+def test_killing_the_agent_leaves_no_browser_or_display_behind(
+    sig: signal.Signals, site: webforms.Site, tmp_path: Path
+) -> None:
+    silent = socket.create_server(("127.0.0.1", 0))  # a model endpoint that never answers
+    try:
+        env = {"PATH": os.environ["PATH"], "OPENAI_BASE_URL": f"http://127.0.0.1:{silent.getsockname()[1]}/v1"}
+        agent_process = subprocess.Popen(
+            [sys.executable, str(HARNESS / "agent.py"), "--prompt", "p", "--start-url", site.url + "/",
+             "--workdir", str(tmp_path)],
+            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        )  # fmt: skip
+        deadline = time.monotonic() + 30
+        while not (tmp_path / "screenshots" / "step-000.png").exists():  # browser up, model asked
+            assert agent_process.poll() is None and time.monotonic() < deadline, agent_process.stderr
+            time.sleep(0.1)
+        started = children(agent_process.pid)
+        assert len(started) == 2, started  # Xvfb and Chromium
+        agent_process.send_signal(sig)
+        agent_process.wait(20)
+        assert agent_process.returncode == (128 + signal.SIGTERM if sig == signal.SIGTERM else -signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while any(alive(pid) for pid in started) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not any(alive(pid) for pid in started), started
+    finally:
+        silent.close()

@@ -34,6 +34,7 @@ import argparse
 import base64
 import json
 import os
+import signal
 import sys
 from contextlib import ExitStack
 from dataclasses import dataclass, field
@@ -368,4 +369,7 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
+    # A SIGTERM (a runner's timeout, serve.py passing one on) unwinds like an
+    # error, so the browser and the display are closed on the way out.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     sys.exit(main(sys.argv[1:]))

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import ctypes
 import json
 import os
 import select
@@ -171,7 +172,7 @@ class Display:
         self._process = subprocess.Popen(
             [binary, "-displayfd", str(write_end), "-screen", "0", screen, "-nolisten", "tcp", "-noreset"],
             pass_fds=(write_end,), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-            start_new_session=True,
+            preexec_fn=_die_with_parent,
         )  # fmt: skip
         os.close(write_end)
         try:
@@ -419,12 +420,13 @@ def _launch(
     def wire_fds() -> None:  # runs in the child, before exec
         os.dup2(to_read, 3)
         os.dup2(from_write, 4)
+        _die_with_parent()
 
     try:
         process = subprocess.Popen(
             [binary, *flags, "about:blank"], env=env, stdin=subprocess.DEVNULL,
             stdout=log or subprocess.DEVNULL, stderr=log or subprocess.DEVNULL,
-            preexec_fn=wire_fds, pass_fds=(3, 4), start_new_session=True,
+            preexec_fn=wire_fds, pass_fds=(3, 4),
         )  # fmt: skip
     except OSError as error:
         for fd in (to_read, to_write, from_read, from_write):
@@ -449,16 +451,27 @@ def _read_line(fd: int, timeout: float, *, what: str) -> str:
     return data.decode().strip()
 
 
+def _die_with_parent() -> None:
+    """In a child before exec: be killed when the agent dies, even by SIGKILL.
+
+    Chromium and Xvfb stay in the agent's process group (a runner that kills
+    the group kills them too); this covers the agent alone being killed.
+    """
+    with contextlib.suppress(OSError, AttributeError):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+_PR_SET_PDEATHSIG = 1
+
+
 def _stop(process: subprocess.Popen[bytes], *, timeout: float) -> None:
-    """Ends a process started in its own session, and whatever it started."""
+    """Ends a process: SIGTERM, then SIGKILL after ``timeout`` seconds."""
     if process.poll() is not None:
         return
-    try:
-        os.killpg(process.pid, signal.SIGTERM)
-    except ProcessLookupError:
-        return
+    process.terminate()
     try:
         process.wait(timeout)
     except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
+        process.kill()
         process.wait()
