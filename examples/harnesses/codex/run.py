@@ -43,6 +43,12 @@ TOY_HINT = (
     "The lookup tool here is your shell: the database is colors.json in the working directory."
 )
 
+# Kept from the caller's environment; everything else Codex sees is set here.
+PASS_THROUGH = (
+    "HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "http_proxy", "https_proxy", "no_proxy",
+    "SSL_CERT_FILE", "NODE_EXTRA_CA_CERTS", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE",
+)  # fmt: skip
+
 CONFIG = """\
 model = {model}
 model_provider = "openforge"
@@ -160,6 +166,8 @@ def main(argv: list[str]) -> int:
             "HOME": home,
             "CODEX_HOME": home,
             "OPENFORGE_CODEX_API_KEY": os.environ.get("OPENAI_API_KEY") or "openforge",
+            # the Proxy and Transparent capture modes route and trust through these
+            **{name: os.environ[name] for name in PASS_THROUGH if name in os.environ},
         }
         command = [
             codex, "exec", "--skip-git-repo-check", "--dangerously-bypass-approvals-and-sandbox",
