@@ -295,12 +295,28 @@ class Browser:
 
     def _act(self, send: Callable[[], object]) -> None:
         """Runs an input action; when it started a navigation (a link, a form submitted
-        by a click or Enter), waits for the new page's load event. Then waits for paint."""
+        by a click or Enter), waits for the new page's load event. Then waits for paint.
+
+        A navigation whose first event comes after ``navigation_window`` (a busy
+        machine) is still caught: it shows up by the time the paint is over, or
+        takes the document away under it; then the load is awaited and painted.
+        """
         mark = self._mark()
         send()
-        if self._wait_event(NAVIGATING, since=mark, timeout=self.navigation_window) is not None:
-            self._wait_event(LOADED, since=mark, timeout=self.load_timeout)
-        self._paint()
+        navigating = self._wait_event(NAVIGATING, since=mark, timeout=self.navigation_window) is not None
+        while True:
+            if navigating:
+                self._wait_event(LOADED, since=mark, timeout=self.load_timeout)
+            try:
+                self._paint()
+            except BrowserError:
+                if navigating:
+                    raise
+                navigating = True
+                continue
+            if navigating or self._wait_event(NAVIGATING, since=mark, timeout=0) is None:
+                return
+            navigating = True
 
     def _paint(self) -> None:
         """Waits until two animation frames have run, so a screenshot shows the action."""
