@@ -9,6 +9,8 @@ export PATH="$venv/bin:$PATH"
 # Real harness CLIs from npm and a real Kubernetes control plane built from
 # the Go module proxy, both cached under ~/.cache/openforge (first run: long).
 bash scripts/install_harnesses.sh >&2
+# Chromium + Xvfb for the GUI browser agent (apt; skipped when present).
+bash scripts/install_gui_deps.sh >&2 || echo "warning: Chromium/Xvfb could not be installed; the GUI harness tests will skip" >&2
 bash scripts/build_cluster_binaries.sh >&2
 echo "== ruff"; ruff check .
 echo "== mypy"; mypy
