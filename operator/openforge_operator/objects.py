@@ -8,7 +8,6 @@ the per-job objects (CA Secret, NetworkPolicy, task-file ConfigMap).
 
 from __future__ import annotations
 
-import hashlib
 from typing import Any
 
 from openforge.api import rollouts, v1alpha1
@@ -27,7 +26,7 @@ ANNOTATION_POLICY_VERSION = "openforge.dev/policy-version"
 POD_SELECTOR = f"{LABEL_JOB_UID},{MANAGED_BY}={MANAGER}"
 """The operator's one pod watch: every rollout pod it made, in the namespaces it serves."""
 
-MAX_NAME = 63
+MAX_NAME = rollouts.MAX_POD_NAME
 """Pod names become host names, which hold 63 characters."""
 
 
@@ -44,15 +43,9 @@ def job_uid(job: v1alpha1.RolloutJob) -> str:
 
 
 def pod_name(job: str, index: int, attempt: int) -> str:
-    """``<job>-<index>-<attempt>``; a job part that would push it past 63 characters
-    is cut and given a hash of the whole job name, so names stay distinct."""
-    name = rollouts.rollout_name(job, index, attempt)
-    if len(name) <= MAX_NAME:
-        return name
-    suffix = f"-{index}-{attempt}"
-    digest = hashlib.sha256(job.encode()).hexdigest()[:8]
-    keep = MAX_NAME - len(suffix) - len(digest) - 1
-    return f"{job[:keep].rstrip('-.')}-{digest}{suffix}"
+    """``<job>-<index>-<attempt>``, cut to 63 characters (``rollouts.pod_name``: the
+    collector checks a per-job token's records against the same rule)."""
+    return rollouts.pod_name(job, index, attempt)
 
 
 def ca_secret_name(job: str) -> str:

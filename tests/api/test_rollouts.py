@@ -97,3 +97,44 @@ def test_parse_ranges_does_not_expand() -> None:
 def test_parse_indexes_rejects_malformed_text(text: str, match: str) -> None:
     with pytest.raises(ValueError, match=match):
         rollouts.parse_indexes(text)
+
+
+def test_pod_names_are_cut_to_63_characters_with_a_hash_of_the_job() -> None:
+    long_a, long_b = "a" * 60 + "-x", "a" * 60 + "-y"
+    name_a, name_b = rollouts.pod_name(long_a, 12345, 2), rollouts.pod_name(long_b, 12345, 2)
+    assert len(name_a) == 63 and len(name_b) == 63 and name_a != name_b
+    assert name_a.endswith("-12345-2")
+    assert rollouts.pod_name("short", 1, 0) == "short-1-0"
+
+
+@pytest.mark.parametrize(
+    ("job", "name", "expected"),
+    [
+        ("a", "a-1-0", True),
+        ("a", "a-1-0-0", False),  # job a-1's pod
+        ("a-1", "a-1-0-0", True),
+        ("a-1", "a-1-0", False),  # job a's pod
+        ("a", "a-01-0", False),
+        ("a", "b-1-0", False),
+        ("a", "a-1", False),
+        ("a", "a", False),
+        ("a" * 62, rollouts.pod_name("a" * 62, 3, 1), True),
+        ("a" * 62, rollouts.rollout_name("a" * 62, 3, 1), False),  # too long to be a pod name
+        ("b" * 62, rollouts.pod_name("a" * 62, 3, 1), False),
+    ],
+)
+def test_is_pod_of_tells_a_jobs_pods_from_every_other_jobs(
+    job: str, name: str, expected: bool
+) -> None:
+    assert rollouts.is_pod_of(job, name) is expected
+
+
+_JOB = st.from_regex(r"\A[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?\Z")
+
+
+@given(job=_JOB, other=_JOB, index=st.integers(0, 10**6), attempt=st.integers(0, 99))
+def test_a_pod_name_belongs_to_its_job_only(job: str, other: str, index: int, attempt: int) -> None:
+    name = rollouts.pod_name(job, index, attempt)
+    assert len(name) <= rollouts.MAX_POD_NAME
+    assert rollouts.is_pod_of(job, name)
+    assert rollouts.is_pod_of(other, name) == (other == job)

@@ -10,6 +10,7 @@ from typing import Any
 
 import grpc
 import pytest
+from openforge.trajectory import auth
 from openforge.trajectory.v1 import trajectory_pb2, trajectory_pb2_grpc
 from openforge_trainer import cli, export, store
 
@@ -73,11 +74,13 @@ def rollout_records(rollout: str, sample: int, reward: float) -> list[trajectory
 
 def test_collector_serves_until_sigterm(tmp_path: Path) -> None:
     (tmp_path / "token").write_text("s3cret\n")
+    (tmp_path / "master-key").write_text("k" * 64 + "\n")
+    job_token = auth.issue(b"k" * 64, auth.JobIdentity("rl", "job", "uid-1"))
     process = subprocess.Popen(
         [
             sys.executable, "-m", "openforge.cli", "collector",
             "--store", str(tmp_path / "store.db"), "--listen", "127.0.0.1:0",
-            "--token-file", str(tmp_path / "token"),
+            "--token-file", str(tmp_path / "token"), "--master-key-file", str(tmp_path / "master-key"),
         ],
         stdout=subprocess.PIPE,
         text=True,
@@ -87,6 +90,7 @@ def test_collector_serves_until_sigterm(tmp_path: Path) -> None:
         line = process.stdout.readline()
         match = re.search(r"listening on (127\.0\.0\.1:\d+)", line)
         assert match, line
+        assert "shared and per-job bearer tokens" in line
         with grpc.insecure_channel(match.group(1)) as channel:
             stub = trajectory_pb2_grpc.TrajectoryServiceStub(channel)
             acks = list(
@@ -96,7 +100,16 @@ def test_collector_serves_until_sigterm(tmp_path: Path) -> None:
                     timeout=10,
                 )
             )
-        assert [a.error for a in acks] == [""] * 4
+            assert [a.error for a in acks] == [""] * 4
+            # the per-job token writes its job's rollout, and not r0 (no rollout of "job")
+            acks = list(
+                stub.Push(
+                    iter([*rollout_records("job-0-0", 0, 1.0), *rollout_records("r0", 0, 1.0)]),
+                    metadata=(("authorization", f"Bearer {job_token}"),),
+                    timeout=10,
+                )
+            )
+        assert [bool(a.error) for a in acks] == [False] * 4 + [True] * 4
         process.send_signal(signal.SIGTERM)
         assert process.wait(timeout=10) == 0
         assert "stopping" in process.stdout.read()
@@ -106,6 +119,18 @@ def test_collector_serves_until_sigterm(tmp_path: Path) -> None:
             process.wait()
     with store.Store(tmp_path / "store.db") as db:
         assert db.watermark("r0") == 4
+        assert db.watermark("job-0-0") == 4
+
+
+def test_collector_rejects_a_short_master_key(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "key").write_text("short\n")
+    with pytest.raises(SystemExit):
+        cli.collector_main(
+            ["--store", str(tmp_path / "s.db"), "--master-key-file", str(tmp_path / "key")]
+        )
+    assert "--master-key-file" in (err := capsys.readouterr().err) and "at least 32" in err
 
 
 def test_collector_rejects_an_empty_token_file(

@@ -8,16 +8,19 @@ from typing import Any
 
 import grpc
 import pytest
+from openforge.trajectory import auth
 from openforge.trajectory.v1 import trajectory_pb2, trajectory_pb2_grpc
 from openforge_trainer import collector, store
 
+MASTER_KEY = b"m" * 48
 
-def records(rollout: str, count: int) -> list[trajectory_pb2.Record]:
+
+def records(rollout: str, count: int, job: str = "job") -> list[trajectory_pb2.Record]:
     return [
         trajectory_pb2.Record(
             idempotency_key=f"{rollout}/call/{i}",
             sequence=i + 1,
-            job="job",
+            job=job,
             rollout_id=rollout,
             call=trajectory_pb2.ModelCall(call_index=i, prompt_token_ids=[1, i]),
         )
@@ -43,9 +46,12 @@ def with_collector(
     body: Callable[[collector.Collector, int], Awaitable[None]],
     *,
     token: str | None = None,
+    master_key: bytes | None = None,
 ) -> None:
     async def main() -> None:
-        running, port = await collector.serve(tmp_path / "store.db", token=token)
+        running, port = await collector.serve(
+            tmp_path / "store.db", token=token, master_key=master_key
+        )
         try:
             await body(running, port)
         finally:
@@ -185,3 +191,134 @@ def test_serve_reports_an_address_it_cannot_bind(tmp_path: Path) -> None:
                 await collector.serve(tmp_path / "store.db", listen=bad)
 
     asyncio.run(main())
+
+
+# -- per-job tokens ------------------------------------------------------------------
+
+
+def bearer(namespace: str, name: str, uid: str = "uid-1") -> tuple[tuple[str, str], ...]:
+    token = auth.issue(MASTER_KEY, auth.JobIdentity(namespace, name, uid))
+    return (("authorization", f"Bearer {token}"),)
+
+
+async def watermark(port: int, rollout: str, metadata: tuple[tuple[str, str], ...]) -> Any:
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+        stub = trajectory_pb2_grpc.TrajectoryServiceStub(channel)
+        request = trajectory_pb2.WatermarkRequest(rollout_id=rollout)
+        return await stub.GetWatermark(request, metadata=metadata)
+
+
+def test_a_job_token_writes_its_jobs_records_and_none_of_another_jobs(tmp_path: Path) -> None:
+    async def body(running: collector.Collector, port: int) -> None:
+        own = records("job-a-0-0", 3, job="job-a")
+        theirs = records("job-b-0-0", 2, job="job-b")
+        # B's job name on B's rollout; A's job name on B's rollout; A's rollout, B's keys
+        mislabelled = records("job-b-1-0", 1, job="job-a")
+        squatting = records("job-a-1-0", 1, job="job-a")
+        squatting[0].idempotency_key = "job-b-0-0/call/5"
+        stream = [own[0], theirs[0], own[1], *mislabelled, theirs[1], *squatting, own[2], own[0]]
+        acks = await push(port, stream, bearer("rl", "job-a"))
+        assert [a.idempotency_key for a in acks] == [r.idempotency_key for r in stream]
+        errors = [a.error for a in acks]
+        assert errors[0] == errors[2] == errors[6] == errors[7] == ""
+        assert errors[1] == (
+            "record 'job-b-0-0/call/0' (sequence 1): job 'job-b' is not this stream's job:"
+            " its token is for RolloutJob rl/job-a (uid uid-1)"
+        )
+        assert "record 'job-b-0-0/call/1' (sequence 2): job 'job-b'" in errors[4]
+        assert "rollout_id 'job-b-1-0' is not a rollout of job 'job-a'" in errors[3]
+        assert "idempotency_key 'job-b-0-0/call/5' does not start with" in errors[5]
+        assert acks[7].duplicate, "a redelivery is acked as a duplicate"
+        assert running.store.record_count("job-a") == 3, "A's records, each once"
+        assert running.store.record_count() == 3, "nothing of B's"
+        assert running.store.rollout("job-b-0-0") is None
+        assert running.store.rollout("job-b-1-0") is None
+        # B's own token still writes B's records: A took none of B's keys
+        acks = await push(port, theirs, bearer("rl", "job-b"))
+        assert [(a.error, a.duplicate) for a in acks] == [("", False), ("", False)]
+
+    with_collector(tmp_path, body, master_key=MASTER_KEY)
+
+
+def test_a_job_name_belongs_to_the_first_rolloutjob_that_wrote_it(tmp_path: Path) -> None:
+    """Records name jobs by name: a same-named job in another namespace, or a later job
+    of the same name (another uid), cannot write into (or resume from) the first one's."""
+
+    async def body(running: collector.Collector, port: int) -> None:
+        first = records("job-0-0", 2)
+        assert [a.error for a in await push(port, first, bearer("team-a", "job"))] == ["", ""]
+        for intruder in (bearer("team-b", "job"), bearer("team-a", "job", "uid-2")):
+            mark = await watermark(port, "job-0-0", intruder)
+            assert (mark.contiguous_sequence, mark.known) == (0, False)
+            acks = await push(port, records("job-0-0", 3), intruder)
+            assert all(
+                "in this collector's store belongs to RolloutJob team-a/job (uid uid-1)" in a.error
+                for a in acks
+            )
+            assert all("give the job another name" in a.error for a in acks)
+        assert running.store.record_count() == 2
+        mark = await watermark(port, "job-0-0", bearer("team-a", "job"))
+        assert (mark.contiguous_sequence, mark.known) == (2, True)
+
+    with_collector(tmp_path, body, master_key=MASTER_KEY)
+    with store.Store(tmp_path / "store.db") as db:  # the claim outlives the process
+        assert db.job_owner("job") == "team-a/job/uid-1"
+
+
+def test_a_job_token_resumes_only_its_own_rollouts(tmp_path: Path) -> None:
+    async def body(running: collector.Collector, port: int) -> None:
+        await push(port, records("job-b-0-0", 2, job="job-b"), bearer("rl", "job-b"))
+        await push(port, records("job-a-0-0", 3, job="job-a"), bearer("rl", "job-a"))
+        mark = await watermark(port, "job-a-0-0", bearer("rl", "job-a"))
+        assert (mark.contiguous_sequence, mark.known) == (3, True)
+        mark = await watermark(port, "job-b-0-0", bearer("rl", "job-a"))
+        assert (mark.contiguous_sequence, mark.known) == (0, False)
+
+    with_collector(tmp_path, body, master_key=MASTER_KEY)
+
+
+@pytest.mark.parametrize(
+    ("metadata", "message"),
+    [
+        ((), "missing or wrong bearer token"),
+        ((("authorization", "Bearer s3cret"),), "missing or wrong bearer token"),
+        (
+            (
+                (
+                    "authorization",
+                    f"Bearer {auth.issue(b'x' * 32, auth.JobIdentity('rl', 'job', 'u'))}",
+                ),
+            ),
+            "bearer token refused: the token's mac does not match",
+        ),
+        ((("authorization", "Bearer ofj1.!!.AA"),), "bearer token refused: the token's job part"),
+    ],
+)
+def test_a_collector_with_a_master_key_refuses_other_tokens(
+    tmp_path: Path, metadata: tuple[tuple[str, str], ...], message: str
+) -> None:
+    async def body(running: collector.Collector, port: int) -> None:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            call = trajectory_pb2_grpc.TrajectoryServiceStub(channel).Push(metadata=metadata)
+            with pytest.raises(grpc.aio.AioRpcError) as error:
+                await call.read()
+            assert error.value.code() == grpc.StatusCode.UNAUTHENTICATED
+            assert message in (error.value.details() or "")
+        with pytest.raises(grpc.aio.AioRpcError) as error:
+            await watermark(port, "job-0-0", metadata)
+        assert error.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        assert running.store.record_count() == 0
+
+    with_collector(tmp_path, body, master_key=MASTER_KEY)
+
+
+def test_a_shared_token_beside_a_master_key_writes_any_record(tmp_path: Path) -> None:
+    async def body(running: collector.Collector, port: int) -> None:
+        shared = (("authorization", "Bearer s3cret"),)
+        acks = await push(port, records("anything", 2, job="webhook"), shared)
+        assert [a.error for a in acks] == ["", ""]
+        acks = await push(port, records("job-0-0", 1), bearer("rl", "job"))
+        assert [a.error for a in acks] == [""]
+        assert running.store.record_count() == 3
+
+    with_collector(tmp_path, body, token="s3cret", master_key=MASTER_KEY)

@@ -186,3 +186,13 @@ def test_put_refuses_records_lacking_a_field(db: store.Store, field: str, messag
     with pytest.raises(store.StoreError, match=message):
         db.put([good, bad])
     assert db.record_count() == 0  # nothing from the batch
+
+
+def test_a_job_is_claimed_once_and_for_good(tmp_path: Path) -> None:
+    with store.Store(tmp_path / "s.db") as db:
+        assert db.job_owner("job") is None
+        assert db.claim_job("job", "rl/job/uid-1") == "rl/job/uid-1"
+        assert db.claim_job("job", "other/job/uid-2") == "rl/job/uid-1"
+        assert db.claim_job("job-2", "other/job-2/uid-2") == "other/job-2/uid-2"
+    with store.Store(tmp_path / "s.db") as db:
+        assert db.job_owner("job") == "rl/job/uid-1"

@@ -14,6 +14,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from openforge.trajectory import auth
 from rich.console import Console
 
 from openforge_trainer import collector, export, render
@@ -32,7 +33,13 @@ def collector_main(argv: Sequence[str]) -> int:
         "--listen", default="127.0.0.1:50051", help="HOST:PORT to bind (default %(default)s)"
     )
     parser.add_argument(
-        "--token-file", type=Path, help="file holding the bearer token sidecars must present"
+        "--token-file", type=Path, help="file holding a shared bearer token (may write any record)"
+    )
+    parser.add_argument(
+        "--master-key-file",
+        type=Path,
+        help="file holding the master key of per-job tokens (the operator's"
+        " --collector-master-key-file): each such token may write its own job's records only",
     )
     parser.add_argument(
         "--grace", type=float, default=5.0, help="seconds in-flight streams get on shutdown"
@@ -46,17 +53,27 @@ def collector_main(argv: Sequence[str]) -> int:
             parser.error(f"--token-file: {exc}")
         if not token:
             parser.error(f"--token-file: {args.token_file} is empty")
+    master_key = None
+    if args.master_key_file is not None:
+        try:
+            master_key = auth.read_master_key(args.master_key_file)
+        except ValueError as exc:
+            parser.error(f"--master-key-file: {exc}")
     try:
-        return asyncio.run(_run_collector(args.store, args.listen, token, args.grace))
+        return asyncio.run(_run_collector(args.store, args.listen, token, master_key, args.grace))
     except OSError as exc:
         print(f"openforge collector: {exc}", file=sys.stderr)
         return 1
 
 
-async def _run_collector(store: Path, listen: str, token: str | None, grace: float) -> int:
-    running, port = await collector.serve(store, listen=listen, token=token)
+async def _run_collector(
+    store: Path, listen: str, token: str | None, master_key: bytes | None, grace: float
+) -> int:
+    running, port = await collector.serve(store, listen=listen, token=token, master_key=master_key)
     host = listen.rsplit(":", 1)[0]
-    print(f"openforge collector: listening on {host}:{port} (store {store})", flush=True)
+    tokens = [kind for kind, on in (("shared", token), ("per-job", master_key)) if on]
+    access = f"{' and '.join(tokens)} bearer tokens" if tokens else "no authentication"
+    print(f"openforge collector: listening on {host}:{port} (store {store}, {access})", flush=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):

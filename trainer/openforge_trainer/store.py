@@ -16,6 +16,8 @@ Tables: ``records`` holds every record (its serialized protobuf in ``body``)
 and ``rollouts`` one summary row per rollout, kept up to date in the same
 transaction as the records that change it. ``records.call_index`` (NULL for
 records that are not model calls) lets completeness be checked by SQL.
+``job_owners`` remembers, per job name, the RolloutJob (namespace/name/uid)
+whose per-job token first wrote it (see ``openforge.trajectory.auth``).
 """
 
 from __future__ import annotations
@@ -66,6 +68,11 @@ CREATE TABLE IF NOT EXISTS rollouts (
     trained_checkpoint TEXT
 );
 CREATE INDEX IF NOT EXISTS rollouts_by_job ON rollouts (job, task_id, sample_index);
+CREATE TABLE IF NOT EXISTS job_owners (
+    job TEXT PRIMARY KEY,
+    owner TEXT NOT NULL,
+    claimed_at REAL NOT NULL
+);
 """
 
 _ROLLOUT_COLUMNS = (
@@ -288,6 +295,32 @@ class Store:
                 rollout_id,
             ),
         )
+
+    def claim_job(self, job: str, owner: str) -> str:
+        """Make ``owner`` the job's owner unless it has one; returns the owner on record.
+
+        A claim is never changed or released, so what it returns stays true.
+        """
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                self._db.execute(
+                    "INSERT OR IGNORE INTO job_owners (job, owner, claimed_at) VALUES (?, ?, ?)",
+                    (job, owner, time.time()),
+                )
+                row = self._db.execute(
+                    "SELECT owner FROM job_owners WHERE job = ?", (job,)
+                ).fetchone()
+                self._db.execute("COMMIT")
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+        return str(row[0])
+
+    def job_owner(self, job: str) -> str | None:
+        """Who claimed ``job`` (``claim_job``), or None."""
+        rows = self._query("SELECT owner FROM job_owners WHERE job = ?", (job,))
+        return str(rows[0][0]) if rows else None
 
     def mark_trained(self, rollout_ids: Iterable[str], checkpoint: str) -> int:
         """Record that these rollouts went into ``checkpoint``; returns rows changed."""

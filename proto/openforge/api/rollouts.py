@@ -6,7 +6,10 @@ contiguous: index ``i`` is sample ``i % samplesPerTask`` of task
 ``i // samplesPerTask``. Each try of a rollout is an *attempt*, counted from 0,
 and runs as the pod (or local process) ``<job>-<index>-<attempt>``; a
 deterministic name lets a duplicate create fail with 409 instead of running a
-rollout twice.
+rollout twice. In a cluster the name is a pod's, which holds 63 characters:
+:func:`pod_name` cuts a long job name and adds a hash of it, and
+:func:`is_pod_of` tells whether a name is one of a job's pods (the collector
+checks a per-job token's records with it).
 
 Index sets in status (``failedIndexes``) use the compact form of Kubernetes
 Jobs' ``completedIndexes``: ascending, comma-separated, runs written as ranges,
@@ -15,11 +18,15 @@ e.g. ``"1,3-5,9"``.
 
 from __future__ import annotations
 
+import hashlib
 import re
 from collections.abc import Iterable
 
 _NAME = re.compile(r"^(?P<job>.+)-(?P<index>0|[1-9][0-9]*)-(?P<attempt>0|[1-9][0-9]*)$")
 _SEGMENT = re.compile(r"^(0|[1-9][0-9]*)(?:-(0|[1-9][0-9]*))?$")
+
+MAX_POD_NAME = 63
+"""Pod names become host names, which hold 63 characters."""
 
 
 def rollout_name(job: str, index: int, attempt: int) -> str:
@@ -27,6 +34,28 @@ def rollout_name(job: str, index: int, attempt: int) -> str:
     if index < 0 or attempt < 0:
         raise ValueError(f"index and attempt must be >= 0 (got index={index}, attempt={attempt})")
     return f"{job}-{index}-{attempt}"
+
+
+def pod_name(job: str, index: int, attempt: int) -> str:
+    """``<job>-<index>-<attempt>``; a job part that would push it past 63 characters
+    is cut and given a hash of the whole job name, so names stay distinct."""
+    name = rollout_name(job, index, attempt)
+    if len(name) <= MAX_POD_NAME:
+        return name
+    suffix = f"-{index}-{attempt}"
+    digest = hashlib.sha256(job.encode()).hexdigest()[:8]
+    keep = MAX_POD_NAME - len(suffix) - len(digest) - 1
+    return f"{job[:keep].rstrip('-.')}-{digest}{suffix}"
+
+
+def is_pod_of(job: str, name: str) -> bool:
+    """Whether ``name`` is the pod of some attempt of some rollout of ``job``.
+
+    Unambiguous between jobs: job ``a``'s pods end in exactly two numbers after
+    ``a-``, so ``a-1-0-0`` (job ``a-1``) is never one of them.
+    """
+    match = _NAME.match(name)
+    return match is not None and pod_name(job, int(match["index"]), int(match["attempt"])) == name
 
 
 def parse_rollout_name(name: str) -> tuple[str, int, int]:
