@@ -28,7 +28,7 @@ import uuid
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mitmproxy import ctx, exceptions, http
 from openforge.trajectory.v1 import trajectory_pb2 as pb
@@ -46,9 +46,11 @@ from openforge_sidecar import (
     tee,
     template,
 )
-from openforge_sidecar import exporter as exporting
 from openforge_sidecar.codecs import Codec
 from openforge_sidecar.codecs.errors import CodecError
+
+if TYPE_CHECKING:  # imported in `running` only when there is a collector: gRPC is ~8 MB resident
+    from openforge_sidecar import exporter as exporting
 
 log = logging.getLogger("openforge.sidecar")
 
@@ -132,6 +134,7 @@ class Capture:
         self.stats: Counter[str] = Counter()
         self._history: history.TokenHistory | None = None
         self._tokenizer: template.PolicyTokenizer | None = None
+        self._loading = threading.Lock()
         self._spool: spool.Spool | None = None
         self._writer: _Writer | None = None
         self._exporter: exporting.Exporter | None = None
@@ -186,6 +189,8 @@ class Capture:
         self._restarted = resume.next_call > 0
         self._journal = os.open(directory / INFLIGHT_JOURNAL, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         if opts.openforge_collector:
+            from openforge_sidecar import exporter as exporting
+
             token = Path(opts.openforge_collector_token_file).read_text().strip() if opts.openforge_collector_token_file else None
             self._exporter = exporting.Exporter(self._spool, opts.openforge_collector, token=token)
             self._exporter_task = asyncio.create_task(self._exporter.run())
@@ -500,14 +505,25 @@ class Capture:
         return await asyncio.to_thread(self._ensure_tokenizer)
 
     def _ensure_tokenizer(self) -> template.PolicyTokenizer:
-        if self._tokenizer is None:
-            opts = ctx.options
-            self._tokenizer = template.PolicyTokenizer.load(opts.openforge_tokenizer or opts.openforge_engine)
-            if not opts.openforge_engine_model:
-                self._engine_model = _served_model(opts.openforge_engine)
-            reason = "sidecar_restarted" if self._restarted else "first"
-            self._history = history.TokenHistory(self._tokenizer, first_reason=reason)
-        return self._tokenizer
+        """Load the tokenizer, the engine's model name and the token history, once.
+
+        Runs in a worker thread while the proxy already accepts calls, so a
+        call can come in mid-load. The tokenizer is published last, since a
+        call that finds it goes on without waiting: publishing it first (as
+        before) let such a call find no history, fail in the request hook and
+        go upstream unrewritten (the engine's rare "404 Not Found"). The lock
+        makes a call that finds nothing wait for the load under way.
+        """
+        with self._loading:
+            if self._tokenizer is None:
+                opts = ctx.options
+                tokenizer = template.PolicyTokenizer.load(opts.openforge_tokenizer or opts.openforge_engine)
+                if not opts.openforge_engine_model:
+                    self._engine_model = _served_model(opts.openforge_engine)
+                reason = "sidecar_restarted" if self._restarted else "first"
+                self._history = history.TokenHistory(tokenizer, first_reason=reason)
+                self._tokenizer = tokenizer
+            return self._tokenizer
 
     # --- control API ------------------------------------------------------------------
 

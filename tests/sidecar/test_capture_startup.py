@@ -1,0 +1,82 @@
+"""A call that comes in while the capture addon is still starting up.
+
+The proxy accepts connections before the addon's ``running`` hook has
+loaded the policy tokenizer and asked the engine for its model name. A call
+in that window must wait for the load to finish. (It once found the
+tokenizer but no token history yet: the request hook failed, the request
+went to the engine unrewritten and the engine answered 404.)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+from mitmproxy.test import taddons
+from openforge_sidecar import capture
+
+TINY = Path(__file__).parents[2] / "trainer" / "openforge_trainer" / "assets" / "tiny-tokenizer"
+
+
+class _SlowModels(BaseHTTPRequestHandler):
+    """``/v1/models`` that answers only once the test releases it."""
+
+    asked = threading.Event()
+    release = threading.Event()
+
+    def do_GET(self) -> None:
+        type(self).asked.set()
+        type(self).release.wait(30)
+        body = json.dumps({"data": [{"id": "policy-x"}]}).encode()
+        self.send_response(200)
+        self.send_header("content-type", "application/json")
+        self.send_header("content-length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def engine() -> Iterator[str]:
+    _SlowModels.asked.clear()
+    _SlowModels.release.clear()
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _SlowModels)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        _SlowModels.release.set()
+        server.shutdown()
+        thread.join()
+
+
+def test_a_call_during_startup_waits_for_the_token_history(engine: str, tmp_path: Path) -> None:
+    async def main() -> None:
+        addon = capture.Capture()
+        with taddons.context(addon) as tctx:
+            tctx.configure(
+                addon,
+                openforge_engine=engine,
+                openforge_tokenizer=str(TINY),
+                openforge_spool=str(tmp_path / "spool"),
+            )
+            running = asyncio.create_task(addon.running())
+            # The tokenizer is loaded; the engine is being asked for its model.
+            assert await asyncio.to_thread(_SlowModels.asked.wait, 30)
+            asyncio.get_running_loop().call_later(0.3, _SlowModels.release.set)
+            tokenizer = await addon._policy_tokenizer()  # what a call does first
+            assert addon._history is not None, "a call went on without the token history"
+            assert addon._engine_model == "policy-x"
+            assert tokenizer.eos_token == "<|im_end|>"
+            await running
+            await addon.done()
+
+    asyncio.run(main())
