@@ -1,6 +1,6 @@
 """Profile the sidecar under the proxy-overhead workload: where its time and memory go.
 
-Starts the test engine and the sidecar (its own mitmdump command line plus
+Starts the test engine and the sidecar (as ``openforge sidecar`` runs it, plus
 ``bench/profile_addon.py``), sends the workload one call at a time and then
 from 50 concurrent clients, stops the sidecar so the addon writes its
 results, and prints the top functions by own time and by cumulative time
@@ -52,10 +52,10 @@ def main(argv: list[str]) -> int:
     with tempfile.TemporaryDirectory(prefix="openforge-profile-") as tmp:
         work = Path(tmp)
         out = work / ("tracemalloc.txt" if args.memory else "sidecar.pstats")
-        option = "bench_tracemalloc_out" if args.memory else "bench_profile_out"
+        flag = "--tracemalloc-out" if args.memory else "--profile-out"
         with servers.Servers(work) as procs:
             engine = procs.engine(token_delay_ms=0)
-            sidecar = procs.profiled_sidecar(engine, {option: str(out)})
+            sidecar = procs.profiled_sidecar(engine, [flag, str(out)])
             asyncio.run(load(sidecar.url, args.calls, 50))
             sidecar.stop(timeout=60)
         if not out.exists():

@@ -17,8 +17,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 
-from openforge_sidecar import cli
-
 BENCH = Path(__file__).resolve().parent
 TEE_ADDON = BENCH / "tee_addon.py"
 PROFILE_ADDON = BENCH / "profile_addon.py"
@@ -141,8 +139,8 @@ class Servers:
         ]
         return self.start("sidecar", argv, port)
 
-    def profiled_sidecar(self, engine: Server, options: dict[str, str]) -> Server:
-        """The sidecar's own mitmdump command line, plus ``profile_addon.py`` set with ``options``."""
+    def profiled_sidecar(self, engine: Server, profile_flags: list[str]) -> Server:
+        """The sidecar as ``openforge sidecar`` runs it, plus ``profile_addon.py`` given ``profile_flags``."""
         port = free_port()
         flags = [
             "--listen",
@@ -152,13 +150,8 @@ class Servers:
             "--spool",
             str(self.workdir / "spool"),
         ]
-        args = cli.mitmdump_args(cli.build_parser().parse_args(flags))
-        extra = ["-s", str(PROFILE_ADDON)] + [
-            arg for key, value in options.items() for arg in ("--set", f"{key}={value}")
-        ]
-        return self.start(
-            "sidecar", [str(Path(sys.executable).with_name("mitmdump")), *args, *extra], port
-        )
+        argv = [sys.executable, str(PROFILE_ADDON), *profile_flags, "--", *flags]
+        return self.start("sidecar", argv, port)
 
     def mitmdump(self, engine: Server) -> Server:
         """Stock mitmdump in reverse mode with only the trivial tee addon, quiet like the sidecar."""

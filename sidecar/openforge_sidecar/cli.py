@@ -1,7 +1,8 @@
 """``openforge sidecar``: run mitmproxy with the capture addon.
 
-The sidecar is mitmproxy (``mitmdump``) with :mod:`openforge_sidecar.capture`
-loaded; this command only turns friendly flags into mitmproxy arguments.
+The sidecar is mitmproxy with :mod:`openforge_sidecar.capture` loaded, run
+with only the mitmproxy addons it uses (:mod:`openforge_sidecar.master`);
+this command turns friendly flags into mitmproxy options.
 Three network modes:
 
 * ``reverse`` (default): the harness's base URL points at the sidecar, which
@@ -18,9 +19,11 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
-from openforge_sidecar import addon, capture
+from openforge_sidecar import capture, master
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -49,8 +52,8 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def mitmdump_args(ns: argparse.Namespace) -> list[str]:
-    """The mitmdump command line for parsed ``openforge sidecar`` flags (pure)."""
+def settings(ns: argparse.Namespace) -> list[str]:
+    """The mitmproxy options, as ``name=value``, for parsed ``openforge sidecar`` flags (pure)."""
     host, _, port = ns.listen.rpartition(":")
     if not host or not port.isdigit():
         raise SystemExit(f"openforge sidecar: --listen must be host:port, not {ns.listen!r}")
@@ -63,47 +66,53 @@ def mitmdump_args(ns: argparse.Namespace) -> list[str]:
         mode = f"reverse:{upstream}"
     else:
         mode = ns.mode
-    args = [
-        "--mode", mode,
-        "--listen-host", host,
-        "--listen-port", port,
-        "-s", str(Path(addon.__file__)),
-        "--set", f"openforge_mode={ns.capture}",
-        "--set", f"openforge_engine={ns.engine}",
-        "--set", f"openforge_engine_model={ns.engine_model}",
-        "--set", f"openforge_tokenizer={ns.tokenizer}",
-        "--set", f"openforge_max_model_len={ns.max_model_len}",
-        "--set", f"openforge_spool={ns.spool}",
-        "--set", f"openforge_collector={ns.collector}",
-        "--set", f"openforge_collector_token_file={ns.collector_token_file}",
-        "--set", f"openforge_flush_timeout={ns.flush_timeout}",
-        "--set", f"openforge_job={ns.job}",
-        "--set", f"openforge_rollout_id={ns.rollout_id}",
-        "--set", f"openforge_task_id={ns.task_id}",
-        "--set", f"openforge_sample_index={ns.sample_index}",
-        "--set", f"openforge_attempt={ns.attempt}",
-        "--set", f"openforge_harness={ns.harness}",
-        "--set", f"openforge_policy_version={ns.policy_version}",
+    out = [
+        f"mode={mode}",
+        f"listen_host={host}",
+        f"listen_port={port}",
+        f"openforge_mode={ns.capture}",
+        f"openforge_engine={ns.engine}",
+        f"openforge_engine_model={ns.engine_model}",
+        f"openforge_tokenizer={ns.tokenizer}",
+        f"openforge_max_model_len={ns.max_model_len}",
+        f"openforge_spool={ns.spool}",
+        f"openforge_collector={ns.collector}",
+        f"openforge_collector_token_file={ns.collector_token_file}",
+        f"openforge_flush_timeout={ns.flush_timeout}",
+        f"openforge_job={ns.job}",
+        f"openforge_rollout_id={ns.rollout_id}",
+        f"openforge_task_id={ns.task_id}",
+        f"openforge_sample_index={ns.sample_index}",
+        f"openforge_attempt={ns.attempt}",
+        f"openforge_harness={ns.harness}",
+        f"openforge_policy_version={ns.policy_version}",
+        # Connect upstream only when a request is forwarded. (Eager connects in
+        # reverse mode were tried for latency and reverted after a rare engine
+        # 404 in the end-to-end tests. That 404 was a call racing the tokenizer
+        # load at startup, since fixed in capture; eager connects were not retried.)
+        "connection_strategy=lazy",
     ]
-    # Connect upstream only when a request is forwarded. (Eager connects in
-    # reverse mode were tried for latency and reverted: a rare 404 from the
-    # engine appeared in the end-to-end tests that was not understood.)
-    args += ["--set", "connection_strategy=lazy"]
     if ns.confdir:
-        args += ["--set", f"confdir={ns.confdir}"]
+        out.append(f"confdir={ns.confdir}")
     if not ns.verbose:
-        args += ["--set", "flow_detail=0", "--set", "termlog_verbosity=warn"]
-    return args
+        out.append("termlog_verbosity=warn")
+    return out
 
 
 def main(argv: list[str]) -> int:
-    ns = build_parser().parse_args(argv)
+    return run(build_parser().parse_args(argv))
+
+
+def run(ns: argparse.Namespace, *, extra_addons: Sequence[Any] = ()) -> int:
+    """Run the sidecar for parsed flags; ``extra_addons`` go next to the capture addon."""
+    options = settings(ns)
     ns.spool.mkdir(parents=True, exist_ok=True)
     # The policy tokenizer encodes one text at a time: no thread pool for it.
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    from mitmproxy.tools.main import mitmdump
-
-    mitmdump(mitmdump_args(ns))
+    try:
+        master.run(options, verbose=ns.verbose, extra_addons=extra_addons)
+    except master.StartupError as exc:
+        raise SystemExit(f"openforge sidecar: {exc}") from exc
     return 0
 
 

@@ -1,25 +1,27 @@
-from pathlib import Path
-
 import pytest
-from openforge_sidecar import addon, cli
+from openforge_sidecar import cli
 
 
-def args(*argv: str) -> list[str]:
-    return cli.mitmdump_args(cli.build_parser().parse_args(["--spool", "/tmp/s", *argv]))
+def settings(*argv: str) -> list[str]:
+    return cli.settings(cli.build_parser().parse_args(["--spool", "/tmp/s", *argv]))
 
 
-def test_reverse_tokens_mode_targets_the_engine_and_loads_the_addon():
-    out = args("--engine", "http://127.0.0.1:8000", "--listen", "127.0.0.1:9000", "--job", "j1")
-    assert out[out.index("--mode") + 1] == "reverse:http://127.0.0.1:8000"
-    assert out[out.index("--listen-port") + 1] == "9000"
-    assert out[out.index("-s") + 1] == str(Path(addon.__file__))
+def test_reverse_tokens_mode_targets_the_engine():
+    out = settings("--engine", "http://127.0.0.1:8000", "--listen", "127.0.0.1:9000", "--job", "j1")
+    assert "mode=reverse:http://127.0.0.1:8000" in out
+    assert "listen_host=127.0.0.1" in out and "listen_port=9000" in out
     assert "openforge_job=j1" in out and "openforge_mode=tokens" in out
 
 
 def test_regular_proxy_mode_and_passthrough():
-    out = args("--mode", "regular", "--capture", "passthrough", "--confdir", "/tmp/ca")
-    assert out[out.index("--mode") + 1] == "regular"
+    out = settings("--mode", "regular", "--capture", "passthrough", "--confdir", "/tmp/ca")
+    assert "mode=regular" in out
     assert "confdir=/tmp/ca" in out and "openforge_mode=passthrough" in out
+
+
+def test_quiet_unless_verbose():
+    assert "termlog_verbosity=warn" in settings("--engine", "http://e")
+    assert not [s for s in settings("--engine", "http://e", "--verbose") if s.startswith("termlog")]
 
 
 @pytest.mark.parametrize(
@@ -32,9 +34,11 @@ def test_regular_proxy_mode_and_passthrough():
 )
 def test_bad_flags_fail_with_the_flag_named(argv, message):
     with pytest.raises(SystemExit, match=message):
-        args(*argv)
+        settings(*argv)
 
 
 def test_the_sidecar_connects_upstream_lazily_in_every_mode():
-    assert "connection_strategy=lazy" in args("--engine", "http://127.0.0.1:8000")
-    assert "connection_strategy=lazy" in args("--engine", "http://127.0.0.1:8000", "--mode", "regular")
+    assert "connection_strategy=lazy" in settings("--engine", "http://127.0.0.1:8000")
+    assert "connection_strategy=lazy" in settings(
+        "--engine", "http://127.0.0.1:8000", "--mode", "regular"
+    )

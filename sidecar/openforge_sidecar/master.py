@@ -1,0 +1,147 @@
+"""The mitmproxy that ``openforge sidecar`` runs: mitmdump's proxy, with only the addons it uses.
+
+``mitmdump`` starts 35 addons. Every flow event (four per model call, each
+followed by an ``update`` event) is offered to every one of them, and
+importing ``mitmproxy.addons`` imports all their modules, flask for the
+mitm.it onboarding app and ldap3 for proxy authentication among them. The
+sidecar needs few, so it builds its own master from mitmproxy's parts with
+these, in mitmdump's order (the capture addon where mitmdump runs scripts):
+
+=================  ==============================================================
+``core``           option checks, core commands
+``block``          refuses clients from public addresses (``block_global``)
+``disable_h2c``    strips h2c upgrade requests
+``proxyserver``    the listening servers and their connection handlers
+(capture addon)    :class:`openforge_sidecar.capture.Capture`, then any extras
+``next_layer``     which protocol layer each connection gets
+``tlsconfig``      certificates for intercepted TLS (the CA in ``confdir``)
+``update_alt_svc`` rewrites ``Alt-Svc`` headers in reverse mode
+``dumper``         prints each flow, with ``--verbose`` only
+``errorcheck``     exits with status 1 when an error was logged during startup
+=================  ==============================================================
+
+plus mitmproxy's terminal log. What is left out does nothing in the sidecar:
+features behind options it never sets (anticache, map and modify rules,
+replay, saving flows, sticky cookies, proxy and upstream authentication),
+the mitm.it onboarding app, commands for the interactive tools, reading
+flows from stdin, DNS mode. Options come from the command line only (no
+``config.yaml`` from the confdir). The capture addon itself stays an
+ordinary addon: ``mitmdump -s sidecar/openforge_sidecar/addon.py`` runs it
+with all of mitmdump's addons.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import importlib.util
+import logging
+import signal
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from openforge_sidecar import capture
+
+#: The modules of ``mitmproxy.addons`` that :func:`build` imports.
+ADDON_MODULES = (
+    "core",
+    "block",
+    "disable_h2c",
+    "proxyserver",
+    "next_layer",
+    "tlsconfig",
+    "update_alt_svc",
+    "dumper",
+    "errorcheck",
+)
+
+
+class StartupError(Exception):
+    """An option was refused; the message names it."""
+
+
+def run(settings: Sequence[str], *, verbose: bool, extra_addons: Sequence[Any] = ()) -> None:
+    """Serve until SIGTERM or SIGINT. ``settings`` are mitmproxy options as ``name=value``."""
+    asyncio.run(_serve(settings, verbose=verbose, extra_addons=extra_addons))
+
+
+async def _serve(settings: Sequence[str], *, verbose: bool, extra_addons: Sequence[Any]) -> None:
+    # As mitmproxy's own entry point does: its log handlers filter by level.
+    logging.getLogger().setLevel(logging.DEBUG)
+    for name in ("asyncio", "hpack", "quic"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+    master = build(settings, verbose=verbose, extra_addons=extra_addons)
+    loop = asyncio.get_running_loop()
+    loop.add_signal_handler(signal.SIGINT, master.shutdown)
+    loop.add_signal_handler(signal.SIGTERM, master.shutdown)
+    await master.run()
+
+
+def build(settings: Sequence[str], *, verbose: bool, extra_addons: Sequence[Any] = ()) -> Any:
+    """The master with the capture addon, configured with ``settings``.
+
+    Call it with the event loop running (mitmproxy's master needs one).
+    Raises :class:`StartupError` when an option is unknown or refused.
+    """
+    _addons_package_without_its_init()
+    from mitmproxy import exceptions, hooks, master, options
+
+    parts = {name: importlib.import_module(f"mitmproxy.addons.{name}") for name in ADDON_MODULES}
+    built = master.Master(options.Options(), with_termlog=True)
+    manager: Any = built.addons  # AddonManager's methods are untyped
+    ours = [capture.Capture(), *extra_addons]
+    try:
+        # An addon's options exist once it is added; until then they wait.
+        built.options.set(*settings, defer=True)
+        manager.add(
+            parts["core"].Core(),
+            parts["block"].Block(),
+            parts["disable_h2c"].DisableH2C(),
+            parts["proxyserver"].Proxyserver(),
+            *ours,
+            parts["next_layer"].NextLayer(),
+            parts["tlsconfig"].TlsConfig(),
+            parts["update_alt_svc"].UpdateAltSvc(),
+        )
+        if verbose:
+            manager.add(parts["dumper"].Dumper())
+        manager.add(parts["errorcheck"].ErrorCheck())
+        if built.options.deferred:
+            raise StartupError(
+                f"unknown mitmproxy options: {', '.join(sorted(built.options.deferred))}"
+            )
+        # What mitmdump does once its addons are in: every addon configured
+        # with the options given on the command line (this creates the CA in
+        # the confdir, checks the proxy modes and sets up transparent mode),
+        # then, as its script loader does, our addons with every option.
+        given = {setting.split("=", 1)[0] for setting in settings}
+        manager.trigger(hooks.ConfigureHook(given))
+        every: set[str] = set(built.options.keys())  # type: ignore[no-untyped-call]
+        for addon in ours:
+            manager.invoke_addon_sync(addon, hooks.ConfigureHook(every))
+    except exceptions.OptionsError as exc:
+        raise StartupError(str(exc)) from exc
+    return built
+
+
+def _addons_package_without_its_init() -> None:
+    """Make ``mitmproxy.addons`` a package whose ``__init__`` has not run.
+
+    That ``__init__`` imports every addon module to list mitmdump's default
+    addons: about 16 MB resident, a sixth of the sidecar, for modules it
+    never uses. A module made from the package's import spec, but not
+    executed, has the package's ``__path__``, so the submodules named in
+    :func:`build` import from it as usual and nothing else is loaded. When
+    the package was imported already (a test process), it is left alone.
+    """
+    if "mitmproxy.addons" in sys.modules:
+        return
+    import mitmproxy
+
+    spec = importlib.util.find_spec("mitmproxy.addons")
+    if spec is None or spec.submodule_search_locations is None:
+        raise ImportError("mitmproxy.addons is not a package in this mitmproxy")
+    package = importlib.util.module_from_spec(spec)
+    sys.modules["mitmproxy.addons"] = package
+    mitmproxy.addons = package  # as importing a submodule sets it on its parent

@@ -1,0 +1,137 @@
+"""The sidecar's own mitmproxy master: which addons it runs, what it imports, how it fails.
+
+Each check builds the master in a fresh interpreter, as ``openforge sidecar``
+does, since the point is what that process loads. The end-to-end tests
+(test_capture_e2e.py, test_capture_faults.py, ...) serve real calls through
+it; the last test here checks the capture addon still runs in stock mitmdump.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from openforge.run.processes import free_port
+from openforge_sidecar import addon
+
+PROBE = """
+import asyncio, json, sys
+from openforge_sidecar import master
+
+async def main():
+    try:
+        built = master.build(json.loads(sys.argv[1]), verbose=sys.argv[2] == "verbose")
+    except master.StartupError as exc:
+        print(json.dumps({"error": str(exc)}))
+        return
+    print(json.dumps({
+        "chain": [type(a).__name__ for a in built.addons.chain],
+        "modules": sorted(sys.modules),
+        "rollout_id": built.options.openforge_rollout_id,
+    }))
+
+asyncio.run(main())
+"""
+
+
+def probe(tmp_path: Path, *settings: str, verbose: bool = False) -> dict[str, object]:
+    chosen = {"openforge_engine": "http://127.0.0.1:9", "openforge_spool": str(tmp_path / "spool")}
+    chosen.update(s.split("=", 1) for s in settings)
+    argv = [json.dumps([f"{k}={v}" for k, v in chosen.items()]), "verbose" if verbose else "quiet"]
+    out = subprocess.run(
+        [sys.executable, "-c", PROBE, *argv],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=120,
+    )
+    return dict(json.loads(out.stdout.splitlines()[-1]))
+
+
+def test_only_the_addons_the_sidecar_uses_in_mitmdumps_order(tmp_path: Path) -> None:
+    found = probe(tmp_path, "mode=reverse:http://127.0.0.1:9")
+    assert found["chain"] == [
+        "TermLog",
+        "Core",
+        "Block",
+        "DisableH2C",
+        "Proxyserver",
+        "Capture",
+        "NextLayer",
+        "TlsConfig",
+        "UpdateAltSvc",
+        "ErrorCheck",
+    ]
+    assert found["rollout_id"]  # the capture addon was configured with every option
+    assert probe(tmp_path, verbose=True)["chain"][-2:] == ["Dumper", "ErrorCheck"]
+
+
+def test_the_addons_it_leaves_out_are_not_even_imported(tmp_path: Path) -> None:
+    modules = set(probe(tmp_path)["modules"])  # type: ignore[arg-type]
+    assert "mitmproxy.addons.proxyserver" in modules
+    for unused in ("mitmproxy.addons.onboarding", "mitmproxy.addons.proxyauth", "flask", "ldap3"):
+        assert unused not in modules, unused
+
+
+def test_the_options_given_reach_mitmproxys_addons_before_serving(tmp_path: Path) -> None:
+    """As in mitmdump: the CA is in the confdir before the proxy listens."""
+    probe(tmp_path, "mode=regular", f"confdir={tmp_path / 'ca'}")
+    assert (tmp_path / "ca" / "mitmproxy-ca-cert.pem").exists()
+
+
+@pytest.mark.parametrize(
+    ("settings", "message"),
+    [
+        (["openforge_mode=sideways"], "openforge_mode must be one of"),
+        (["openforge_spool="], "openforge_spool is required"),
+        (["no_such_option=1"], "unknown mitmproxy options: no_such_option"),
+        (["mode=sideways"], "Invalid proxy mode specification: sideways"),
+    ],
+)
+def test_a_bad_option_is_a_startup_error_naming_it(
+    tmp_path: Path, settings: list[str], message: str
+) -> None:
+    assert message in str(probe(tmp_path, *settings)["error"])
+
+
+def test_the_capture_addon_still_runs_in_stock_mitmdump(procs, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    engine = procs.engine()
+    port = free_port()
+    mitmdump = Path(sys.executable).with_name("mitmdump")
+    argv = [
+        str(mitmdump), "--mode", f"reverse:{engine.url}", "--listen-host", "127.0.0.1",
+        "--listen-port", str(port), "-s", addon.__file__,
+        "--set", f"openforge_engine={engine.url}", "--set", f"openforge_spool={tmp_path / 'spool'}",
+    ]  # fmt: skip
+    with (tmp_path / "mitmdump.log").open("wb") as log:
+        process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        _wait_listening(port, process)
+        body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+        url = f"http://127.0.0.1:{port}"
+        answer = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=60, trust_env=False)
+        assert answer.status_code == 200, answer.text
+        assert answer.json()["choices"][0]["message"]["role"] == "assistant"
+        stats = httpx.get(f"{url}/openforge/v1/stats", trust_env=False).json()
+        assert stats["counters"]["spooled_calls"] == 1
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+
+
+def _wait_listening(port: int, process: subprocess.Popen[bytes]) -> None:
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        assert process.poll() is None, f"mitmdump exited with {process.returncode}"
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+                return
+        except OSError:
+            time.sleep(0.05)
+    raise TimeoutError(f"mitmdump is not listening on {port}")
