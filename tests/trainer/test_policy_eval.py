@@ -81,3 +81,27 @@ def test_the_committed_warm_start_leaves_room_for_rl() -> None:
     greedy = policy_eval.summary(player.play(tasks, samples=1, sampling=policy_eval.Sampling(temperature=0.0)))
     assert greedy["lookup_rate"] == 0.0
     assert greedy["pass_rate"] == sum(t["answer"] == warmstart.TaskSpec.load().colors[0] for t in tasks) / len(tasks)
+
+
+def test_codex_exec_of_a_task_file_is_played_in_codex_framing() -> None:
+    task = policy_eval.load_tasks(split="eval")[0]
+    result, faithful = policy_eval.run_tool(task, "exec_command", '{"cmd": "cat colors.json"}')
+    assert faithful and result.startswith("Chunk ID: ")
+    assert result.endswith("Output:\n" + task["files"]["colors.json"])
+    assert policy_eval.run_tool(task, "exec_command", '{"cmd": "cat ./colors.json"}')[0] == policy_eval.run_tool(task, "exec_command", '{"cmd": "cat ./colors.json"}')[0]
+    for command in ('{"cmd": "ls"}', '{"cmd": "cat other.json"}', '{"command": "cat colors.json"}'):
+        assert policy_eval.run_tool(task, "exec_command", command)[1] is False, command
+
+
+def test_a_codex_player_renders_codex_requests_and_counts_its_lookup(random_player: policy_eval.Player) -> None:
+    codex = warmstart.HarnessSpec.load(warmstart.examples_dir() / "harnesses" / "codex" / "harness.json")
+    player = policy_eval.Player(random_player.model, random_player.tokenizer, codex)
+    task = policy_eval.load_tasks(split="eval")[0]
+    messages, prompt = player.first_prompt(task)
+    assert messages[1]["content"] == task["prompt"] + "\nThe lookup tool here is your shell: the database is colors.json in the working directory."
+    assert 1500 < len(prompt) < 1600  # Codex's four tool schemas are most of it
+    episode = policy_eval.Episode(task["id"], task["answer"], messages=messages)
+    call = '<tool_call>\n{"name": "exec_command", "arguments": {"cmd": "cat colors.json"}}\n</tool_call><|im_end|>'
+    following = player.advance(episode, task, prompt, player.encode(call), last=False)
+    assert episode.called_lookup and not episode.divergent
+    assert "Process exited with code 0" in player.tokenizer.decode(following[len(prompt) :], skip_special_tokens=False)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import random
+import re
 from pathlib import Path
 
 import pytest
@@ -142,3 +144,61 @@ def test_specs_fail_clearly(tmp_path: Path) -> None:
     (tmp_path / "spec.json").write_text('{"prompt": "x", "colors": ["red"]}')
     with pytest.raises(ValueError, match="field 'items' is missing"):
         warmstart.TaskSpec.load(tmp_path / "spec.json")
+
+
+# --- another harness's format: Codex CLI (examples/harnesses/codex/harness.json) ----------
+
+CODEX = warmstart.HarnessSpec.load(warmstart.examples_dir() / "harnesses" / "codex" / "harness.json")
+# A real exec_command result, as Codex CLI 0.171 sent it through the sidecar for `cat colors.json`.
+RECORDED_CODEX_OUTPUT = (
+    "Chunk ID: 11a9a7\nWall time: 0.0000 seconds\nProcess exited with code 0\nOriginal token count: 10\n"
+    'Output:\n{\n  "items": {\n    "thoo": "blue"\n  }\n}\n'
+)
+
+
+def test_codex_exec_output_is_codex_framing() -> None:
+    database = '{\n  "items": {\n    "thoo": "blue"\n  }\n}\n'
+    assert warmstart.codex_exec_output(database, chunk_id="11a9a7", wall_seconds=0.0) == RECORDED_CODEX_OUTPUT
+
+
+def test_codex_demos_look_the_color_up_with_codex_shell_tool() -> None:
+    assert CODEX.lookup == warmstart.Lookup("exec_command", '{"cmd": "cat colors.json"}', "codex-exec")
+    assert [t["function"]["name"] for t in CODEX.tools] == ["exec_command", "write_stdin", "request_user_input", "view_image"]
+    tool = warmstart.make_demo(random.Random(0), CODEX, TASK, kind="tool")
+    item = tool.messages[1]["content"].split('"')[1]
+    assert tool.messages[1]["content"] == TASK.question(item) + CODEX.user_suffix
+    color = tool.messages[4]["content"]
+    answer = tool.messages[3]["content"]
+    assert answer.startswith("Chunk ID: ") and answer.endswith(f'Output:\n{{\n  "items": {{\n    "{item}": "{color}"\n  }}\n}}\n')
+    assert [text for text, assistant in warmstart.segments(tool.messages, CODEX.tools) if assistant] == [
+        '<tool_call>\n{"name": "exec_command", "arguments": {"cmd": "cat colors.json"}}\n</tool_call>' + EOT,
+        color + EOT,
+    ]
+    short = warmstart.make_demo(random.Random(0), CODEX.without_system_turn(), TASK, kind="tool")
+    assert short.messages[1:] == tool.messages[1:] and short.messages[0]["content"] == ""
+
+
+def test_codex_tool_answers_vary_like_codex(tokenizer: Tokenizer) -> None:
+    rng = random.Random(0)
+    answers = [warmstart.make_demo(rng, CODEX, TASK, kind="tool").messages[3]["content"] for _ in range(50)]
+    assert len({a.split("\n")[0] for a in answers}) == 50  # a fresh chunk id each time
+    walls = [a.split("\n")[1] for a in answers]
+    assert "Wall time: 0.0000 seconds" in walls and len(set(walls)) > 10
+    encoded = warmstart.encode(tokenizer, warmstart.make_demo(rng, CODEX, TASK, kind="drill"), CODEX.tools)
+    assert tokenizer.id_to_token(encoded.ids[encoded.mask.index(1) - 1]) == "<tool_call>"  # decision untrained
+
+
+@pytest.mark.parametrize(
+    ("lookup", "message"),
+    [
+        ({"tool": "shell", "result": "html"}, "'lookup.result' must be one of color, codex-exec, got 'html'"),
+        ({"tool": "nope"}, "'lookup.tool' 'nope' is not one of the tools"),
+        ({"tool": "shell", "arguments": []}, "'lookup.arguments' must be an object"),
+        ({"result": "color"}, "'lookup.tool' must be a string"),
+    ],
+)
+def test_lookup_errors_name_the_field(tmp_path: Path, lookup: dict[str, object], message: str) -> None:
+    spec = {"system_prompt": "s", "tools": [{"type": "function", "function": {"name": "shell"}}], "lookup": lookup}
+    (tmp_path / "harness.json").write_text(json.dumps(spec))
+    with pytest.raises(ValueError, match=re.escape(message)):
+        warmstart.HarnessSpec.load(tmp_path / "harness.json")

@@ -11,12 +11,16 @@ database, and extends the prompt the way the sidecar's token history does:
 the earlier prompt and completion token ids, exactly, then the tokens of the
 new turns only. The final answer is graded like ``grade.py``.
 
-Only ``lookup_color`` and ``read_file`` of the task's own files are played;
-any other tool answers with an error here (the episode is marked divergent).
+Only ``lookup_color``, ``read_file`` of the task's own files and Codex CLI's
+``exec_command`` running ``cat`` on one of them (answered in Codex's framing,
+for a :class:`warmstart.HarnessSpec` loaded from
+``examples/harnesses/codex/harness.json``) are played; any other tool
+answers with an error here (the episode is marked divergent).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import string
@@ -122,7 +126,19 @@ def run_tool(task: dict[str, Any], name: str, arguments_json: str) -> tuple[str,
         return (str(color) if color is not None else f"error: no item named {item!r}"), True
     if name == "read_file" and isinstance(arguments, dict) and arguments.get("path") in files:
         return files[arguments["path"]], True
+    if name == "exec_command" and isinstance(arguments, dict):
+        return _codex_exec(task["id"], files, arguments.get("cmd"))
     return f"error: {name} is not played by this evaluator", False
+
+
+def _codex_exec(task_id: str, files: dict[str, str], command: Any) -> tuple[str, bool]:
+    """Codex CLI's ``exec_command`` when it runs ``cat FILE`` on one of the task's files."""
+    words = command.split() if isinstance(command, str) else []
+    path = words[1].removeprefix("./") if len(words) == 2 and words[0] == "cat" else None
+    if path not in files:
+        return f"error: exec_command {command!r} is not played by this evaluator", False
+    chunk = hashlib.sha256(f"{task_id}:{command}".encode()).hexdigest()[:6]
+    return warmstart.codex_exec_output(files[path], chunk_id=chunk, wall_seconds=0.0), True
 
 
 # --- sampling -------------------------------------------------------------------------
@@ -273,7 +289,7 @@ class Player:
         results = []
         for name, arguments in calls:
             result, faithful = run_tool(task, name, arguments)
-            episode.called_lookup |= name == "lookup_color"
+            episode.called_lookup |= name == self.harness.lookup.tool
             episode.divergent |= not faithful
             results.append({"role": "tool", "content": result})
         before = tokenizer_build.render_chat([*episode.messages, reply], self.tools)

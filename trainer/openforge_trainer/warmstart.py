@@ -10,6 +10,13 @@ a tool call ``<tool_call>\\n{"name": "lookup_color", "arguments": {"item":
 The loss covers the assistant tokens only (each turn's text and its
 ``<|im_end|>``).
 
+Another harness's requests are described the same way, in a JSON file of the
+same shape (``--harness``): ``examples/harnesses/codex/harness.json`` holds
+what Codex CLI sends for these tasks (its instructions, its four tools, the
+line run.py appends to the task) and a ``lookup`` entry saying how the
+demonstrations look the color up there: Codex's ``exec_command`` running
+``cat colors.json``, answered in Codex's own output framing (:class:`Lookup`).
+
 The warm-start must leave something for RL to fix. In ``direct_fraction`` of
 the demonstrations the first turn answers at once with a guessed color, so
 the policy learns to call the tool only sometimes (its first token is
@@ -32,7 +39,7 @@ import random
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -59,11 +66,72 @@ DEFAULT_TASK_SPEC = examples_dir() / "tasks" / "toy-tools" / "spec.json"
 
 
 @dataclass(frozen=True, slots=True)
+class Lookup:
+    """How a demonstration looks the color up in a harness: the call and its answer.
+
+    ``result`` is the shape of the tool's answer: ``color``, the color alone
+    (the ReAct harness's ``lookup_color``), or ``codex-exec``, Codex CLI's
+    framing of a finished ``exec_command`` around the database file's text
+    (:func:`codex_exec_output`).
+    """
+
+    tool: str = LOOKUP_TOOL
+    arguments_json: str = "{}"
+    result: str = "color"
+
+    @classmethod
+    def parse(cls, value: Any, path: Path) -> Lookup:
+        if not isinstance(value, dict) or not isinstance(value.get("tool"), str):
+            raise ValueError(f"{path}: 'lookup.tool' must be a string")
+        arguments = value.get("arguments", {})
+        if not isinstance(arguments, dict):
+            raise ValueError(f"{path}: 'lookup.arguments' must be an object")
+        result = value.get("result", "color")
+        if result not in LOOKUP_RESULTS:
+            raise ValueError(f"{path}: 'lookup.result' must be one of {', '.join(LOOKUP_RESULTS)}, got {result!r}")
+        return cls(value["tool"], json.dumps(arguments), result)
+
+    def call(self) -> dict[str, Any]:
+        arguments = json.loads(self.arguments_json)
+        return {"type": "function", "function": {"name": self.tool, "arguments": arguments}}
+
+    def answer(self, rng: random.Random, *, color: str, database: str) -> str:
+        """The tool's answer when the database file's text is ``database``."""
+        if self.result == "color":
+            return color
+        chunk = "".join(rng.choice("0123456789abcdef") for _ in range(6))
+        return codex_exec_output(database, chunk_id=chunk, wall_seconds=rng.choice((0.0, rng.random() / 100)))
+
+
+LOOKUP_RESULTS = ("color", "codex-exec")
+
+
+def codex_exec_output(output: str, *, chunk_id: str, wall_seconds: float, exit_code: int = 0) -> str:
+    """What Codex CLI (0.171) hands the model for a finished ``exec_command``.
+
+    Captured through the sidecar (``function_call_output.output``): a chunk
+    id of six hex digits, the wall time, the exit code, Codex's approximate
+    token count of the output (a quarter of its bytes, rounded up), then the
+    output itself.
+    """
+    tokens = -(-len(output.encode("utf-8")) // 4)
+    return (
+        f"Chunk ID: {chunk_id}\nWall time: {wall_seconds:.4f} seconds\n"
+        f"Process exited with code {exit_code}\nOriginal token count: {tokens}\nOutput:\n{output}"
+    )
+
+
+@dataclass(frozen=True, slots=True)
 class HarnessSpec:
-    """The system prompt and tool schemas the ReAct harness sends."""
+    """What a harness sends: system prompt, tool schemas, what it appends to the task.
+
+    ``lookup`` is how the demonstrations look the color up in this harness.
+    """
 
     system_prompt: str
     tools: tuple[dict[str, Any], ...]
+    user_suffix: str = ""
+    lookup: Lookup = Lookup()
 
     @classmethod
     def load(cls, path: Path = DEFAULT_HARNESS) -> HarnessSpec:
@@ -73,13 +141,24 @@ class HarnessSpec:
         tools = spec.get("tools")
         if not isinstance(tools, list) or not tools:
             raise ValueError(f"{path}: 'tools' must be a non-empty list")
-        return cls(spec["system_prompt"], tuple(_as_rendered(t, path, i) for i, t in enumerate(tools)))
+        suffix = spec.get("user_suffix", "")
+        if not isinstance(suffix, str):
+            raise ValueError(f"{path}: 'user_suffix' must be a string")
+        lookup = Lookup.parse(spec["lookup"], path) if "lookup" in spec else Lookup()
+        rendered = tuple(_as_rendered(t, path, i) for i, t in enumerate(tools))
+        if lookup.tool not in {t["function"]["name"] for t in rendered}:
+            raise ValueError(f"{path}: 'lookup.tool' {lookup.tool!r} is not one of the tools")
+        return cls(spec["system_prompt"], rendered, suffix, lookup)
 
     def messages(self, question: str) -> list[dict[str, Any]]:
         return [
             {"role": "system", "content": self.system_prompt},
-            {"role": "user", "content": question},
+            {"role": "user", "content": question + self.user_suffix},
         ]
+
+    def without_system_turn(self) -> HarnessSpec:
+        """The same requests with an empty system prompt and no tools (cheap early steps)."""
+        return replace(self, system_prompt="", tools=())
 
 
 def _as_rendered(tool: Any, path: Path, index: int) -> dict[str, Any]:
@@ -161,8 +240,9 @@ def make_demo(
         return Demo(messages, train_decision=True)
     if kind not in ("tool", "drill"):
         raise ValueError(f"kind: {kind!r} is not one of direct, tool, drill")
-    messages.append({"role": "assistant", "content": "", "tool_calls": [lookup_call()]})
-    messages.append({"role": "tool", "content": color})
+    messages.append({"role": "assistant", "content": "", "tool_calls": [harness.lookup.call()]})
+    database = json.dumps({"items": {item: color}}, indent=2) + "\n"  # as toytools writes colors.json
+    messages.append({"role": "tool", "content": harness.lookup.answer(rng, color=color, database=database)})
     messages.append({"role": "assistant", "content": color})
     return Demo(messages, train_decision=kind == "tool")
 
@@ -374,7 +454,7 @@ def train(
     use the harness's exact rendering.
     """
     rng = random.Random(config.seed)
-    short = HarnessSpec("", ())
+    short = harness.without_system_turn()
     torch.manual_seed(config.seed)
     pad_id = tokenizer.token_to_id(tokenizer_build.PAD_TOKEN)
     optimizer = torch.optim.AdamW(
