@@ -12,6 +12,8 @@ import logging
 import os
 import sys
 
+from openforge.trajectory import auth
+
 from openforge_operator import settings
 
 DEFAULTS = settings.Settings()
@@ -40,6 +42,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--resync-seconds", type=float, default=DEFAULTS.resync_seconds, help="reconcile each job at least this often (default %(default)s)")
     parser.add_argument("--create-concurrency", type=int, default=DEFAULTS.create_concurrency, help="pod creations in flight (default %(default)s)")
     parser.add_argument("--finish-wait-seconds", type=int, default=DEFAULTS.finish_wait_seconds, help="how long a pod waits for the collector's ack (default %(default)s)")
+    parser.add_argument(
+        "--collector-master-key-file", metavar="FILE",
+        help="issue each RolloutJob without spec.trainer.tokenSecretRef its own collector token"
+        " (Secret <job>-collector-token), derived from this master key (the collector's --master-key-file)",
+    )  # fmt: skip
     parser.add_argument("--dns-namespace", default=DEFAULTS.dns_namespace, help="namespace of the cluster DNS pods (default %(default)s)")
     parser.add_argument("--dns-label", action="append", metavar="KEY=VALUE", help="label of the cluster DNS pods (default k8s-app=kube-dns)")
     webhook = parser.add_argument_group("admission webhook (sidecar injection into pods labelled openforge.dev/capture=true)")
@@ -55,7 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def options(argv: list[str]) -> tuple[argparse.Namespace, settings.Settings]:
-    """Parsed flags and the settings they give (pure)."""
+    """Parsed flags and the settings they give (reads only the master key file)."""
     parser = build_parser()
     ns = parser.parse_args(argv)
     if ns.standalone and ns.peering:
@@ -70,6 +77,12 @@ def options(argv: list[str]) -> tuple[argparse.Namespace, settings.Settings]:
             if not sep or not key:
                 parser.error(f"--dns-label: {item!r} is not KEY=VALUE")
             labels[key] = value
+    master_key = None
+    if ns.collector_master_key_file:
+        try:
+            master_key = auth.read_master_key(ns.collector_master_key_file)
+        except ValueError as error:
+            parser.error(f"--collector-master-key-file: {error}")
     config = settings.Settings(
         sidecar_image=ns.sidecar_image,
         image_pull_policy=ns.image_pull_policy,
@@ -79,6 +92,7 @@ def options(argv: list[str]) -> tuple[argparse.Namespace, settings.Settings]:
         resync_seconds=ns.resync_seconds,
         create_concurrency=ns.create_concurrency,
         finish_wait_seconds=ns.finish_wait_seconds,
+        collector_master_key=master_key,
         dns_namespace=ns.dns_namespace,
         dns_pod_labels=labels,
     )

@@ -3,7 +3,8 @@
 Each rollout pod is ``<job>-<index>-<attempt>``, labelled with its job's name
 and uid, its rollout index and its attempt, and owned by the job through a
 controller ownerReference, so deleting the job garbage-collects its pods and
-the per-job objects (CA Secret, NetworkPolicy, task-file ConfigMap).
+the per-job objects (CA Secret, collector token Secret, NetworkPolicy, task-file
+ConfigMap).
 """
 
 from __future__ import annotations
@@ -50,6 +51,10 @@ def pod_name(job: str, index: int, attempt: int) -> str:
 
 def ca_secret_name(job: str) -> str:
     return f"{job}-ca"
+
+
+def collector_token_secret_name(job: str) -> str:
+    return f"{job}-collector-token"
 
 
 def task_files_name(job: str) -> str:

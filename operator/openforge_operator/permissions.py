@@ -16,9 +16,11 @@ What each rule is for:
   pods), delete (live pods of a job that failed or ran past its deadline).
 - ``configmaps``: get (``spec.tasks.configMapRef``), create (the per-job
   ConfigMap of rendered task files).
-- ``secrets``: create (the per-job CA of Proxy and Transparent modes). The
-  operator never reads a Secret: the collector token Secret a job names is
-  mounted by the kubelet, not read by the operator.
+- ``secrets``: create (the per-job CA of Proxy and Transparent modes, and
+  with ``--collector-master-key-file`` the per-job collector token). The
+  operator never reads a Secret: the token Secret a job names, like those it
+  made, is mounted by the kubelet, not read by the operator; its master key
+  comes from a file.
 - ``networkpolicies``: create + patch (the per-job egress policy, patched when
   the policy endpoint or the HarnessEnv's allowed hosts change).
 - ``events``: create (the operator's own Events; kopf's event posting is off).

@@ -142,10 +142,16 @@ def post_finish(listen: str, verdict: Verdict, *, wait_seconds: float, deadline:
 def termination_message(verdict: Verdict, result: dict[str, Any]) -> dict[str, Any]:
     """What the operator reads back from the harness container's termination message."""
     acknowledged = bool(result.get("acknowledged", False))
+    refused = int((result.get("exporter") or {}).get("refused", 0) or 0)
     status, reason, message = verdict.status, verdict.reason, verdict.message
     if not acknowledged:
         status, reason = "failed", "SidecarFailed"
         message = f"the collector did not acknowledge the rollout's records: {result.get('error', '')}"
+    elif refused:
+        # acknowledged, but not stored: e.g. a collector token of another job
+        acknowledged = False
+        status, reason = "failed", "SidecarFailed"
+        message = f"the collector refused {refused} of the rollout's records (the sidecar's log says why)"
     return {
         "exitCode": verdict.exit_code,
         "status": status,

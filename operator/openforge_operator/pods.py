@@ -13,7 +13,8 @@ Anatomy of ``<job>-<index>-<attempt>``:
 - ``volumes``: ``openforge-run`` (shared by harness and sidecar: the harness's
   exit code, the grader's output, the verdict), ``openforge-sidecar`` (the
   sidecar's spool and confdir), the job's CA (key for the sidecar, certificate
-  alone for the harness), the collector token (sidecar only), the task file.
+  alone for the harness), the collector token (sidecar only: the job's
+  ``tokenSecretRef``, else the token the operator issued it), the task file.
 - ``restartPolicy: Never``, ``activeDeadlineSeconds`` from the rollout timeout,
   no service-account token, non-root with every capability dropped.
 """
@@ -28,7 +29,7 @@ from typing import Any
 
 from openforge.api import rollouts, templates, v1alpha1
 
-from openforge_operator import entrypoint, objects, settings, tasks
+from openforge_operator import entrypoint, objects, settings, tasks, tokens
 
 SIDECAR = "openforge-sidecar"
 REDIRECT = "openforge-redirect"
@@ -133,7 +134,7 @@ def build_pod(
     init = [_hardened(c) for c in spec.get("initContainers", [])]
     sidecar = _sidecar(job, env, rollout, attempt, name, config)
     spec["initContainers"] = [*_redirect(job, env, config), sidecar, *init]
-    spec["volumes"] = [*spec.get("volumes", []), *_volumes(job, env)]
+    spec["volumes"] = [*spec.get("volumes", []), *_volumes(job, env, config)]
     if env.spec.task.file is not None:
         spec["volumes"].append(task_volume(job, rollout))
     spec["restartPolicy"] = "Never"
@@ -301,7 +302,7 @@ def _sidecar(
     trainer = job.spec.trainer
     if trainer is not None:
         sidecar += ["--collector", trainer.endpoint]
-        if trainer.token_secret_ref is not None:
+        if tokens.token_source(job, config) is not None:
             sidecar += ["--collector-token-file", posixpath.join(TOKEN_DIR, TOKEN_FILE)]
             mounts.append({"name": TOKEN_VOLUME, "mountPath": TOKEN_DIR, "readOnly": True})
     image = env.spec.capture.sidecar_image or config.sidecar_image
@@ -375,7 +376,7 @@ def _redirect(
     return [container]
 
 
-def _volumes(job: v1alpha1.RolloutJob, env: v1alpha1.HarnessEnv) -> list[dict[str, Any]]:
+def _volumes(job: v1alpha1.RolloutJob, env: v1alpha1.HarnessEnv, config: settings.Settings) -> list[dict[str, Any]]:
     name = objects.job_name(job)
     volumes: list[dict[str, Any]] = [
         {"name": RUN_VOLUME, "emptyDir": {}},
@@ -389,11 +390,11 @@ def _volumes(job: v1alpha1.RolloutJob, env: v1alpha1.HarnessEnv) -> list[dict[st
         volumes.append(
             {"name": CA_CERT_VOLUME, "secret": {"secretName": secret, "items": [{"key": CA_CERT, "path": CA_CERT}], "defaultMode": 0o444}}
         )
-    trainer = job.spec.trainer
-    if trainer is not None and trainer.token_secret_ref is not None:
-        ref = trainer.token_secret_ref
+    token = tokens.token_source(job, config)
+    if token is not None:
+        secret, key = token
         volumes.append(
-            {"name": TOKEN_VOLUME, "secret": {"secretName": ref.name, "items": [{"key": ref.key, "path": TOKEN_FILE}], "defaultMode": 0o440}}
+            {"name": TOKEN_VOLUME, "secret": {"secretName": secret, "items": [{"key": key, "path": TOKEN_FILE}], "defaultMode": 0o440}}
         )
     return volumes
 

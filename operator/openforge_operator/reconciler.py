@@ -3,9 +3,9 @@
 What it reads: the job (kopf's live body), its HarnessEnv (kopf's index), its
 task records (inline, or the ConfigMap it names, read once per job), and its
 pods' summaries (the pod watch's cache). What it does: create the per-job
-objects (CA Secret, task-file ConfigMap, NetworkPolicy) before the first pod,
-create and delete pods, write the status, record Events, delete the job when
-its TTL runs out.
+objects (CA Secret, collector token Secret, task-file ConfigMap, NetworkPolicy)
+before the first pod, create and delete pods, write the status, record Events,
+delete the job when its TTL runs out.
 
 State kept in memory is only an optimisation, never the truth: pods created
 but not yet seen by the watch ("expected", so a fast second reconcile does
@@ -42,6 +42,7 @@ from openforge_operator import (
     readiness,
     settings,
     tasks,
+    tokens,
 )
 
 log = logging.getLogger(__name__)
@@ -253,6 +254,10 @@ class Reconciler:
             secret = certs.build_ca_secret(job, key_pem=key_pem, cert_pem=cert_pem)
             await self._api.create(k8s.namespaced(namespace, "secrets"), secret)
             memory.made.add("ca")
+        master_key = self._config.collector_master_key
+        if master_key is not None and tokens.issues_token(job, self._config) and "token" not in memory.made:
+            await self._api.create(k8s.namespaced(namespace, "secrets"), tokens.build_secret(job, master_key))
+            memory.made.add("token")
         files = tasks.task_files(env, records)
         if files is not None and "taskfiles" not in memory.made:
             await self._api.create(k8s.namespaced(namespace, "configmaps"), objects.build_task_files(job, files))

@@ -40,6 +40,9 @@ class Settings:
     """After a wake-up, wait this long so a burst of pod events makes one reconcile."""
     create_concurrency: int = 64
     """Pod creations in flight at once, across all jobs."""
+    collector_master_key: bytes | None = dataclasses.field(default=None, repr=False)
+    """With it, each RolloutJob without ``spec.trainer.tokenSecretRef`` gets its own
+    collector token derived from this key (``tokens.py``); kept out of ``repr``."""
     dns_namespace: str = "kube-system"
     dns_pod_labels: dict[str, str] = dataclasses.field(
         default_factory=lambda: {"k8s-app": "kube-dns"}

@@ -14,6 +14,7 @@ is covered by ``tests/operator`` running those pieces as real processes.
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import signal
@@ -28,13 +29,15 @@ from typing import Any
 import kube_cluster
 import pytest
 import yaml
+from openforge.trajectory import auth
 from openforge_operator import permissions
 
 pytestmark = pytest.mark.cluster
 
 ROOT = Path(__file__).resolve().parents[2]
 CRDS = [ROOT / "crds" / "openforge.dev_harnessenvs.yaml", ROOT / "crds" / "openforge.dev_rolloutjobs.yaml"]
-NAMESPACES = ["modes", "retry", "gc", "restart", "suspend", "deadline", "ttl", "hook"]
+NAMESPACES = ["modes", "retry", "gc", "restart", "suspend", "deadline", "ttl", "hook", "tokens"]
+MASTER_KEY = b"e2e-master-key-" + b"k" * 32
 SIDECAR_IMAGE = os.environ.get("OPENFORGE_TEST_SIDECAR_IMAGE", "ghcr.io/openforge/sidecar:0.1.0")
 
 
@@ -49,11 +52,13 @@ class Operator:
         self.namespaces = namespaces
         self.log = log
         self.webhook_port = webhook_port
+        self.master_key = log.parent / "collector-master-key"
+        self.master_key.write_bytes(MASTER_KEY)
         self.process: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
         args = [sys.executable, "-m", "openforge.cli", "operator", "--standalone", "--kubeconfig", str(self.kubeconfig),
-                "--sidecar-image", SIDECAR_IMAGE, "--resync-seconds", "5",
+                "--sidecar-image", SIDECAR_IMAGE, "--resync-seconds", "5", "--collector-master-key-file", str(self.master_key),
                 "--webhook", "--webhook-addr", "127.0.0.1", "--webhook-host", "127.0.0.1", "--webhook-port", str(self.webhook_port),
                 "--webhook-configuration", f"openforge-capture-{self.namespaces['hook']}"]  # fmt: skip
         for namespace in self.namespaces.values():
@@ -358,6 +363,32 @@ def test_the_webhook_injects_the_sidecar_into_labelled_pods(kube: kube_cluster.K
     bad = {**pod, "metadata": {**pod["metadata"], "name": "bad", "annotations": {}}}
     refused = kube.kubectl("-n", namespace, "create", "-f", "-", stdin=json.dumps(bad), check=False)
     assert refused.returncode != 0 and "openforge.dev/policy-endpoint is required" in refused.stderr
+
+
+def test_a_job_without_a_token_secret_gets_its_own_collector_token_in_the_sidecar_only(kube: kube_cluster.Kube, operator: Operator) -> None:
+    namespace = operator.namespaces["tokens"]
+    job = rollout_job("job", "env", exits=[0], samples=2)
+    job["spec"]["trainer"].pop("tokenSecretRef")
+    apply(kube, namespace, harness_env("env"), job, rollout_job("own", "env", exits=[0], samples=1))
+    body = wait_finished(kube, operator, namespace, "job")
+    secret = kube.get_json("-n", namespace, "secret", "job-collector-token")
+    owner = secret["metadata"]["ownerReferences"][0]
+    assert (owner["kind"], owner["uid"], owner["controller"]) == ("RolloutJob", body["metadata"]["uid"], True)
+    assert secret["immutable"] is True
+    token = base64.b64decode(secret["data"]["token"]).decode()
+    assert auth.verify(MASTER_KEY, token) == auth.JobIdentity(namespace, "job", body["metadata"]["uid"])
+    for pod in pods_of(kube, namespace, "job"):
+        volume = next(v for v in pod["spec"]["volumes"] if v["name"] == "openforge-token")
+        assert volume["secret"]["secretName"] == "job-collector-token"
+        containers = [*pod["spec"]["initContainers"], *pod["spec"]["containers"]]
+        holders = [c["name"] for c in containers if any(m["name"] == "openforge-token" for m in c.get("volumeMounts", []))]
+        assert holders == ["openforge-sidecar"]
+    # a job naming its own token Secret (tokenSecretRef) keeps it: none is made for it
+    own = wait_finished(kube, operator, namespace, "own")
+    assert own["spec"]["trainer"]["tokenSecretRef"]["name"] == "collector-token"
+    assert kube.kubectl("-n", namespace, "get", "secret", "own-collector-token", check=False).returncode != 0
+    pod = pods_of(kube, namespace, "own")[0]
+    assert next(v for v in pod["spec"]["volumes"] if v["name"] == "openforge-token")["secret"]["secretName"] == "collector-token"
 
 
 def test_the_operators_service_account_has_no_more_than_its_rules(kube: kube_cluster.Kube, operator: Operator) -> None:

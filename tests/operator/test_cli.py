@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from openforge_operator import cli, settings
@@ -28,6 +29,18 @@ def test_every_setting_flag() -> None:
         resync_seconds=5, create_concurrency=8, finish_wait_seconds=9, dns_namespace="dns",
         dns_pod_labels={"app": "coredns", "tier": "x"},
     )  # fmt: skip
+
+
+def test_the_collector_master_key_is_read_from_its_file_and_kept_out_of_repr(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    key = tmp_path / "master-key"
+    key.write_text("k" * 40 + "\n")
+    _, config = cli.options(["-n", "rl", "--collector-master-key-file", str(key)])
+    assert config.collector_master_key == b"k" * 40
+    assert "kkkk" not in repr(config)
+    key.write_text("short")
+    with pytest.raises(SystemExit):
+        cli.options(["-n", "rl", "--collector-master-key-file", str(key)])
+    assert "--collector-master-key-file" in (err := capsys.readouterr().err) and "at least 32" in err
 
 
 @pytest.mark.parametrize(

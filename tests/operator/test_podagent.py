@@ -8,6 +8,7 @@ import json
 import os
 import signal
 import socket
+import sqlite3
 import subprocess
 import sys
 import time
@@ -15,6 +16,7 @@ from pathlib import Path
 
 import pytest
 from openforge.run.processes import free_port
+from openforge.trajectory import auth
 from openforge_operator import entrypoint, podagent
 
 FAILING = frozenset(range(1, 256))
@@ -81,6 +83,9 @@ def test_the_termination_message_turns_an_unacknowledged_rollout_into_a_sidecar_
     }  # fmt: skip
     lost = podagent.termination_message(verdict, {"acknowledged": False, "error": "connection refused"})
     assert (lost["status"], lost["reason"]) == ("failed", "SidecarFailed") and "connection refused" in lost["message"]
+    refused = podagent.termination_message(verdict, {"acknowledged": True, "exporter": {"acked": 3, "refused": 2}})
+    assert (refused["status"], refused["reason"], refused["acknowledged"]) == ("failed", "SidecarFailed", False)
+    assert "refused 2 of the rollout's records" in refused["message"]
     assert len(json.dumps(podagent.termination_message(podagent.Verdict(1, None, "", "failed", "GraderFailed", "x" * 9000), {}))) < 4096
 
 
@@ -90,7 +95,7 @@ def test_the_termination_message_turns_an_unacknowledged_rollout_into_a_sidecar_
 class Agent:
     """``python -m openforge_operator.podagent`` around a real passthrough ``openforge sidecar``."""
 
-    def __init__(self, tmp_path: Path, *extra: str, sidecar_command: str | None = None) -> None:
+    def __init__(self, tmp_path: Path, *extra: str, sidecar_command: str | None = None, sidecar_extra: tuple[str, ...] = ()) -> None:
         self.run_dir = tmp_path / "run"
         self.port = free_port()
         self.log = tmp_path / "agent.log"
@@ -100,7 +105,7 @@ class Agent:
         if sidecar_command:
             args += ["--sidecar-command", sidecar_command]
         args += ["--", "--listen", listen, "--capture", "passthrough", "--upstream", "http://127.0.0.1:9",
-                 "--spool", str(tmp_path / "spool"), "--confdir", str(tmp_path / "confdir"), "--job", "job", "--rollout-id", "job-0-0"]  # fmt: skip
+                 "--spool", str(tmp_path / "spool"), "--confdir", str(tmp_path / "confdir"), "--job", "job", "--rollout-id", "job-0-0", *sidecar_extra]  # fmt: skip
         self.process = subprocess.Popen(args, stdout=self.log.open("wb"), stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
 
     def stop(self) -> int:
@@ -124,6 +129,42 @@ def test_the_rollout_is_graded_reported_and_acknowledged(tmp_path: Path) -> None
     finally:
         assert agent.stop() == 0
     assert list((tmp_path / "spool").glob("segment-*.log")), "the sidecar spooled the finish record"
+
+
+@pytest.mark.parametrize("token_job", ["job", "other"])
+def test_a_rollout_is_acknowledged_only_when_the_collector_stored_it(tmp_path: Path, token_job: str) -> None:
+    """Sidecar -> collector with a per-job token, for real: the job's own token is stored
+    and acknowledged; another job's token is refused record by record, which fails the
+    rollout (SidecarFailed) instead of passing it as captured."""
+    key = tmp_path / "master-key"
+    key.write_text("k" * 64)
+    token = tmp_path / "token"
+    token.write_text(auth.issue(b"k" * 64, auth.JobIdentity("rl", token_job, "uid-1")))
+    port = free_port()
+    collector = subprocess.Popen(
+        [sys.executable, "-m", "openforge.cli", "collector", "--store", str(tmp_path / "store.db"),
+         "--listen", f"127.0.0.1:{port}", "--master-key-file", str(key)],
+        stdout=subprocess.DEVNULL,
+    )  # fmt: skip
+    agent = Agent(tmp_path, sidecar_extra=("--collector", f"127.0.0.1:{port}", "--collector-token-file", str(token)))
+    try:
+        wait_port(port, collector, timeout=60)
+        wait_port(agent.port, agent.process, timeout=60)
+        entrypoint_run(agent.run_dir, tmp_path / "term", ["true"], [sys.executable, "-c", "print('{\"reward\": 1}')"])
+        message = json.loads((tmp_path / "term").read_text())
+    finally:
+        agent.stop()
+        collector.send_signal(signal.SIGTERM)
+        collector.wait(timeout=30)
+    with sqlite3.connect(tmp_path / "store.db") as db:
+        stored = db.execute("SELECT COUNT(*) FROM records WHERE rollout_id = 'job-0-0'").fetchone()[0]
+    if token_job == "job":
+        assert (message["status"], message["acknowledged"]) == ("succeeded", True)
+        assert stored >= 2, "started and finished"
+    else:
+        assert (message["status"], message["reason"], message["acknowledged"]) == ("failed", "SidecarFailed", False)
+        assert "the collector refused" in message["message"]
+        assert stored == 0
 
 
 def test_a_pod_stopped_before_the_harness_finished_reports_the_rollout_failed(tmp_path: Path) -> None:

@@ -13,12 +13,12 @@ from operator_fixtures import UID, env, job
 CONFIG = settings.Settings()
 
 
-def build(*, env_spec: dict[str, Any] | None = None, job_spec: dict[str, Any] | None = None, index: int = 5, attempt: int = 1, name: str = "job") -> dict[str, Any]:
+def build(*, env_spec: dict[str, Any] | None = None, job_spec: dict[str, Any] | None = None, index: int = 5, attempt: int = 1, name: str = "job", config: settings.Settings = CONFIG) -> dict[str, Any]:
     the_job = job(spec=job_spec, name=name)
     records = tasks.inline(the_job)
     assert records is not None
     rollout = tasks.rollout(records, the_job.spec.samples_per_task, index)
-    return pods.build_pod(the_job, env(spec=env_spec), rollout, attempt, CONFIG)
+    return pods.build_pod(the_job, env(spec=env_spec), rollout, attempt, config)
 
 
 def container(pod: dict[str, Any], name: str) -> dict[str, Any]:
@@ -132,6 +132,24 @@ def test_the_collector_token_is_mounted_into_the_sidecar_only() -> None:
     }  # fmt: skip
     assert "openforge-token" in mounts(container(pod, "openforge-sidecar"))
     assert "openforge-token" not in mounts(container(pod, "harness"))
+
+
+def test_with_a_master_key_the_sidecar_mounts_the_token_the_operator_issued_the_job() -> None:
+    config = settings.Settings(collector_master_key=b"k" * 32)
+    for mode in ("BaseURL", "Proxy", "Transparent"):
+        pod = build(config=config, env_spec={"capture": {"mode": mode}})
+        _, flags = sidecar_args(pod)
+        assert flags["--collector-token-file"] == "/openforge/token/token"
+        assert volume(pod, "openforge-token")["secret"] == {
+            "secretName": "job-collector-token", "items": [{"key": "token", "path": "token"}], "defaultMode": 0o440,
+        }  # fmt: skip
+        holders = [c["name"] for c in [*pod["spec"]["initContainers"], *pod["spec"]["containers"]] if "openforge-token" in mounts(c)]
+        assert holders == ["openforge-sidecar"], mode
+    explicit = build(config=config, job_spec={"trainer": {"endpoint": "c:1", "tokenSecretRef": {"name": "mine", "key": "k"}}})
+    assert volume(explicit, "openforge-token")["secret"]["secretName"] == "mine", "an explicit tokenSecretRef wins"
+    without = build()
+    assert "--collector-token-file" not in sidecar_args(without)[1]
+    assert "openforge-token" not in {v["name"] for v in without["spec"]["volumes"]}
 
 
 # -- the harness ---------------------------------------------------------------------------

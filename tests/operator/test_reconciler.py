@@ -8,6 +8,7 @@ from collections.abc import Coroutine
 from typing import Any
 
 import pytest
+from openforge.trajectory import auth
 from openforge_operator import k8s, podwatch, reconciler, settings
 from operator_fixtures import UID, env_body, job_body, pod, terminated
 
@@ -60,10 +61,10 @@ def run(coroutine: Coroutine[Any, Any, Any]) -> Any:
 
 
 class Harness:
-    def __init__(self, **job_spec: Any) -> None:
+    def __init__(self, config: settings.Settings = CONFIG, **job_spec: Any) -> None:
         self.api = FakeApi()
         self.cache = podwatch.PodCache()
-        self.reconciler = reconciler.Reconciler(self.api, self.cache, CONFIG)  # type: ignore[arg-type]
+        self.reconciler = reconciler.Reconciler(self.api, self.cache, config)  # type: ignore[arg-type]
         self.body = job_body(spec=job_spec)
         self.env: dict[str, Any] | None = env_body()
 
@@ -157,6 +158,31 @@ def test_proxy_mode_makes_the_ca_secret_once() -> None:
     secrets = [k for k in h.api.created if "/secrets/" in k]
     assert secrets == ["/api/v1/namespaces/ns/secrets/job-ca"]
     assert "-----BEGIN CERTIFICATE-----" in h.api.objects[secrets[0]]["stringData"]["ca.crt"]
+
+
+def test_with_a_master_key_each_job_gets_its_collector_token_before_its_pods() -> None:
+    h = Harness(settings.Settings(collector_master_key=b"k" * 32))
+    h.reconcile()
+    path = "/api/v1/namespaces/ns/secrets/job-collector-token"
+    assert h.api.created.index(path) < h.api.created.index("/api/v1/namespaces/ns/pods/job-0-0")
+    secret = h.api.objects[path]
+    assert secret["immutable"] is True and secret["metadata"]["ownerReferences"][0]["uid"] == UID
+    assert auth.verify(b"k" * 32, secret["stringData"]["token"]) == auth.JobIdentity("ns", "job", UID)
+    for i in range(5):
+        h.see(i, 0, phase="Succeeded", status={"containerStatuses": [terminated(0)]})
+    h.reconcile()
+    assert [k for k in h.api.created if "/secrets/" in k] == [path], "made once"
+    assert h.api.gets == [], "never read back"
+
+
+def test_a_job_with_its_own_token_secret_gets_none_made() -> None:
+    trainer = {"endpoint": "c:1", "tokenSecretRef": {"name": "mine", "key": "token"}}
+    h = Harness(settings.Settings(collector_master_key=b"k" * 32), trainer=trainer)
+    h.reconcile()
+    assert h.api.pods() and not [k for k in h.api.created if "/secrets/" in k]
+    without_key = Harness()
+    without_key.reconcile()
+    assert without_key.api.pods() and not [k for k in without_key.api.created if "/secrets/" in k]
 
 
 def test_task_files_go_into_one_config_map() -> None:
