@@ -8,6 +8,7 @@ it) or all of them with ``--all-namespaces``, and runs until SIGTERM/SIGINT.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import os
 import sys
@@ -62,7 +63,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def options(argv: list[str]) -> tuple[argparse.Namespace, settings.Settings]:
-    """Parsed flags and the settings they give (reads only the master key file)."""
+    """Parsed flags and the settings they give (pure: the master key is read by ``with_master_key``)."""
     parser = build_parser()
     ns = parser.parse_args(argv)
     if ns.standalone and ns.peering:
@@ -77,12 +78,6 @@ def options(argv: list[str]) -> tuple[argparse.Namespace, settings.Settings]:
             if not sep or not key:
                 parser.error(f"--dns-label: {item!r} is not KEY=VALUE")
             labels[key] = value
-    master_key = None
-    if ns.collector_master_key_file:
-        try:
-            master_key = auth.read_master_key(ns.collector_master_key_file)
-        except ValueError as error:
-            parser.error(f"--collector-master-key-file: {error}")
     config = settings.Settings(
         sidecar_image=ns.sidecar_image,
         image_pull_policy=ns.image_pull_policy,
@@ -92,15 +87,27 @@ def options(argv: list[str]) -> tuple[argparse.Namespace, settings.Settings]:
         resync_seconds=ns.resync_seconds,
         create_concurrency=ns.create_concurrency,
         finish_wait_seconds=ns.finish_wait_seconds,
-        collector_master_key=master_key,
         dns_namespace=ns.dns_namespace,
         dns_pod_labels=labels,
     )
     return ns, config
 
 
+def with_master_key(ns: argparse.Namespace, config: settings.Settings) -> settings.Settings:
+    """The settings with the collector master key read from ``--collector-master-key-file``
+    (unchanged without it); exits with a usage error naming the flag when it cannot be used."""
+    if not ns.collector_master_key_file:
+        return config
+    try:
+        key = auth.read_master_key(ns.collector_master_key_file)
+    except ValueError as error:
+        build_parser().error(f"--collector-master-key-file: {error}")
+    return dataclasses.replace(config, collector_master_key=key)
+
+
 def main(argv: list[str] | None = None) -> int:
     ns, config = options(list(sys.argv[1:] if argv is None else argv))
+    config = with_master_key(ns, config)
     if ns.kubeconfig:
         # before kubernetes_asyncio is imported: it reads $KUBECONFIG once, at import,
         # and kopf's login goes through it

@@ -34,13 +34,17 @@ def test_every_setting_flag() -> None:
 def test_the_collector_master_key_is_read_from_its_file_and_kept_out_of_repr(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     key = tmp_path / "master-key"
     key.write_text("k" * 40 + "\n")
-    _, config = cli.options(["-n", "rl", "--collector-master-key-file", str(key)])
+    ns, config = cli.options(["-n", "rl", "--collector-master-key-file", str(key)])
+    assert config.collector_master_key is None, "options() reads no file"
+    config = cli.with_master_key(ns, config)
     assert config.collector_master_key == b"k" * 40
     assert "kkkk" not in repr(config)
     key.write_text("short")
     with pytest.raises(SystemExit):
-        cli.options(["-n", "rl", "--collector-master-key-file", str(key)])
+        cli.with_master_key(ns, config)
     assert "--collector-master-key-file" in (err := capsys.readouterr().err) and "at least 32" in err
+    ns, config = cli.options(["-n", "rl"])
+    assert cli.with_master_key(ns, config) == config
 
 
 @pytest.mark.parametrize(
