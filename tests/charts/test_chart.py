@@ -3,6 +3,7 @@ non-default values (objects, secure defaults, image pins, arguments, NOTES)."""
 
 from __future__ import annotations
 
+import base64
 from typing import Any
 
 import pytest
@@ -11,6 +12,7 @@ from helm_chart import CHART, Helm, find, one
 from openforge_operator import cli, settings, webhook
 
 APP_VERSION = yaml.safe_load((CHART / "Chart.yaml").read_text())["appVersion"]
+MASTER_KEY_FILE = "/var/run/openforge/collector-master-key/master-key"
 
 NON_DEFAULT: dict[str, Any] = {
     "fullnameOverride": "forge",
@@ -76,6 +78,7 @@ def test_default_render_makes_the_operator_the_collector_and_the_crds(helm: Helm
         ("PersistentVolumeClaim", "of-openforge-trainer-store"),
         ("Deployment", "of-openforge-trainer"),
         ("Service", "of-openforge-collector"),
+        ("Secret", "of-openforge-collector-master-key"),
     ])  # fmt: skip
     assert not find(objects, "MutatingWebhookConfiguration"), "the webhook is off by default"
     for obj in objects:
@@ -95,6 +98,7 @@ def test_operator_runs_once_recreated_standalone_on_every_namespace(helm: Helm) 
         "--all-namespaces",
         f"--sidecar-image=ghcr.io/openforge/sidecar:{APP_VERSION}",
         "--liveness=http://0.0.0.0:8080/healthz",
+        f"--collector-master-key-file={MASTER_KEY_FILE}",
     ]
     assert operator["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "healthz"}
     assert {"name": "healthz", "containerPort": 8080, "protocol": "TCP"} in operator["ports"]
@@ -138,7 +142,7 @@ def test_trainer_has_no_api_token_and_serves_grpc(helm: Helm) -> None:
     assert one(objects, "ServiceAccount", "of-openforge-trainer")["automountServiceAccountToken"] is False
     assert list(containers(deployment)) == ["collector"], "the trainer container is off by default"
     collector = containers(deployment)["collector"]
-    assert collector["args"] == ["--store=/data/store.db", "--listen=0.0.0.0:50051", "--grace=10"]
+    assert collector["args"] == ["--store=/data/store.db", "--listen=0.0.0.0:50051", "--grace=10", f"--master-key-file={MASTER_KEY_FILE}"]
     assert {"name": "data", "persistentVolumeClaim": {"claimName": "of-openforge-trainer-store"}} in pod["volumes"]
     service = one(objects, "Service", "of-openforge-collector")
     assert service["spec"]["ports"] == [{"name": "grpc", "port": 50051, "targetPort": "grpc", "protocol": "TCP", "appProtocol": "grpc"}]
@@ -187,6 +191,55 @@ def test_non_default_values_reach_the_objects(helm: Helm) -> None:
     assert pod["tolerations"] == NON_DEFAULT["trainer"]["tolerations"]
 
 
+def master_key_mounts(deployment: dict[str, Any], container: str) -> list[str]:
+    """The Secret and key each container's master-key file comes from (the volume behind its mount)."""
+    pod = deployment["spec"]["template"]["spec"]
+    mount = next((m for m in containers(deployment)[container].get("volumeMounts", []) if m["name"] == "collector-master-key"), None)
+    if mount is None:
+        return []
+    assert mount["readOnly"] is True and MASTER_KEY_FILE.startswith(mount["mountPath"] + "/")
+    volume = next(v for v in pod["volumes"] if v["name"] == "collector-master-key")["secret"]
+    assert volume["defaultMode"] == 0o440 and pod["securityContext"]["fsGroup"] == 65532
+    [item] = volume["items"]
+    assert item["path"] == MASTER_KEY_FILE.rsplit("/", 1)[1]
+    return [volume["secretName"], item["key"]]
+
+
+def test_the_operator_and_the_collector_share_a_generated_master_key(helm: Helm) -> None:
+    objects = helm.template()
+    secret = one(objects, "Secret", "of-openforge-collector-master-key")
+    key = base64.b64decode(secret["data"]["master-key"]).decode()
+    assert len(key) == 64 and key.isalnum()
+    assert secret["immutable"] is True, "a render that cannot read the key back must not replace it"
+    assert base64.b64decode(one(helm.template(), "Secret")["data"]["master-key"]).decode() != key, "random per install"
+    operator = one(objects, "Deployment", "of-openforge-operator")
+    trainer = one(objects, "Deployment", "of-openforge-trainer")
+    assert master_key_mounts(operator, "operator") == master_key_mounts(trainer, "collector") == ["of-openforge-collector-master-key", "master-key"]
+    parsed, _ = cli.options(containers(operator)["operator"]["args"])
+    assert parsed.collector_master_key_file == MASTER_KEY_FILE
+    assert f"--master-key-file={MASTER_KEY_FILE}" in containers(trainer)["collector"]["args"]
+    notes = helm.run("install", "of", str(CHART), "--namespace", "rl", "--dry-run=client").split("NOTES:", 1)[1]
+    assert "master key in Secret of-openforge-collector-master-key" in notes
+
+
+def test_an_existing_master_key_secret_is_mounted_and_none_is_made(helm: Helm) -> None:
+    objects = helm.template({"collectorTokens": {"existingSecret": "forge-key", "key": "k"}})
+    assert not find(objects, "Secret")
+    operator = one(objects, "Deployment", "of-openforge-operator")
+    trainer = one(objects, "Deployment", "of-openforge-trainer")
+    assert master_key_mounts(operator, "operator") == master_key_mounts(trainer, "collector") == ["forge-key", "k"]
+
+
+def test_collector_tokens_off_leave_no_key_anywhere(helm: Helm) -> None:
+    objects = helm.template({"collectorTokens": {"enabled": False}})
+    assert not find(objects, "Secret")
+    operator = one(objects, "Deployment", "of-openforge-operator")
+    trainer = one(objects, "Deployment", "of-openforge-trainer")
+    assert master_key_mounts(operator, "operator") == master_key_mounts(trainer, "collector") == []
+    assert not any("master-key" in arg for arg in containers(operator)["operator"]["args"] + containers(trainer)["collector"]["args"])
+    assert "collector-master-key" not in {v["name"] for d in (operator, trainer) for v in d["spec"]["template"]["spec"]["volumes"]}
+
+
 def test_persistence_off_uses_an_empty_dir(helm: Helm) -> None:
     objects = helm.template({"trainer": {"persistence": {"enabled": False}}})
     assert not find(objects, "PersistentVolumeClaim")
@@ -196,7 +249,8 @@ def test_persistence_off_uses_an_empty_dir(helm: Helm) -> None:
 
 def test_trainer_off_leaves_only_the_operator(helm: Helm) -> None:
     objects = helm.template({"trainer": {"enabled": False}})
-    assert {o["kind"] for o in objects} == {"CustomResourceDefinition", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Deployment"}
+    assert {o["kind"] for o in objects} == {"CustomResourceDefinition", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Deployment", "Secret"}
+    assert one(objects, "Secret")["metadata"]["name"] == "of-openforge-collector-master-key", "the operator still issues tokens"
     assert [d["metadata"]["name"] for d in find(objects, "Deployment")] == ["of-openforge-operator"]
 
 

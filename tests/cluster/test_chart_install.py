@@ -7,6 +7,7 @@ fakes); what is checked is what the API server admits and authorizes.
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import shutil
@@ -130,6 +131,22 @@ def test_namespaced_install_grants_only_the_watched_namespace(kube: kube_cluster
         assert all(allowed(kube, operator, granted(permissions.RULES), other_namespace).values())
         assert not any(allowed(kube, operator, granted(permissions.RULES), "default").values())
         assert not any(allowed(kube, operator, granted(permissions.WEBHOOK_RULES), "").values()), "no webhook, no webhook rights"
+    finally:
+        helm("uninstall", release, "--namespace", namespace)
+
+
+def test_upgrades_keep_the_generated_collector_master_key(kube: kube_cluster.Kube, helm: Helm, namespace: str) -> None:
+    """A new key would void the token of every running job: the chart reads it back."""
+    release = f"r{uuid.uuid4().hex[:6]}"
+    values = {"crds": {"install": False}, "operator": {"watchNamespaces": [namespace]}, "trainer": {"enabled": False}}
+    helm("install", release, str(CHART), "--namespace", namespace, values=values)
+    try:
+        secret = kube.get_json("-n", namespace, "secret", f"{release}-openforge-collector-master-key")
+        assert secret["immutable"] is True and len(base64.b64decode(secret["data"]["master-key"])) == 64
+        helm("upgrade", release, str(CHART), "--namespace", namespace, values={**values, "commonLabels": {"upgraded": "yes"}})
+        after = kube.get_json("-n", namespace, "secret", f"{release}-openforge-collector-master-key")
+        assert after["metadata"]["labels"]["upgraded"] == "yes", "the upgrade did reach the Secret"
+        assert after["data"] == secret["data"]
     finally:
         helm("uninstall", release, "--namespace", namespace)
 

@@ -120,3 +120,31 @@ mutating and a validating one of the same name); one per release.
 - --webhook-host={{ include "openforge.webhook.fullname" . }}.{{ .Release.Namespace }}.svc
 - --webhook-configuration={{ include "openforge.webhook.configuration" . }}
 {{- end }}
+
+{{/* The Secret holding the master key of per-job collector tokens. */}}
+{{- define "openforge.collectorTokens.secretName" -}}
+{{- default (printf "%s-collector-master-key" (include "openforge.fullname" .)) .Values.collectorTokens.existingSecret }}
+{{- end }}
+
+{{/* Where the operator and the collector read the master key. */}}
+{{- define "openforge.collectorTokens.file" -}}
+/var/run/openforge/collector-master-key/master-key
+{{- end }}
+
+{{/* The master key's volume mount (collectorTokens.enabled). */}}
+{{- define "openforge.collectorTokens.mount" -}}
+- name: collector-master-key
+  mountPath: /var/run/openforge/collector-master-key
+  readOnly: true
+{{- end }}
+
+{{/* The master key's volume: only its key, readable by the pod's group (fsGroup). */}}
+{{- define "openforge.collectorTokens.volume" -}}
+- name: collector-master-key
+  secret:
+    secretName: {{ include "openforge.collectorTokens.secretName" . }}
+    items:
+      - key: {{ .Values.collectorTokens.key }}
+        path: master-key
+    defaultMode: 0440
+{{- end }}
