@@ -632,7 +632,9 @@ class Trainer(Model):
         pattern=_HOST_PORT, description="Collector gRPC address, host:port."
     )
     token_secret_ref: KeySelector | None = pydantic.Field(
-        default=None, description="Secret key holding the collector's bearer token."
+        default=None,
+        description="Secret key holding the collector's bearer token; unset, an operator with a"
+        " collector master key issues the job its own (Secret <job>-collector-token).",
     )
 
 
