@@ -268,7 +268,7 @@ class Capture:
             codec=codec,
             request=request,
             request_json=body,
-            headers=redact.headers(flow.request.headers.items()),
+            headers=redact.header_fields(flow.request.headers.fields),
             received_ns=received_ns,
             started=started,
         )
@@ -353,12 +353,7 @@ class Capture:
         flow.request.port = target.port or (443 if flow.request.scheme == "https" else 80)
         flow.request.path = target.path.rstrip("/") + "/v1/completions"
         flow.request.method = "POST"
-        for name in list(flow.request.headers.keys()):
-            if name.lower() not in ("host", "user-agent"):
-                del flow.request.headers[name]
-        flow.request.headers["host"] = target.netloc
-        flow.request.headers["content-type"] = "application/json"
-        flow.request.headers["accept-encoding"] = "identity"
+        flow.request.headers.fields = engine.request_headers(flow.request.headers.fields, target.netloc)
         flow.request.content = fastjson.dumps_bytes(body)
 
     async def _count_tokens(self, flow: http.HTTPFlow, counter: codecs.TokenCounter) -> None:
@@ -405,7 +400,7 @@ class Capture:
             codec=codec,
             request=conversation.ChatRequest(api=codec.api, model="", messages=()),
             request_json=body,
-            headers=redact.headers(flow.request.headers.items()),
+            headers=redact.header_fields(flow.request.headers.fields),
             received_ns=time.time_ns(),
             started=time.monotonic(),
         )

@@ -9,6 +9,7 @@ token IDs, logprobs and a finish reason; it does no I/O.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -57,6 +58,32 @@ def completion_request(
     if sampling.stop:
         body["stop"] = list(sampling.stop)
     return body
+
+
+def request_headers(
+    fields: Iterable[tuple[bytes, bytes]], host: str
+) -> tuple[tuple[bytes, bytes], ...]:
+    """The header fields of the rewritten request, from the harness's.
+
+    Only the harness's ``User-Agent`` is kept, and its ``Host`` field (its
+    name's case and place) with the engine's address as value; then JSON
+    content, and no compression, since the relay reads the stream as it
+    comes. Built from the raw fields in one pass (deleting names one by one
+    through mitmproxy's headers costs ~0.2 ms for a typical SDK's 17).
+    """
+    out: list[tuple[bytes, bytes]] = []
+    engine_host = host.encode("utf-8", "surrogateescape")
+    for name, value in fields:
+        lower = name.lower()
+        if lower == b"host":
+            if not any(kept.lower() == b"host" for kept, _ in out):
+                out.append((name, engine_host))
+        elif lower == b"user-agent":
+            out.append((name, value))
+    if not any(kept.lower() == b"host" for kept, _ in out):
+        out.append((b"host", engine_host))
+    out += [(b"content-type", b"application/json"), (b"accept-encoding", b"identity")]
+    return tuple(out)
 
 
 @dataclass(slots=True)

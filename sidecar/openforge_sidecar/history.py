@@ -81,6 +81,22 @@ def _norm_message(message: conversation.Message) -> tuple[object, ...]:
     return (message.role, message.text.strip(), calls, results, images)
 
 
+def _same(a: conversation.Message, b: conversation.Message) -> bool:
+    """Whether ``a`` counts as ``b`` unchanged (:func:`_norm_message`).
+
+    Equal messages normalize alike, so only unequal ones are normalized: a
+    harness resends most of its history as is, and normalizing parses and
+    re-serializes every tool call's arguments.
+    """
+    return a == b or _norm_message(a) == _norm_message(b)
+
+
+def _all_same(
+    messages: Sequence[conversation.Message], known: Sequence[conversation.Message]
+) -> bool:
+    return len(messages) == len(known) and all(map(_same, messages, known))
+
+
 class TokenHistory:
     """Plans each call's prompt tokens and remembers what was generated."""
 
@@ -140,15 +156,14 @@ class TokenHistory:
         if not self._heads:
             return None, self._first_reason
         reason = "history_rewritten"
-        normalized = [_norm_message(m) for m in messages]
         for head in reversed(self._heads):
             known = len(head.messages)
             if len(messages) <= known:
-                if len(messages) == known - 1 and normalized == [_norm_message(m) for m in head.messages[:-1]]:
+                if len(messages) == known - 1 and _all_same(messages, head.messages[:-1]):
                     reason = "retry"
                 continue
-            if normalized[:known] != [_norm_message(m) for m in head.messages]:
-                if messages and head.messages and normalized[0] != _norm_message(head.messages[0]):
+            if not _all_same(messages[:known], head.messages):
+                if messages and head.messages and not _same(messages[0], head.messages[0]):
                     reason = "system_changed" if reason == "history_rewritten" else reason
                 continue
             if head.tools != tools:

@@ -1,6 +1,9 @@
 import json
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from mitmproxy import http
 from openforge_sidecar import conversation, engine
 
 
@@ -60,3 +63,33 @@ def test_parse_chunk_reads_usage_chunk():
 def test_parse_chunk_rejects_what_vllm_never_sends(payload, message):
     with pytest.raises(engine.EngineError, match=message):
         engine.parse_chunk(payload)
+
+
+def _rewritten_by_mitmproxy(
+    fields: list[tuple[bytes, bytes]], host: str
+) -> tuple[tuple[bytes, bytes], ...]:
+    """The rewrite as mitmproxy's own header operations do it (what the capture addon did)."""
+    headers = http.Headers(fields)
+    for name in list(headers.keys()):
+        if name.lower() not in ("host", "user-agent"):
+            del headers[name]
+    headers["host"] = host
+    headers["content-type"] = "application/json"
+    headers["accept-encoding"] = "identity"
+    return headers.fields
+
+
+_header_names = st.sampled_from(
+    [b"Host", b"host", b"User-Agent", b"user-agent", b"Authorization", b"Accept-Encoding"]
+)
+
+
+@settings(deadline=None)
+@given(
+    st.lists(st.tuples(_header_names, st.binary(max_size=8)), max_size=10),
+    st.sampled_from(["127.0.0.1:8000", "engine.rl.svc"]),
+)
+def test_request_headers_equal_mitmproxys_own_rewrite(
+    fields: list[tuple[bytes, bytes]], host: str
+) -> None:
+    assert engine.request_headers(fields, host) == _rewritten_by_mitmproxy(fields, host)

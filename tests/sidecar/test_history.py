@@ -1,0 +1,150 @@
+"""The token history: which calls merge into earlier ones, and why the others do not."""
+
+from __future__ import annotations
+
+import functools
+import json
+from pathlib import Path
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from openforge_sidecar import conversation as cv
+from openforge_sidecar import history, template
+
+TINY = Path(__file__).parents[2] / "trainer" / "openforge_trainer" / "assets" / "tiny-tokenizer"
+SHELL = cv.Tool(name="shell", parameters={"type": "object", "properties": {}})
+
+
+@functools.cache
+def tiny() -> template.PolicyTokenizer:
+    return template.PolicyTokenizer.load(str(TINY))
+
+
+def text(role: str, body: str) -> cv.Message:
+    return cv.Message(role, (cv.TextPart(body),))  # type: ignore[arg-type]
+
+
+def call(call_id: str, arguments: str) -> cv.Message:
+    return cv.Message("assistant", (cv.ToolCallPart(call_id, "shell", arguments),))
+
+
+def result(call_id: str, body: str) -> cv.Message:
+    return cv.Message("tool", (cv.ToolResultPart(call_id, (cv.TextPart(body),)),))
+
+
+def request(*messages: cv.Message, tools: tuple[cv.Tool, ...] = (SHELL,)) -> cv.ChatRequest:
+    return cv.ChatRequest(api=cv.WireApi.OPENAI_CHAT, model="m", messages=messages, tools=tools)
+
+
+BASE = (text("system", "You are terse."), text("user", "List the files."))
+REPLY = call("call_1", '{"command": "ls"}')
+
+
+def first_call() -> tuple[history.TokenHistory, history.Plan]:
+    tokens = history.TokenHistory(tiny())
+    plan = tokens.plan(request(*BASE))
+    tokens.record(request(*BASE), plan, REPLY, [5, 6, 7, *tiny().stop_token_ids])
+    return tokens, plan
+
+
+def test_a_continuation_extends_the_earlier_call_tokens_exactly() -> None:
+    tokens, first = first_call()
+    plan = tokens.plan(request(*BASE, REPLY, result("call_1", "a.txt")))
+    head = [*first.prompt_ids, 5, 6, 7, *tiny().stop_token_ids]
+    assert plan.segment_reason == "" and plan.segment_index == first.segment_index
+    assert plan.prompt_ids[: len(head)] == head and plan.prefix_token_count == len(head)
+    assert tokens.merge_rate == 1.0
+
+
+def test_rewritten_ids_and_reformatted_arguments_still_merge() -> None:
+    tokens, _ = first_call()
+    echo = call("toolu_other_id", '{ "command":  "ls" }')
+    assert tokens.plan(request(*BASE, echo, result("toolu_other_id", "a.txt"))).segment_reason == ""
+
+
+def test_what_does_not_continue_starts_a_segment_with_its_reason() -> None:
+    cases = {
+        "history_rewritten": request(BASE[0], text("user", "Other."), REPLY, result("c", "x")),
+        "system_changed": request(text("system", "Be verbose."), BASE[1], REPLY, result("c", "x")),
+        "retry": request(*BASE),
+        "tools_changed": request(*BASE, REPLY, result("c", "x"), tools=()),
+    }
+    for reason, asked in cases.items():
+        tokens, first = first_call()
+        plan = tokens.plan(asked)
+        assert (plan.segment_reason, plan.prefix_token_count) == (reason, 0), reason
+        assert plan.segment_index == first.segment_index + 1
+
+
+# --- the head search, against the list-of-normalized-messages form it had -----------
+
+
+def _reference_find_head(
+    heads: list[history._Head], messages: tuple[cv.Message, ...], tools: tuple[cv.Tool, ...]
+) -> tuple[history._Head | None, str]:
+    norm = history._norm_message
+    if not heads:
+        return None, "first"
+    reason = "history_rewritten"
+    normalized = [norm(m) for m in messages]
+    for head in reversed(heads):
+        known = len(head.messages)
+        if len(messages) <= known:
+            if len(messages) == known - 1 and normalized == [norm(m) for m in head.messages[:-1]]:
+                reason = "retry"
+            continue
+        if normalized[:known] != [norm(m) for m in head.messages]:
+            if messages and head.messages and normalized[0] != norm(head.messages[0]):
+                reason = "system_changed" if reason == "history_rewritten" else reason
+            continue
+        if head.tools != tools:
+            reason = "tools_changed"
+            continue
+        return head, ""
+    return None, reason
+
+
+_messages = st.sampled_from(
+    [
+        BASE[0],
+        text("system", "You are terse. "),  # the same once stripped
+        text("system", "Be verbose."),
+        BASE[1],
+        text("user", "List the files."),  # equal, another object
+        REPLY,
+        call("other_id", '{"command":"ls"}'),  # same call, other id and spacing
+        call("call_1", '{"command": "pwd"}'),
+        call("call_1", "not json"),
+        result("call_1", "a.txt"),
+        result("call_9", " a.txt\n"),
+    ]
+)
+_conversations = st.lists(_messages, min_size=1, max_size=5).map(tuple)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(st.tuples(_conversations, st.booleans()), max_size=4),
+    _conversations,
+    st.booleans(),
+)
+def test_the_head_search_decides_as_the_normalized_comparison_did(
+    heads: list[tuple[tuple[cv.Message, ...], bool]],
+    messages: tuple[cv.Message, ...],
+    with_tools: bool,
+) -> None:
+    tokens = history.TokenHistory(tiny())
+    tokens._heads = [
+        history._Head(conv, (SHELL,) if tooled else (), [], False, index)
+        for index, (conv, tooled) in enumerate(heads)
+    ]
+    tools = (SHELL,) if with_tools else ()
+    assert tokens._find_head(messages, tools) == _reference_find_head(
+        tokens._heads, messages, tools
+    )
+
+
+def test_normalizing_compares_arguments_as_json() -> None:
+    assert history._same(call("a", '{"x": 1, "y": 2}'), call("b", '{"y":2,"x":1}'))
+    assert not history._same(call("a", '{"x": 1}'), call("a", '{"x": 1.0}'))
+    assert json.loads('{"x": 1}') == json.loads('{"x": 1.0}')  # why not parsed equality
