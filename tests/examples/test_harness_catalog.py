@@ -31,7 +31,10 @@ from openforge_operator import pods, readiness, settings, tasks
 ROOT = Path(__file__).resolve().parents[2]
 CATALOG = ROOT / "examples" / "harnesses"
 TOY_TASKS = ROOT / "examples" / "tasks" / "toy-tools" / "tasks.jsonl"
-INSTALL = ROOT / "scripts" / "install_harnesses.sh"
+INSTALL_SCRIPTS = (
+    ROOT / "scripts" / "install_harnesses.sh",
+    ROOT / "scripts" / "install_zeroclaw.sh",
+)
 NAMES = sorted(p.parent.name for p in CATALOG.glob("*/harnessenv.yaml"))
 LAUNCHED = [n for n in NAMES if (CATALOG / n / "run.py").is_file() and n != "codex"]
 
@@ -156,7 +159,12 @@ def test_the_grader_finds_the_tasks_locally_and_in_the_image(name: str, tmp_path
 
 
 def install_pins() -> dict[str, str]:
-    return dict(re.findall(r'^([A-Z0-9_]+_VERSION)="([^"]+)"$', INSTALL.read_text(), re.MULTILINE))
+    pins: dict[str, str] = {}
+    for script in INSTALL_SCRIPTS:
+        pins.update(
+            re.findall(r'^([A-Z0-9_]+_VERSION)="([^"]+)"$', script.read_text(), re.MULTILINE)
+        )
+    return pins
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -164,13 +172,14 @@ def test_the_dockerfile_pins_runs_non_root_and_copies_what_the_manifest_runs(nam
     text = (CATALOG / name / "Dockerfile").read_text()
     assert f"-t ghcr.io/openforge/{name}-harness:0.1.0 ." in text
     for image in re.findall(r"^ARG [A-Z_]+_IMAGE=(\S+)$", text, re.MULTILINE):
-        assert re.search(r":\d+\.\d+\.\d+-", image), f"unpinned base image {image}"
+        assert re.search(r":\d+(\.\d+)+-", image), f"unpinned base image {image}"
     pins = install_pins()
-    for variable, version in re.findall(r"^ARG ([A-Z0-9_]+_VERSION)=(\S+)$", text, re.MULTILINE):
-        if variable in pins:
-            assert version == pins[variable], (
-                f"{variable}: {version} here, {pins[variable]} in {INSTALL.name}"
-            )
+    versions = dict(re.findall(r"^ARG ([A-Z0-9_]+_VERSION)=(\S+)$", text, re.MULTILINE))
+    pinned = {variable: pins[variable] for variable in versions if variable in pins}
+    assert {variable: versions[variable] for variable in pinned} == pinned, (
+        "as the install script pins"
+    )
+    assert pinned or name == "react", "the CLI's version is an ARG named as in its install script"
     assert re.findall(r"^USER (\S+)$", text, re.MULTILINE)[-1] == "1000:1000"
     copies = re.findall(r"^COPY (\S+) (\S+)$", text, re.MULTILINE)
     for source, _ in copies:
@@ -194,50 +203,55 @@ def test_the_dockerfile_pins_runs_non_root_and_copies_what_the_manifest_runs(nam
 
 STAND_IN = """\
 #!{python}
-import json, os, sys
+import json, os, sys, tomllib
 from pathlib import Path
 record = {{"argv": sys.argv[1:], "env": dict(os.environ), "cwd": os.getcwd()}}
 if "--config" in sys.argv:
     record["config"] = json.loads(Path(sys.argv[sys.argv.index("--config") + 1]).read_text())
+if "--config-dir" in sys.argv:
+    config_dir = Path(sys.argv[sys.argv.index("--config-dir") + 1])
+    record["toml"] = tomllib.loads((config_dir / "config.toml").read_text())
 settings = Path(os.environ["HOME"], ".gemini", "settings.json")
 if settings.exists():
     record["settings"] = json.loads(settings.read_text())
 Path({record!r}).write_text(json.dumps(record))
-print("some banner")
-print({output})
+sys.stdout.write({output!r})
 sys.exit({code})
 """
 
+
+def printed(body: dict[str, Any]) -> str:
+    """A JSON-printing CLI's stdout, after a line of noise."""
+    return "some banner\n" + json.dumps(body) + "\n"
+
+
+# Per launcher: the variable naming the CLI, its base-URL variable, what the CLI prints.
 OUTPUTS = {
     "claude-code": (
-        "CLAUDE_BIN",
-        "ANTHROPIC_BASE_URL",
-        {"type": "result", "is_error": False, "result": "Teal"},
+        "CLAUDE_BIN", "ANTHROPIC_BASE_URL", printed({"type": "result", "is_error": False, "result": "Teal"}),
     ),
-    "gemini-cli": ("GEMINI_BIN", "GOOGLE_GEMINI_BASE_URL", {"session_id": "s", "response": "Teal"}),
-    "openclaw": ("OPENCLAW_BIN", "OPENAI_BASE_URL", {"ok": True, "status": "ok", "final": "Teal"}),
-}
+    "gemini-cli": ("GEMINI_BIN", "GOOGLE_GEMINI_BASE_URL", printed({"session_id": "s", "response": "Teal"})),
+    "openclaw": ("OPENCLAW_BIN", "OPENAI_BASE_URL", printed({"ok": True, "status": "ok", "final": "Teal"})),
+    "zeroclaw": ("ZEROCLAW_BIN", "OPENAI_BASE_URL", "Teal\n"),  # the final message only
+}  # fmt: skip
 FAILED = {
-    "claude-code": {"type": "result", "is_error": True, "result": "API Error: 500"},
-    "gemini-cli": {"session_id": "s", "error": {"type": "x", "message": "m", "code": 1}},
-    "openclaw": {"ok": False, "status": "error", "final": ""},
+    "claude-code": printed({"type": "result", "is_error": True, "result": "API Error: 500"}),
+    "gemini-cli": printed({"session_id": "s", "error": {"type": "x", "message": "m", "code": 1}}),
+    "openclaw": printed({"ok": False, "status": "error", "final": ""}),
+    "zeroclaw": "",
 }
 
 
-def stand_in(tmp_path: Path, output: dict[str, Any], code: int = 0) -> Path:
+def stand_in(tmp_path: Path, output: str, code: int = 0) -> Path:
     path = tmp_path / "stand-in-cli"
     record = str(tmp_path / "record.json")
-    path.write_text(
-        STAND_IN.format(
-            python=sys.executable, record=record, output=repr(json.dumps(output)), code=code
-        )
-    )
+    path.write_text(STAND_IN.format(python=sys.executable, record=record, output=output, code=code))
     path.chmod(0o755)
     return path
 
 
 def launch(
-    name: str, tmp_path: Path, output: dict[str, Any], *, code: int = 0
+    name: str, tmp_path: Path, output: str, *, code: int = 0
 ) -> tuple[subprocess.CompletedProcess[str], dict[str, Any]]:
     variable, base_url, _ = OUTPUTS[name]
     work = tmp_path / "work"
@@ -247,6 +261,7 @@ def launch(
         base_url: "http://127.0.0.1:9/v1",
         "HTTPS_PROXY": "http://127.0.0.1:8", "SSL_CERT_FILE": "/ca.pem", "SECRET_TOKEN": "leak",
         "OPENFORGE_HARNESS_ROOT": str(tmp_path / "nothing-installed"),
+        "OPENFORGE_CARGO_ROOT": str(tmp_path / "nothing-installed"),
     }  # fmt: skip
     done = subprocess.run(
         [sys.executable, str(CATALOG / name / "run.py"), "--prompt", "What color?", "--workdir", str(work)],
@@ -285,6 +300,15 @@ def test_the_launcher_runs_the_cli_headless_in_a_clean_home_and_keeps_its_answer
         assert record["argv"][record["argv"].index("--model") + 1] == "policy"
         assert record["settings"]["privacy"]["usageStatisticsEnabled"] is False
         assert record["settings"]["security"]["auth"]["selectedType"] == "gemini-api-key"
+    if name == "zeroclaw":
+        assert record["argv"][-5:] == ["agent", "-a", "main", "-m", "What color?"]
+        config = record["toml"]
+        provider = config["providers"]["models"]["custom"]["openforge"]
+        assert provider["uri"] == "http://127.0.0.1:9/v1" and provider["native_tools"] is True
+        assert config["agents"]["main"]["model_provider"] == "custom.openforge"
+        assert config["agents"]["main"]["workspace"]["path"] == str(tmp_path / "work")
+        assert config["risk_profiles"][config["agents"]["main"]["risk_profile"]]["level"] == "full"
+        assert config["reliability"]["provider_retries"] == 0
     if name == "openclaw":
         provider = record["config"]["models"]["providers"]["openforge"]
         assert (
@@ -316,7 +340,11 @@ def test_the_launcher_needs_its_base_url_and_its_cli(name: str, tmp_path: Path) 
         "--workdir",
         str(tmp_path),
     ]
-    bare = {"PATH": "/usr/bin:/bin", "OPENFORGE_HARNESS_ROOT": str(tmp_path)}
+    bare = {
+        "PATH": "/usr/bin:/bin",
+        "OPENFORGE_HARNESS_ROOT": str(tmp_path),
+        "OPENFORGE_CARGO_ROOT": str(tmp_path),
+    }
     done = subprocess.run(script, env=bare, capture_output=True, text=True, timeout=30, check=False)
     assert done.returncode == 2 and f"{base_url} is not set" in done.stderr
     done = subprocess.run(

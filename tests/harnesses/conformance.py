@@ -116,6 +116,13 @@ CATALOG: dict[str, Harness] = {
             "`privacy.usageStatisticsEnabled: false` (2 CONNECT play.googleapis.com otherwise); "
             "telemetry and update checks off",
         ),
+        Harness(
+            "zeroclaw",
+            (("ZeroClaw", _bin("ZEROCLAW_BIN", CARGO / "bin/zeroclaw")),),
+            "scripts/install_zeroclaw.sh",
+            "none seen with its defaults (observability off); `gateway.check_updates = false` "
+            "and `reliability.provider_retries = 0` (a failed call is not silently repeated)",
+        ),
     )
 }
 
