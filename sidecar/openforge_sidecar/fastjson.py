@@ -24,10 +24,21 @@ def loads(data: bytes | str) -> Any:
 
 def dumps(value: Any) -> str:
     """Compact JSON text with non-ASCII kept as is (as on every wire API)."""
-    return dumps_bytes(value).decode()
+    return _dumps(value).decode()
 
 
 def dumps_bytes(value: Any) -> bytes:
+    """:func:`dumps` as bytes, in an object of their own size.
+
+    orjson returns its working buffer, which grows in large steps (a 3.5 KB
+    engine request sits in 130 KB, a 165 KB one in 8 MB) and lives as long
+    as the bytes do, here a whole call. Copying out costs well under a
+    microsecond per kilobyte.
+    """
+    return memoryview(_dumps(value)).tobytes()
+
+
+def _dumps(value: Any) -> bytes:
     try:
         return orjson.dumps(value)
     except TypeError:
