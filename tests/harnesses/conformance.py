@@ -44,6 +44,7 @@ CATALOG_DIR = ROOT / "examples" / "harnesses"
 TOY_TASKS = ROOT / "examples" / "tasks" / "toy-tools" / "tasks.jsonl"
 MATRIX_DOC = ROOT / "docs" / "harnesses.md"
 TASK_IDS = ("train-000", "train-001")
+PARALLELISM = 2
 ROLLOUT_TIMEOUT = 240  # seconds; `openforge run` itself gets RUN_TIMEOUT
 RUN_TIMEOUT = 420
 ENGINE_MODEL = "openforge-tiny"
@@ -58,12 +59,21 @@ CARGO = Path(
 
 @dataclass(frozen=True)
 class Harness:
-    """One catalog entry: what it needs installed, and what its settings keep away."""
+    """One catalog entry: what it needs installed, and what its settings keep away.
+
+    To join the suite, a harness puts a HarnessEnv (alone) in
+    ``examples/harnesses/<name>/harnessenv.yaml`` and an entry here; one
+    with tasks of its own (the GUI agent's web forms) names them in
+    ``tasks``/``task_ids``, and its grader must give a solved task 1.0.
+    Then ``--only <name> --write docs/harnesses.md`` adds its matrix row.
+    """
 
     name: str
     needs: tuple[tuple[str, Path], ...]  # (what, installed path or env override)
     install: str  # how to install what it needs
     filtered: str  # side calls its settings remove (docs/harness-notes.md)
+    tasks: Path = TOY_TASKS
+    task_ids: tuple[str, ...] = TASK_IDS
 
     @property
     def manifest(self) -> Path:
@@ -181,7 +191,7 @@ spec:
   harnessEnvRef: {{name: {harness}}}
   tasks: {{file: {json.dumps(str(tasks_file))}}}
   samplesPerTask: 1
-  parallelism: {len(TASK_IDS)}
+  parallelism: {PARALLELISM}
   maxAttemptsPerRollout: 1
   rolloutTimeoutSeconds: {ROLLOUT_TIMEOUT}
   policy:
@@ -221,11 +231,10 @@ class Run:
 
 
 def run(harness: Harness, *, engine_url: str, work: Path, timeout: float = RUN_TIMEOUT) -> Run:
-    """``openforge run`` the harness's catalog manifest on :data:`TASK_IDS`."""
+    """``openforge run`` the harness's catalog manifest on its tasks, one sample each."""
     work.mkdir(parents=True, exist_ok=True)
-    rows = [
-        line for line in TOY_TASKS.read_text().splitlines() if json.loads(line)["id"] in TASK_IDS
-    ]
+    lines = [line for line in harness.tasks.read_text().splitlines() if line.strip()]
+    rows = [line for line in lines if json.loads(line)["id"] in harness.task_ids]
     tasks = work / "tasks.jsonl"
     tasks.write_text("\n".join(rows) + "\n")
     job = work / "job.yaml"
@@ -278,7 +287,7 @@ def check(result: Run, *, engine_answer: Callable[[list[int]], dict[str, Any]]) 
 
     assert result.returncode == 0, result.output[-3000:]
     finished = result.journal()
-    assert sorted(e["task_id"] for e in finished) == sorted(TASK_IDS), finished
+    assert sorted(e["task_id"] for e in finished) == sorted(result.harness.task_ids), finished
     for entry in finished:
         rid = entry["rollout_id"]
         context = "\n".join(
