@@ -12,6 +12,10 @@ bash scripts/install_harnesses.sh >&2
 # Chromium + Xvfb for the GUI browser agent (apt; skipped when present).
 bash scripts/install_gui_deps.sh >&2 || echo "warning: Chromium/Xvfb could not be installed; the GUI harness tests will skip" >&2
 bash scripts/build_cluster_binaries.sh >&2
+# ZeroClaw (Rust, crates.io) for the harness catalog: cached under ~/.cache/openforge/cargo;
+# a cold build is ~19 CPU-minutes. A failed build makes its conformance test skip.
+OPENFORGE_CARGO_JOBS=${OPENFORGE_CARGO_JOBS:-2} bash scripts/install_zeroclaw.sh >&2 \
+  || echo "warning: ZeroClaw could not be built; its conformance test will skip" >&2
 echo "== ruff"; ruff check .
 echo "== mypy"; mypy
 echo "== import contracts"; lint-imports
