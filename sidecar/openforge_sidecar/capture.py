@@ -391,6 +391,8 @@ class Capture:
             self.stats["prompt_mismatch"] += 1
         if self._history is not None and call.plan is not None and result.completion is not None and not result.error:
             self._history.record(call.request, call.plan, result.completion.message, result.token_ids)
+            # After this hook the answer's end goes out; then the next call's first rendering.
+            asyncio.get_running_loop().call_soon(self._history.prerender)
         self._spool_call(call, status=200, error=result.error or "; ".join(call.notes))
 
     def _record_rejected(self, flow: http.HTTPFlow, codec: Codec, body: bytes, exc: CodecError) -> None:

@@ -59,6 +59,7 @@ class _Head:
     token_ids: list[int]  # prompt + completion, exactly as the engine saw them
     stopped: bool  # the completion ended with a stop token
     segment_index: int
+    rendered: str | None = None  # the template's text of messages and tools (see prerender)
 
 
 def _norm_message(message: conversation.Message) -> tuple[object, ...]:
@@ -108,6 +109,7 @@ class TokenHistory:
         self._first_reason = first_reason
         self.calls = 0
         self.merged = 0
+        self._prerender = True  # the harness sent the last head back exactly as we kept it
 
     @property
     def merge_rate(self) -> float:
@@ -150,6 +152,27 @@ class TokenHistory:
         self._heads.append(head)
         del self._heads[: -self._max_heads]
 
+    def prerender(self) -> None:
+        """Render the newest head now, ahead of the call that will continue it.
+
+        A call that continues a head renders the head's messages and its own
+        (:meth:`_delta_text`), each the whole conversation so far. When the
+        harness sends the head's messages back exactly as they were kept,
+        including our reply, the first rendering is this one, done between
+        calls instead of before the next call's first token. Harnesses that
+        rewrite the reply (other ids, reasoning dropped) never match, so
+        after a miss this waits for an exact echo before rendering again.
+        Never raises: a head that does not render here is rendered (and its
+        error reported) when a call continues it.
+        """
+        if not self._prerender or not self._heads or self._heads[-1].rendered is not None:
+            return
+        head = self._heads[-1]
+        try:
+            head.rendered = self._renderer.render(head.messages, head.tools, add_generation_prompt=False)
+        except Exception:  # the plan renders it again and reports the error there
+            head.rendered = None
+
     def _find_head(
         self, messages: tuple[conversation.Message, ...], tools: tuple[conversation.Tool, ...]
     ) -> tuple[_Head | None, str]:
@@ -188,8 +211,15 @@ class TokenHistory:
         """
         render = self._renderer.render
         # Both renderings use the harness's view of the history, so details
-        # it rewrites (ids, dropped reasoning) cancel out of the delta.
-        before = render(messages[: len(head.messages)], tools, add_generation_prompt=False)
+        # it rewrites (ids, dropped reasoning) cancel out of the delta. When
+        # that view is exactly the head (and so are the tools: _find_head),
+        # the head's prerendered text is that rendering.
+        known = messages[: len(head.messages)]
+        self._prerender = known == head.messages
+        if self._prerender and head.rendered is not None:
+            before = head.rendered
+        else:
+            before = render(known, tools, add_generation_prompt=False)
         after = render(messages, tools, add_generation_prompt=True)
         if not after.startswith(before):
             return None

@@ -148,3 +148,48 @@ def test_normalizing_compares_arguments_as_json() -> None:
     assert history._same(call("a", '{"x": 1, "y": 2}'), call("b", '{"y":2,"x":1}'))
     assert not history._same(call("a", '{"x": 1}'), call("a", '{"x": 1.0}'))
     assert json.loads('{"x": 1}') == json.loads('{"x": 1.0}')  # why not parsed equality
+
+
+class CountingRenderer:
+    """The tiny tokenizer, counting whole-template renders."""
+
+    def __init__(self) -> None:
+        self.renders = 0
+        self.eos_token = tiny().eos_token
+        self.stop_token_ids = tiny().stop_token_ids
+
+    def render(self, messages, tools, *, add_generation_prompt):  # type: ignore[no-untyped-def]
+        self.renders += 1
+        return tiny().render(messages, tools, add_generation_prompt=add_generation_prompt)
+
+    def encode(self, text: str) -> list[int]:
+        return tiny().encode(text)
+
+
+def continued(echo: cv.Message) -> tuple[int, history.Plan, history.TokenHistory]:
+    """Plan a continuation echoing ``echo`` after a prerendered head: (renders, plan, history)."""
+    renderer = CountingRenderer()
+    tokens = history.TokenHistory(renderer)
+    plan = tokens.plan(request(*BASE))
+    tokens.record(request(*BASE), plan, REPLY, [5, 6, *tiny().stop_token_ids])
+    tokens.prerender()
+    before = renderer.renders
+    planned = tokens.plan(request(*BASE, echo, result("x", "a.txt")))
+    return renderer.renders - before, planned, tokens
+
+
+def test_an_exact_echo_uses_the_prerendered_head_and_plans_the_same_prompt() -> None:
+    renders, planned, _ = continued(REPLY)
+    assert renders == 1  # only the new request; the head was rendered between calls
+    plain = history.TokenHistory(tiny())
+    first = plain.plan(request(*BASE))
+    plain.record(request(*BASE), first, REPLY, [5, 6, *tiny().stop_token_ids])
+    assert planned == plain.plan(request(*BASE, REPLY, result("x", "a.txt")))
+
+
+def test_a_rewritten_echo_renders_both_and_stops_prerendering_until_an_exact_one() -> None:
+    renders, planned, tokens = continued(call("other_id", '{"command": "ls"}'))
+    assert renders == 2 and planned.segment_reason == ""
+    tokens.record(request(*BASE), planned, REPLY, [9])
+    tokens.prerender()
+    assert tokens._heads[-1].rendered is None  # not worth it for this harness
