@@ -348,12 +348,15 @@ class Capture:
             created=int(time.time()),
         )
         target = urllib.parse.urlsplit(ctx.options.openforge_engine)
+        headers = engine.request_headers(flow.request.headers.fields, target.netloc)
+        # Without a Host header, setting host and port does not rewrite one (twice) for nothing.
+        flow.request.headers.fields = ()
         flow.request.scheme = target.scheme or "http"
         flow.request.host = target.hostname or "127.0.0.1"
         flow.request.port = target.port or (443 if flow.request.scheme == "https" else 80)
         flow.request.path = target.path.rstrip("/") + "/v1/completions"
         flow.request.method = "POST"
-        flow.request.headers.fields = engine.request_headers(flow.request.headers.fields, target.netloc)
+        flow.request.headers.fields = headers
         flow.request.content = fastjson.dumps_bytes(body)
 
     async def _count_tokens(self, flow: http.HTTPFlow, counter: codecs.TokenCounter) -> None:
