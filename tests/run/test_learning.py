@@ -20,6 +20,8 @@ At 1e-3 the tiny policy sometimes collapsed into repeating the tool name
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -31,12 +33,35 @@ ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow
 
 
+def run_in_own_group(argv: list[str], *, timeout: float) -> subprocess.CompletedProcess[str]:
+    """Run ``openforge run`` in its own process group; on timeout stop all of it.
+
+    A plain ``subprocess.run`` timeout kills only the runner and leaves its
+    collector, server and trainer running; SIGINT is the runner's own clean stop.
+    """
+    process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               start_new_session=True)
+    try:
+        stdout, stderr = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGINT)
+        try:
+            process.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.communicate()
+        raise
+    return subprocess.CompletedProcess(argv, process.returncode, stdout, stderr)
+
+
+# 5 iterations take ~4 min on two idle cores; far longer when they are shared
+@pytest.mark.timeout(1500)
 def test_reward_rises_inside_the_react_harness(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
-    done = subprocess.run(
+    done = run_in_own_group(
         [sys.executable, "-m", "openforge.cli", "run", str(ROOT / "examples" / "react-toy.yaml"),
          "--run-dir", str(run_dir), "--iterations", "5", "--quiet"],
-        capture_output=True, text=True, timeout=900,
+        timeout=1400,
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     finished = [json.loads(line) for line in (run_dir / "journal.jsonl").read_text().splitlines()]
