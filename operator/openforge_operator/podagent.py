@@ -39,11 +39,10 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from openforge.api import rollouts
+from openforge.api import grading, rollouts
 
 from openforge_operator import entrypoint
 
-REWARD_KEY = "reward"
 CA_FILE = "mitmproxy-ca.pem"
 STOPPED_EXIT_CODE = -1
 """The exit code reported for a harness that never finished (the pod was stopped)."""
@@ -73,18 +72,7 @@ class Verdict:
 
 def reward(reward_from: str, *, stdout: str, exit_code: int) -> tuple[float | None, str]:
     """The reward a grader's output gives, and why there is none (as ``openforge run``)."""
-    if reward_from == "exit-code":
-        return (1.0 if exit_code == 0 else 0.0), ""
-    for line in reversed(stdout.strip().splitlines()):
-        try:
-            body = json.loads(line)
-        except ValueError:
-            continue
-        value = body.get(REWARD_KEY) if isinstance(body, dict) else None
-        if isinstance(value, int | float) and not isinstance(value, bool):
-            return float(value), ""
-        return None, f"grader printed JSON without a numeric {REWARD_KEY!r}: {line[:200]}"
-    return None, f"grader printed no JSON line (exit {exit_code}): {stdout[-200:]!r}"
+    return grading.reward(reward_from, stdout=stdout, exit_code=exit_code)
 
 
 def judge(run_dir: Path, *, reward_from: str, failing_exit_codes: frozenset[int]) -> Verdict:

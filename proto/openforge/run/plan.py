@@ -16,9 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from openforge.api import manifests, rollouts, templates, v1alpha1
-
-REWARD_KEY = "reward"
+from openforge.api import grading, manifests, rollouts, templates, v1alpha1
 
 
 class PlanError(ValueError):
@@ -179,18 +177,7 @@ def reward(bundle: Bundle, *, stdout: str, exit_code: int) -> tuple[float | None
     grader = bundle.env.spec.grader
     if grader is None:
         return None, "no grader"
-    if grader.reward_from == "exit-code":
-        return (1.0 if exit_code == 0 else 0.0), ""
-    for line in reversed(stdout.strip().splitlines()):
-        try:
-            body = json.loads(line)
-        except ValueError:
-            continue
-        value = body.get(REWARD_KEY) if isinstance(body, dict) else None
-        if isinstance(value, int | float) and not isinstance(value, bool):
-            return float(value), ""
-        return None, f"grader printed JSON without a numeric {REWARD_KEY!r}: {line[:200]}"
-    return None, f"grader printed no JSON line (exit {exit_code}): {stdout[-200:]!r}"
+    return grading.reward(grader.reward_from, stdout=stdout, exit_code=exit_code)
 
 
 def _base_env(bundle: Bundle, rollout: Rollout, workdir: Path) -> dict[str, str]:
