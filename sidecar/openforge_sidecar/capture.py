@@ -16,6 +16,7 @@ the error the real API would give. Every outcome is counted in ``stats``.
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import json
 import logging
 import os
@@ -523,6 +524,7 @@ class Capture:
                 reason = "sidecar_restarted" if self._restarted else "first"
                 self._history = history.TokenHistory(tokenizer, first_reason=reason)
                 self._tokenizer = tokenizer
+                return_freed_memory()
             return self._tokenizer
 
     # --- control API ------------------------------------------------------------------
@@ -605,6 +607,21 @@ def _guarded(transform: relay.Relay) -> Any:
         return [out] if out else []
 
     return stream
+
+
+def return_freed_memory() -> None:
+    """Hand memory freed by the C allocator back to the OS (glibc's ``malloc_trim``).
+
+    Loading a real policy tokenizer allocates about twice what it keeps: for a
+    150k-token vocabulary ~104 MB more resident while parsing, of which glibc
+    keeps ~56 MB for reuse after the parse, resident, until trimmed. Without
+    glibc (musl) there is nothing to call and nothing is done.
+    """
+    try:
+        trim = ctypes.CDLL(None).malloc_trim
+    except (OSError, AttributeError):
+        return
+    trim(0)
 
 
 def _served_model(engine_url: str) -> str:

@@ -24,7 +24,7 @@ from typing import Any, NoReturn
 import jinja2
 from jinja2.ext import loopcontrols
 from jinja2.sandbox import ImmutableSandboxedEnvironment
-from tokenizers import Tokenizer
+from tokenizers import Tokenizer, decoders
 
 from openforge_sidecar import conversation
 
@@ -243,10 +243,13 @@ def _token_text(value: Any, field: str) -> str:
 
 
 def _byte_table(tokenizer: Tokenizer) -> list[bytes] | None:
-    """Each token's bytes, decoded as the ByteLevel decoder does; None if not byte-level."""
-    spec = json.loads(tokenizer.to_str())
-    decoder = spec.get("decoder") or {}
-    if decoder.get("type") != "ByteLevel":
+    """Each token's bytes, decoded as the ByteLevel decoder does; None if not byte-level.
+
+    The decoder's type is read from the object: parsing the tokenizer's JSON
+    for it (as before) holds tens of MB for a real vocabulary at once, which
+    stays the process's peak resident size for its whole life.
+    """
+    if not isinstance(tokenizer.decoder, decoders.ByteLevel):
         return None
     byte_of = {char: byte for byte, char in _bytes_to_unicode().items()}
     vocab = tokenizer.get_vocab(with_added_tokens=True)
