@@ -169,7 +169,7 @@ def test_agent_exits_5_when_the_browser_cannot_start(tmp_path: Path) -> None:
 
 
 def harness_env() -> v1alpha1.HarnessEnv:
-    (env,) = manifests.load_manifests(HARNESS / "gui-browser.yaml")
+    (env,) = manifests.load_manifests(HARNESS / "harnessenv.yaml")
     assert isinstance(env, v1alpha1.HarnessEnv)
     return env
 

@@ -18,6 +18,7 @@ import os
 import re
 import subprocess
 import sys
+import urllib.parse
 import urllib.request
 from pathlib import Path
 from types import ModuleType
@@ -36,6 +37,7 @@ INSTALL_SCRIPTS = (
     ROOT / "scripts" / "install_zeroclaw.sh",
 )
 NAMES = sorted(p.parent.name for p in CATALOG.glob("*/harnessenv.yaml"))
+BUILT_IN = {"react", "gui-browser"}  # agents of this repository: no third-party CLI to pin
 LAUNCHED = [n for n in NAMES if (CATALOG / n / "run.py").is_file() and n != "codex"]
 
 sys.path.insert(0, str(ROOT / "tests" / "harnesses"))
@@ -61,6 +63,19 @@ def toy_task(task_id: str = "train-000") -> dict[str, Any]:
     return next(row for row in rows if row["id"] == task_id)
 
 
+def on_toy_tasks(name: str) -> bool:
+    """Whether the entry runs the toy tasks (the GUI agent has web-forms tasks of its own)."""
+    tasks: Path = conformance.CATALOG[name].tasks
+    return tasks == TOY_TASKS
+
+
+def own_task(name: str) -> dict[str, Any]:
+    """The first task the entry's conformance run uses, from its own task file."""
+    entry = conformance.CATALOG[name]
+    rows = [json.loads(line) for line in entry.tasks.read_text().splitlines() if line.strip()]
+    return next(row for row in rows if row["id"] == entry.task_ids[0])
+
+
 def test_the_catalog_holds_the_harnesses_and_each_folder_is_complete() -> None:
     assert {"react", "codex", "claude-code", "openclaw", "gemini-cli"} <= set(NAMES)
     assert set(NAMES) <= set(conformance.CATALOG), (
@@ -79,25 +94,32 @@ def test_the_manifest_is_a_valid_harness_env_ready_for_a_cluster(name: str) -> N
     container = env.spec.harness_container()
     assert container.image == f"ghcr.io/openforge/{name}-harness:0.1.0"
     assert env.spec.grader is not None and env.spec.grader.reward_from == "stdout-json"
-    assert env.spec.task.env is not None and "{{ task.prompt }}" in env.spec.task.env["TASK_PROMPT"]
+    if on_toy_tasks(name):
+        assert env.spec.task.env is not None
+        assert "{{ task.prompt }}" in env.spec.task.env["TASK_PROMPT"]
+    else:  # reads its task from its own task file, by id
+        assert '--task-id "$OPENFORGE_TASK_ID"' in " ".join(container.args or [])
 
 
 @pytest.mark.parametrize("name", NAMES)
 def test_the_operator_builds_a_rollout_pod_that_delivers_the_task(name: str) -> None:
     env = harness_env(name)
+    task = own_task(name)
     job = v1alpha1.RolloutJob.model_validate({
         "apiVersion": "openforge.dev/v1alpha1", "kind": "RolloutJob",
         "metadata": {"name": "catalog", "namespace": "rl", "uid": "0b6e5c1a-2f43-4c55-9d8e-3a1f6f0e7c11"},
-        "spec": {"harnessEnvRef": {"name": name}, "tasks": {"inline": [toy_task()]},
+        "spec": {"harnessEnvRef": {"name": name}, "tasks": {"inline": [task]},
                  "policy": {"model": "policy", "endpoint": "http://policy.rl.svc:8000"}},
     })  # fmt: skip
     env = env.model_copy(update={"metadata": env.metadata.model_copy(update={"namespace": "rl"})})
-    rollout = tasks.rollout([toy_task()], 1, 0)
+    rollout = tasks.rollout([task], 1, 0)
     config = settings.Settings()
     pod = pods.build_pod(job, env, rollout, 0, config)
     harness = next(c for c in pod["spec"]["containers"] if c["name"] == v1alpha1.HARNESS_CONTAINER)
     environment = {e["name"]: e.get("value") for e in harness["env"]}
-    assert environment["TASK_PROMPT"].startswith(toy_task()["prompt"])
+    if on_toy_tasks(name):
+        assert environment["TASK_PROMPT"].startswith(task["prompt"])
+    assert environment["OPENFORGE_TASK_ID"] == task["id"]
     assert env.spec.base_url is not None
     for variable in env.spec.base_url.env:
         assert (
@@ -111,7 +133,9 @@ def test_the_operator_builds_a_rollout_pod_that_delivers_the_task(name: str) -> 
 def job_for(name: str, tmp_path: Path) -> Path:
     job = tmp_path / "job.yaml"
     job.write_text(
-        conformance.job_yaml(name, tasks_file=TOY_TASKS, engine_url="http://127.0.0.1:9")
+        conformance.job_yaml(
+            name, tasks_file=conformance.CATALOG[name].tasks, engine_url="http://127.0.0.1:9"
+        )
     )
     return job
 
@@ -126,8 +150,16 @@ def test_the_local_recipe_runs_its_own_files_in_the_rollouts_directory(
     command = plan.harness_command(bundle, rollout, sidecar_url="http://127.0.0.1:9", workdir=work)
     assert command.cwd == work  # not the container's /work
     assert command.env["OPENFORGE_HARNESS_DIR"] == str(CATALOG / name)
-    assert command.env["TASK_PROMPT"].startswith(rollout.task["prompt"])
+    if on_toy_tasks(name):
+        assert command.env["TASK_PROMPT"].startswith(rollout.task["prompt"])
+    assert command.env["OPENFORGE_TASK_ID"] == rollout.task_id
+    # Files named by "$OPENFORGE_HARNESS_DIR/..." in a shell line, or by ${...} (expanded here).
     named = re.findall(r'"\$OPENFORGE_HARNESS_DIR/([^"]+)"', " ".join(command.argv))
+    named += [
+        a.removeprefix(f"{CATALOG / name}/")
+        for a in command.argv
+        if a.startswith(f"{CATALOG / name}/")
+    ]
     assert named, command.argv
     for relative in named:
         assert (CATALOG / name / relative).resolve().is_file(), relative
@@ -140,10 +172,11 @@ def test_the_grader_finds_the_tasks_locally_and_in_the_image(name: str, tmp_path
     """The same grader command, run locally (harness dir set) and as in the image (unset)."""
     env = harness_env(name)
     assert env.spec.grader is not None
-    (tmp_path / "answer.txt").write_text(toy_task()["answer"] + "\n")
+    task = own_task(name)
+    solve(name, task, tmp_path)
     base = {
         "PATH": os.environ["PATH"],
-        "OPENFORGE_TASK_ID": "train-000",
+        "OPENFORGE_TASK_ID": task["id"],
         "OPENFORGE_WORKDIR": str(tmp_path),
     }
     local = subprocess.run(
@@ -152,10 +185,37 @@ def test_the_grader_finds_the_tasks_locally_and_in_the_image(name: str, tmp_path
     )  # fmt: skip
     assert json.loads(local.stdout)["reward"] == 1.0, local.stderr
     script = env.spec.grader.command[-1]
+    task_dir = conformance.CATALOG[name].tasks.parent.name
     assert (
-        f"${{OPENFORGE_HARNESS_DIR:-/opt/openforge/harnesses/{name}}}/../../tasks/toy-tools"
+        f"${{OPENFORGE_HARNESS_DIR:-/opt/openforge/harnesses/{name}}}/../../tasks/{task_dir}"
         in script
     )
+    (tmp_path / "answer.txt").unlink(missing_ok=True)
+    (tmp_path / "web-forms-log.jsonl").unlink(missing_ok=True)
+    unsolved = subprocess.run(
+        env.spec.grader.command, env={**base, "OPENFORGE_HARNESS_DIR": str(CATALOG / name)},
+        capture_output=True, text=True, timeout=30, check=False,
+    )  # fmt: skip
+    assert json.loads(unsolved.stdout)["reward"] == 0.0, unsolved.stderr
+
+
+def solve(name: str, task: dict[str, Any], workdir: Path) -> None:
+    """Leave in ``workdir`` what the grader reads when the task was done."""
+    if on_toy_tasks(name):
+        (workdir / "answer.txt").write_text(task["answer"] + "\n")
+        return
+    # The web-forms site's log (examples/tasks/web-forms/webforms.py): the form submitted
+    # with the task's values, or the task's page viewed last.
+    expect = task["expect"]
+    if "submit" in expect:
+        submit = expect["submit"]
+        events = [{"event": "submit", "form": submit["form"], "fields": submit["fields"]}]
+    else:
+        page = urllib.parse.urlsplit(expect["page"])
+        events = [
+            {"event": "view", "path": page.path, "query": dict(urllib.parse.parse_qsl(page.query))}
+        ]
+    (workdir / "web-forms-log.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
 
 
 def install_pins() -> dict[str, str]:
@@ -179,7 +239,7 @@ def test_the_dockerfile_pins_runs_non_root_and_copies_what_the_manifest_runs(nam
     assert {variable: versions[variable] for variable in pinned} == pinned, (
         "as the install script pins"
     )
-    assert pinned or name == "react", "the CLI's version is an ARG named as in its install script"
+    assert pinned or name in BUILT_IN, "the CLI's version is an ARG named as in its install script"
     assert re.findall(r"^USER (\S+)$", text, re.MULTILINE)[-1] == "1000:1000"
     copies = re.findall(r"^COPY (\S+) (\S+)$", text, re.MULTILINE)
     for source, _ in copies:

@@ -43,7 +43,7 @@ pytestmark = pytest.mark.harness
 ROOT = Path(__file__).resolve().parents[2]
 HARNESS = ROOT / "examples" / "harnesses" / "gui-browser"
 TASKS = ROOT / "examples" / "tasks" / "web-forms"
-MANIFEST = HARNESS / "gui-browser.yaml"
+MANIFEST = HARNESS / "harnessenv.yaml"
 JOB = HARNESS / "web-forms-job.yaml"
 
 
