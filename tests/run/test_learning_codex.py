@@ -28,10 +28,10 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import subprocess
 import sys
 from pathlib import Path
 
+import learning_runs
 import pytest
 from openforge_trainer import store, tokenizer_build, warmstart
 
@@ -57,25 +57,14 @@ def test_reward_rises_inside_codex_cli(tmp_path: Path) -> None:
     if not codex_installed():
         pytest.skip("Codex CLI is not installed; run scripts/install_harnesses.sh")
     run_dir = tmp_path / "run"
-    done = subprocess.run(
+    learning_runs.train(
         [sys.executable, "-m", "openforge.cli", "run", str(CODEX_DIR / "learn.yaml"),
          "--run-dir", str(run_dir), "--iterations", str(ITERATIONS), "--quiet"],
-        capture_output=True, text=True, timeout=1500,
+        timeout=1500,
     )  # fmt: skip
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    finished = [json.loads(line) for line in (run_dir / "journal.jsonl").read_text().splitlines()]
-    finished = [e for e in finished if e["event"] == "finish"]
-    by_iteration: dict[int, list[float]] = {}
-    for entry in finished:
-        assert entry["status"] == "succeeded", entry
-        by_iteration.setdefault(entry["iteration"], []).append(entry["reward"])
-    assert sorted(by_iteration) == list(range(ITERATIONS))
-    assert all(len(rewards) == 32 for rewards in by_iteration.values())
-    first = sum(by_iteration[0]) / 32
-    late = (sum(by_iteration[ITERATIONS - 2]) + sum(by_iteration[ITERATIONS - 1])) / 64
-    curve = ", ".join(f"{sum(r) / len(r):.2f}" for _, r in sorted(by_iteration.items()))
-    assert late - first >= THRESHOLD, f"pass rate per iteration: {curve}"
-    steps = [json.loads(line) for line in (run_dir / "train" / "metrics.jsonl").read_text().splitlines()]
+    by_iteration = learning_runs.rewards_by_iteration(run_dir)
+    learning_runs.assert_rise(by_iteration, iterations=ITERATIONS, at_least=THRESHOLD)
+    steps = learning_runs.training_steps(run_dir)
     assert [s["policy_version"] for s in steps] == [float(v) for v in range(1, ITERATIONS + 1)]
     # token exactness across the loop: what was sampled is what is trained
     assert max(s["logprob_diff_max"] for s in steps) < 1e-4

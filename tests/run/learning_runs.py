@@ -1,0 +1,69 @@
+"""Running a learning job with ``openforge run`` and reading its curve back.
+
+Shared by tests/run/test_learning.py (the ReAct demo) and
+tests/run/test_learning_codex.py (inside Codex CLI).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+from pathlib import Path
+from typing import Any
+
+
+def run_in_own_group(argv: list[str], *, timeout: float) -> subprocess.CompletedProcess[str]:
+    """Run ``openforge run`` in its own process group; on timeout stop all of it.
+
+    A plain ``subprocess.run`` timeout kills only the runner and leaves its
+    collector, server and trainer running; SIGINT is the runner's own clean stop.
+    """
+    process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               start_new_session=True)
+    try:
+        stdout, stderr = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGINT)
+        try:
+            process.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.communicate()
+        raise
+    return subprocess.CompletedProcess(argv, process.returncode, stdout, stderr)
+
+
+def train(argv: list[str], *, timeout: float) -> None:
+    """Run an ``openforge run`` command line (see :func:`run_in_own_group`); it must succeed."""
+    done = run_in_own_group(argv, timeout=timeout)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+
+
+def rewards_by_iteration(run_dir: Path) -> dict[int, list[float]]:
+    """Each iteration's rollout rewards from the journal; every rollout must have succeeded."""
+    entries = [json.loads(line) for line in (run_dir / "journal.jsonl").read_text().splitlines()]
+    by_iteration: dict[int, list[float]] = {}
+    for entry in entries:
+        if entry["event"] != "finish":
+            continue
+        assert entry["status"] == "succeeded", entry
+        by_iteration.setdefault(entry["iteration"], []).append(entry["reward"])
+    return by_iteration
+
+
+def assert_rise(by_iteration: dict[int, list[float]], *, iterations: int, at_least: float) -> None:
+    """Iteration 0 against the last two pooled (32 rollouts each) must rise by ``at_least``."""
+    assert sorted(by_iteration) == list(range(iterations))
+    assert all(len(rewards) == 32 for rewards in by_iteration.values())
+    first = sum(by_iteration[0]) / 32
+    late = (sum(by_iteration[iterations - 2]) + sum(by_iteration[iterations - 1])) / 64
+    curve = ", ".join(f"{sum(r) / len(r):.2f}" for _, r in sorted(by_iteration.items()))
+    assert late - first >= at_least, f"pass rate per iteration: {curve}"
+
+
+def training_steps(run_dir: Path) -> list[dict[str, Any]]:
+    """The trainer's metrics, one entry per step."""
+    lines = (run_dir / "train" / "metrics.jsonl").read_text().splitlines()
+    return [json.loads(line) for line in lines]
