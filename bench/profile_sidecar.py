@@ -48,6 +48,7 @@ def main(argv: list[str]) -> int:
         "--memory", action="store_true", help="trace allocations instead of profiling time"
     )
     parser.add_argument("--top", type=int, default=25)
+    parser.add_argument("--save", type=Path, default=None, help="keep the profile (pstats) here")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="openforge-profile-") as tmp:
         work = Path(tmp)
@@ -64,6 +65,8 @@ def main(argv: list[str]) -> int:
         if args.memory:
             print(out.read_text())
             return 0
+        if args.save is not None:
+            args.save.write_bytes(out.read_bytes())
         stats = pstats.Stats(str(out))
         stats.sort_stats("tottime").print_stats(args.top)
         stats.sort_stats("cumulative").print_stats(args.top)
