@@ -28,6 +28,12 @@ flows from stdin, DNS mode. Options come from the command line only (no
 ``config.yaml`` from the confdir). The capture addon itself stays an
 ordinary addon: ``mitmdump -s sidecar/openforge_sidecar/addon.py`` runs it
 with all of mitmdump's addons.
+
+Events are dispatched through a table (:class:`HookTable`): mitmproxy's
+addon manager looks every event's hook up on every addon, each in its own
+error guard, and follows each flow event with an ``update`` event that none
+of these addons handles; the table offers an event only to the addons that
+have its hook, in the same order and with the same error handling.
 """
 
 from __future__ import annotations
@@ -35,11 +41,15 @@ from __future__ import annotations
 import asyncio
 import importlib
 import importlib.util
+import inspect
 import logging
 import signal
 import sys
-from collections.abc import Sequence
+import types
+from collections.abc import Callable, Sequence
 from typing import Any
+
+from mitmproxy import addonmanager, exceptions, flow, hooks
 
 from openforge_sidecar import capture
 
@@ -85,10 +95,13 @@ def build(settings: Sequence[str], *, verbose: bool, extra_addons: Sequence[Any]
     Raises :class:`StartupError` when an option is unknown or refused.
     """
     _addons_package_without_its_init()
-    from mitmproxy import exceptions, hooks, master, options
+    from mitmproxy import master, options
 
     parts = {name: importlib.import_module(f"mitmproxy.addons.{name}") for name in ADDON_MODULES}
     built = master.Master(options.Options(), with_termlog=True)
+    # The manager is already wired to the options (and holds the terminal
+    # log): it keeps its state and gets the table's dispatch.
+    built.addons.__class__ = HookTable
     manager: Any = built.addons  # AddonManager's methods are untyped
     ours = [capture.Capture(), *extra_addons]
     try:
@@ -123,6 +136,103 @@ def build(settings: Sequence[str], *, verbose: bool, extra_addons: Sequence[Any]
     except exceptions.OptionsError as exc:
         raise StartupError(str(exc)) from exc
     return built
+
+
+_Hook = Callable[..., Any]
+
+
+class HookTable(addonmanager.AddonManager):
+    """mitmproxy's addon manager, offering each event only to the addons that handle it.
+
+    Per event name, the table holds for each addon in the chain (with its
+    sub-addons, as mitmproxy traverses them) the hook functions it has,
+    leaving out addons with none. It is rebuilt after the chain changes.
+    Dispatch is as mitmproxy's: chain order, one error guard per chain
+    addon (an exception is logged and the next addon still runs), an
+    ``AddonHalt`` stops the event, awaitable results are awaited.
+    """
+
+    _table: dict[str, list[list[_Hook]]]
+
+    def _hooks(self, name: str) -> list[list[_Hook]]:
+        table = self.__dict__.setdefault("_table", {})
+        found: list[list[_Hook]] | None = table.get(name)
+        if found is None:
+            found = [funcs for item in self.chain if (funcs := _hook_functions(item, name))]
+            table[name] = found
+        return found
+
+    def _changed(self) -> None:
+        self.__dict__.pop("_table", None)
+
+    def register(self, addon: Any) -> Any:
+        self._changed()
+        try:
+            return super().register(addon)  # type: ignore[no-untyped-call]
+        finally:
+            self._changed()
+
+    def add(self, *addons: Any) -> None:
+        try:
+            super().add(*addons)  # type: ignore[no-untyped-call]
+        finally:
+            self._changed()
+
+    def remove(self, addon: Any) -> None:
+        self._changed()
+        try:
+            super().remove(addon)  # type: ignore[no-untyped-call]
+        finally:
+            self._changed()
+
+    def clear(self) -> None:
+        try:
+            super().clear()  # type: ignore[no-untyped-call]
+        finally:
+            self._changed()
+
+    async def handle_lifecycle(self, event: hooks.Hook) -> None:
+        await self.trigger_event(event)
+        if self._hooks("update"):
+            message = event.args()[0]
+            if isinstance(message, flow.Flow):
+                await self.trigger_event(hooks.UpdateHook([message]))
+
+    async def trigger_event(self, event: hooks.Hook) -> None:
+        found = self._hooks(event.name)
+        if not found:
+            return
+        args = event.args()
+        for funcs in found:
+            try:
+                with addonmanager.safecall():
+                    for func in funcs:
+                        result = func(*args)
+                        if result is not None and inspect.isawaitable(result):
+                            await result
+            except exceptions.AddonHalt:
+                return
+
+
+def _hook_functions(addon: Any, name: str) -> list[_Hook]:
+    """The ``name`` hooks of an addon and its sub-addons, as mitmproxy's manager finds them."""
+    found: list[_Hook] = []
+    for item in addonmanager.traverse([addon]):  # type: ignore[no-untyped-call]
+        func = getattr(item, name, None)
+        if not func or isinstance(func, types.ModuleType):
+            continue  # a module imported under a hook's name is no hook, as in mitmproxy
+        if not callable(func):
+            found.append(_not_callable(name, item))
+        else:
+            found.append(func)
+    return found
+
+
+def _not_callable(name: str, item: Any) -> _Hook:
+    def fail(*_: Any) -> None:
+        raise exceptions.AddonManagerError(f"Addon handler {name} ({item}) not callable")  # type: ignore[no-untyped-call]
+
+    return fail
 
 
 def _addons_package_without_its_init() -> None:

@@ -8,11 +8,13 @@ it; the last test here checks the capture addon still runs in stock mitmdump.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -135,3 +137,99 @@ def _wait_listening(port: int, process: subprocess.Popen[bytes]) -> None:
         except OSError:
             time.sleep(0.05)
     raise TimeoutError(f"mitmdump is not listening on {port}")
+
+
+# --- the hook table: the same dispatch as mitmproxy's addon manager ---------------------------
+
+
+class _Recorder:
+    """An addon recording the hooks it gets; ``fail``/``halt`` on its request hook."""
+
+    def __init__(
+        self, name: str, calls: list[str], *, fail: bool = False, halt: bool = False
+    ) -> None:
+        self.name = name
+        self._calls = calls
+        self._fail = fail
+        self._halt = halt
+        self.addons: list[object] = []
+
+    def request(self, flow: object) -> None:
+        self._calls.append(f"{self.name}.request")
+        if self._fail:
+            raise ValueError("addon failure")
+        if self._halt:
+            from mitmproxy import exceptions
+
+            raise exceptions.AddonHalt()
+
+
+class _AsyncUpdates:
+    def __init__(self, calls: list[str]) -> None:
+        self.name = "updates"
+        self._calls = calls
+
+    async def update(self, flows: list[object]) -> None:
+        self._calls.append(f"updates.update({len(flows)})")
+
+
+def _dispatch(
+    table: bool,
+    build: Callable[[list[str]], list[object]],
+    later: Callable[[list[str]], list[object]],
+) -> list[str]:
+    """Add ``build``'s addons, send a flow's request event, add ``later``'s, send it again."""
+    from mitmproxy import master, options
+    from mitmproxy.proxy.layers.http import HttpRequestHook
+    from mitmproxy.test import tflow
+    from openforge_sidecar import master as lean
+
+    calls: list[str] = []
+
+    async def scenario() -> None:
+        built = master.Master(options.Options())
+        try:
+            if table:
+                built.addons.__class__ = lean.HookTable
+            built.addons.add(*build(calls))
+            flow = tflow.tflow()
+            await built.addons.handle_lifecycle(HttpRequestHook(flow))
+            built.addons.add(*later(calls))
+            await built.addons.handle_lifecycle(HttpRequestHook(flow))
+            calls.append("end")
+        finally:
+            built._legacy_log_events.uninstall()  # its log handler outlives this event loop
+
+    asyncio.run(scenario())
+    return calls
+
+
+def _addons(calls: list[str]) -> list[object]:
+    parent = _Recorder("parent", calls)
+    parent.addons = [_Recorder("child", calls, fail=True), _Recorder("grandchild-sibling", calls)]
+    return [
+        _Recorder("first", calls),
+        parent,
+        _Recorder("failing", calls, fail=True),
+        _Recorder("last", calls),
+    ]
+
+
+def _more(calls: list[str]) -> list[object]:
+    return [
+        _AsyncUpdates(calls),
+        _Recorder("halting", calls, halt=True),
+        _Recorder("after-halt", calls),
+    ]
+
+
+def test_the_hook_table_dispatches_as_mitmproxys_addon_manager(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    stock = _dispatch(False, _addons, _more)
+    ours = _dispatch(True, _addons, _more)
+    assert ours == stock
+    # An error is logged, the chain goes on; a halt stops it; sub-addons and async hooks take part.
+    first = ["first.request", "parent.request", "child.request", "failing.request", "last.request"]
+    assert ours == [*first, *first, "halting.request", "updates.update(1)", "end"]
+    assert sum("Addon error: addon failure" in r.getMessage() for r in caplog.records) == 2 * 2 * 2
