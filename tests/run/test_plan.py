@@ -134,3 +134,12 @@ def test_local_policy_model_must_be_a_model_directory(tmp_path: Path) -> None:
     (tmp_path / "model").mkdir()
     (tmp_path / "model" / "config.json").write_text("{}")
     assert plan.policy_model(bundle) == tmp_path / "model"
+
+
+def test_training_options_reach_the_trainer_as_options(tmp_path: Path) -> None:
+    job = JOB + "  training:\n    learningRate: 0.001\n    options: {adamEps: 1.0e-5, lossAggMode: seq-mean-token-mean}\n"
+    bundle = plan.load([write(tmp_path, job=job)])
+    args = plan.trainer_args(bundle, model=tmp_path / "model", run_dir=tmp_path / "run", store=tmp_path / "s.db", serve="http://x", iterations=3)
+    assert args[args.index("--lr") + 1] == "0.001"
+    options = [args[i + 1] for i, arg in enumerate(args) if arg == "--option"]
+    assert options == ["adamEps=1e-05", 'lossAggMode="seq-mean-token-mean"']

@@ -106,3 +106,28 @@ def test_a_bad_manifest_fails_before_anything_starts(tmp_path: Path) -> None:
     line = next(n for n, text_line in enumerate(text.splitlines(), 1) if "samplesPerTask" in text_line)
     assert f"job.yaml:{line}: spec.samplesPerTask: input should be a valid integer, got 'four'" in done.stderr
     assert not (tmp_path / "run").exists()
+
+
+def test_bad_trainer_options_stop_the_run_before_any_rollout(tmp_path: Path) -> None:
+    """spec.training.options reach `openforge train`, which names a bad one; no rollout runs."""
+    text = (EXAMPLES / "react-toy.yaml").read_text()
+    text = text.replace("    model: models/tiny-react", f"    model: {EXAMPLES / 'models' / 'tiny-react'}")
+    text = text.replace("file: tasks/toy-tools/demo.jsonl", f"file: {EXAMPLES / 'tasks' / 'toy-tools' / 'demo.jsonl'}")
+    text = text.replace("  training:\n", "  training:\n    options: {adamEps: 1.0e-5, maxGradNorm: -1}\n")
+    path = tmp_path / "job.yaml"
+    path.write_text(text)
+    done = run([str(path), "--run-dir", str(tmp_path / "run"), "--quiet"], env={**os.environ})
+    assert done.returncode == 1, done.stderr
+    assert "trainer exited with 2" in done.stderr
+    assert "max_grad_norm: Input should be greater than 0 (got -1)" in done.stderr
+    assert "adam_eps" not in done.stderr  # the valid option passed
+    assert not (tmp_path / "run" / "journal.jsonl").exists() or "rollout" not in (tmp_path / "run" / "journal.jsonl").read_text()
+
+
+def test_training_with_a_policy_endpoint_is_refused_before_anything_starts(tmp_path: Path) -> None:
+    path = manifest(tmp_path, "http://127.0.0.1:9", tasks=1, samples=2)
+    done = run([str(path), "--run-dir", str(tmp_path / "run")], env={**os.environ})
+    assert done.returncode == 2
+    assert "spec.policy.endpoint: training locally needs the policy's weights" in done.stderr
+    assert "Traceback" not in done.stderr
+    assert not (tmp_path / "run").exists()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -136,3 +137,61 @@ def test_help_documents_every_flag(capsys: pytest.CaptureFixture[str]) -> None:
     ):
         assert flag in text
     assert json.dumps("Skip (and count) groups sampled")[1:-1] in " ".join(text.split())
+
+
+def test_options_set_any_field_by_snake_or_camel_case_name() -> None:
+    values = train_cli.apply_options(
+        {"lr": 1e-3},
+        [
+            "adam_eps=1e-5",
+            "maxGradNorm=0.5",
+            "loss_agg_mode=seq-mean-token-mean",
+            "clipRatioHigh=0.28",
+        ],
+    )
+    assert values == {
+        "lr": 1e-3,
+        "adam_eps": 1e-5,
+        "max_grad_norm": 0.5,
+        "loss_agg_mode": "seq-mean-token-mean",  # not JSON: kept as the string
+        "clip_ratio_high": 0.28,
+    }
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        (["adam_eps"], "--option 'adam_eps': expected NAME=VALUE"),
+        (["=1"], "--option '=1': expected NAME=VALUE"),
+        (["lr=2e-3"], "--option 'lr=2e-3': lr is already set (by --lr)"),
+        (["adamEps=1e-5", "adam_eps=1e-6"], "adam_eps is already set (by --option adam_eps)"),
+    ],
+)
+def test_malformed_or_doubled_options_are_named(options: list[str], message: str) -> None:
+    with pytest.raises(train_cli.train_config.ConfigError, match=re.escape(message)):
+        train_cli.apply_options({"lr": 1e-3}, options)
+
+
+def test_check_validates_options_and_names_the_field_at_fault(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    base = [
+        "--store",
+        str(tmp_path / "none.db"),
+        "--job",
+        "j",
+        "--model",
+        "m",
+        "--run-dir",
+        str(tmp_path / "r"),
+    ]
+    assert train_cli.main([*base, "--option", "adamEps=1e-5", "--check"]) == 0
+    assert json.loads(capsys.readouterr().out)["adam_eps"] == 1e-5
+    assert (
+        train_cli.main([*base, "--option", "adam_epz=1e-5", "--option", "kl_coef=-1", "--check"])
+        == 2
+    )
+    err = capsys.readouterr().err
+    assert "adam_epz: Extra inputs are not permitted (got 1e-05)" in err
+    assert "kl_coef: Input should be greater than or equal to 0 (got -1)" in err
+    assert not (tmp_path / "r").exists()  # --check reads and writes nothing

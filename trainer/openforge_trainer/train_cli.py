@@ -8,6 +8,8 @@ at once: an unfinished step is lost, and its groups are trained after a restart.
 from __future__ import annotations
 
 import argparse
+import json
+import re
 import signal
 import sys
 import threading
@@ -63,17 +65,68 @@ def parser() -> argparse.ArgumentParser:
     add("--keep-checkpoints", type=int)
     add("--device")
     add("--dtype")
+    cli.add_argument(
+        "--option",
+        dest="options",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="Any other setting by its field name (snake_case or camelCase), the value as JSON "
+        "or else as a string, e.g. --option adam_eps=1e-5 (a RolloutJob's spec.training.options).",
+    )
+    cli.add_argument(
+        "--check",
+        action="store_true",
+        help="Validate the settings, print them as JSON and exit (nothing is read or trained).",
+    )
     return cli
+
+
+def _field_name(name: str) -> str:
+    """``adamEps`` -> ``adam_eps``; snake_case names are kept."""
+    return re.sub(r"(?<=[a-z0-9])([A-Z])", r"_\1", name).lower()
+
+
+def apply_options(values: dict[str, Any], options: Sequence[str]) -> dict[str, Any]:
+    """``values`` plus each ``NAME=VALUE`` option; ConfigError names a malformed or doubled one."""
+    merged = dict(values)
+    flags = {
+        action.dest: action.option_strings[0]
+        for action in parser()._actions
+        if action.option_strings
+    }
+    for option in options:
+        name, sep, raw = option.partition("=")
+        if not sep or not name.strip():
+            raise train_config.ConfigError(f"--option {option!r}: expected NAME=VALUE")
+        field = _field_name(name.strip())
+        if field in merged:
+            where = flags.get(field, f"--option {field}")
+            raise train_config.ConfigError(
+                f"--option {option!r}: {field} is already set (by {where})"
+            )
+        try:
+            merged[field] = json.loads(raw)
+        except ValueError:
+            merged[field] = raw
+    return merged
 
 
 def main(argv: Sequence[str]) -> int:
     args = parser().parse_args(list(argv))
-    values = {key: value for key, value in vars(args).items() if value is not None}
+    values = {
+        key: value
+        for key, value in vars(args).items()
+        if value is not None and key not in ("options", "check")
+    }
     try:
-        config = train_config.load(**values)
+        config = train_config.load(**apply_options(values, args.options))
     except train_config.ConfigError as exc:
         print(f"openforge train: {exc}", file=sys.stderr)
         return 2
+    if args.check:
+        print(config.model_dump_json(indent=2))
+        return 0
     if not config.store.is_file():
         print(f"openforge train: --store: no store at {config.store}", file=sys.stderr)
         return 2

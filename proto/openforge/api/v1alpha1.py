@@ -658,7 +658,9 @@ class Training(Model):
         default=None, ge=0, description="Skip groups sampled more than this many versions ago."
     )
     options: dict[str, Any] | None = pydantic.Field(
-        default=None, description="Further trainer settings by name, passed through as given."
+        default=None,
+        description="Further `openforge train` settings by field name (e.g. adamEps: 1.0e-5), "
+        "passed as --option NAME=VALUE; the trainer validates them before any rollout runs.",
     )
 
 

@@ -20,6 +20,9 @@ from types import FrameType
 from openforge.api import manifests
 from openforge.run import executor, plan, processes, progress, runner
 
+# `openforge train` prints one of these once its settings are valid and its policy is loaded
+TRAINER_READY = ("openforge train: starting", "openforge train: resumed")
+
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="openforge run", description=__doc__.split("\n\n")[0])
@@ -38,6 +41,14 @@ def main(argv: list[str]) -> int:
         model = plan.policy_model(bundle)
     except (manifests.ManifestError, plan.PlanError) as exc:
         print(f"openforge run: {exc}", file=sys.stderr)
+        return 2
+    if model is None and not args.no_train:
+        print(
+            f"openforge run: {bundle.manifest_dir}: spec.policy.endpoint: training locally needs the "
+            "policy's weights, so spec.policy.model must be the local model directory that "
+            "`openforge serve` loads (leave endpoint unset), or run with --no-train",
+            file=sys.stderr,
+        )
         return 2
     training = bundle.job.spec.training
     iterations = args.iterations or (training.iterations if training and training.iterations else 1)
@@ -65,6 +76,7 @@ def main(argv: list[str]) -> int:
             trainer = _start(services, processes.Service(
                 "trainer", processes.openforge(*plan.trainer_args(bundle, model=model, run_dir=run_dir, store=run_dir / "store.db", serve=engine_url, iterations=iterations)),
                 run_dir / "trainer.log"))
+            trainer.wait_for_line(TRAINER_READY)  # bad spec.training settings stop the run before any rollout
         base_version = runner.policy_version(engine_url)
         resume = runner.resume_state(runner.Journal(run_dir / "journal.jsonl"))
         endpoints = executor.Endpoints(engine_url, f"127.0.0.1:{collector.port}", base_version)

@@ -247,7 +247,8 @@ def checkpoint_version(model_dir: Path) -> int:
 
 def trainer_args(bundle: Bundle, *, model: Path | None, run_dir: Path, store: Path, serve: str, iterations: int) -> list[str]:
     """``openforge train`` arguments for a local run: one step per iteration,
-    trained on every task's group of that iteration."""
+    trained on every task's group of that iteration; ``spec.training.options``
+    become ``--option NAME=VALUE`` (the trainer validates them)."""
     if model is None:
         raise PlanError("training locally needs spec.policy.model to be a local model directory")
     args = [
@@ -265,4 +266,6 @@ def trainer_args(bundle: Bundle, *, model: Path | None, run_dir: Path, store: Pa
             args += ["--max-staleness", str(training.max_staleness)]
         if training.kl_coef is not None:
             args += ["--kl-coef", str(training.kl_coef)]
+        for name, value in (training.options or {}).items():
+            args += ["--option", f"{name}={json.dumps(value)}"]
     return args

@@ -36,6 +36,7 @@ class Service:
     port: int | None = None
     env: dict[str, str] | None = None
     process: subprocess.Popen[bytes] | None = field(default=None, init=False)
+    _log_start: int = field(default=0, init=False)  # the log's size when this process started
 
     @property
     def url(self) -> str:
@@ -44,6 +45,7 @@ class Service:
     def start(self, *, timeout: float = 120.0) -> Service:
         self.log.parent.mkdir(parents=True, exist_ok=True)
         with self.log.open("ab") as handle:
+            self._log_start = handle.tell()
             self.process = subprocess.Popen(
                 self.argv,
                 stdout=handle,
@@ -61,14 +63,47 @@ class Service:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
-                raise ServiceError(f"{self.name} exited with {self.process.returncode}:\n{self.tail()}")
+                raise ServiceError(
+                    f"{self.name} exited with {self.process.returncode}:\n{self.tail()}"
+                )
             try:
                 with socket.create_connection(("127.0.0.1", self.port), timeout=0.2):
                     return
             except OSError:
                 time.sleep(0.05)
         self.stop()
-        raise ServiceError(f"{self.name} did not listen on 127.0.0.1:{self.port} within {timeout:.0f} s:\n{self.tail()}")
+        raise ServiceError(
+            f"{self.name} did not listen on 127.0.0.1:{self.port} within {timeout:.0f} s:\n{self.tail()}"
+        )
+
+    def wait_for_line(self, text: str | tuple[str, ...], *, timeout: float = 300.0) -> None:
+        """Wait until the service's log has a line starting with ``text`` (or one of them).
+
+        Raises ServiceError with the end of the log if it exits (or the time
+        runs out) first: e.g. ``openforge train`` rejecting its settings.
+        """
+        assert self.process is not None
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            exited = self.process.poll() is not None
+            if any(line.startswith(text) for line in self._new_lines()):
+                return
+            if exited:
+                raise ServiceError(
+                    f"{self.name} exited with {self.process.returncode}:\n{self.tail()}"
+                )
+            time.sleep(0.1)
+        raise ServiceError(
+            f"{self.name} did not say {text!r} within {timeout:.0f} s:\n{self.tail()}"
+        )
+
+    def _new_lines(self) -> list[str]:
+        try:
+            with self.log.open("rb") as handle:
+                handle.seek(self._log_start)
+                return handle.read().decode(errors="replace").splitlines()
+        except OSError:
+            return []
 
     def alive(self) -> bool:
         return self.process is not None and self.process.poll() is None
