@@ -39,6 +39,7 @@ have its hook, in the same order and with the same error handling.
 from __future__ import annotations
 
 import asyncio
+import gc
 import importlib
 import importlib.util
 import inspect
@@ -82,10 +83,37 @@ async def _serve(settings: Sequence[str], *, verbose: bool, extra_addons: Sequen
     for name in ("asyncio", "hpack", "quic"):
         logging.getLogger(name).setLevel(logging.WARNING)
     master = build(settings, verbose=verbose, extra_addons=extra_addons)
+    settle_garbage_collector()
     loop = asyncio.get_running_loop()
     loop.add_signal_handler(signal.SIGINT, master.shutdown)
     loop.add_signal_handler(signal.SIGTERM, master.shutdown)
     await master.run()
+
+
+#: Allocations (net of deallocations) of container objects between two
+#: youngest-generation collections; Python's default is 700.
+GC_YOUNG_THRESHOLD = 2000
+
+
+def settle_garbage_collector() -> None:
+    """Keep the cyclic garbage collector off what startup built, and run it less often.
+
+    Everything alive once the master is built (modules, classes, mitmproxy's
+    and our state: ~67k objects) lives as long as the process, yet every
+    full collection walks it again. ``gc.freeze`` moves it out of the
+    collector's generations for good. Each model call allocates thousands of
+    container objects (flows, layers, parsed JSON), nearly all freed by
+    reference counting; collecting the youngest generation every 2000 net
+    allocations instead of 700 walks the objects of the calls in flight less
+    often. Measured under the proxy-overhead workload (1200 calls, half of
+    them from 50 concurrent clients; CPU time inside the collector on the
+    event-loop thread): 0.18 ms per call by default, 0.12 with the freeze,
+    0.09 with the freeze and this threshold.
+    """
+    gc.collect()
+    gc.freeze()
+    _, middle, oldest = gc.get_threshold()
+    gc.set_threshold(GC_YOUNG_THRESHOLD, middle, oldest)
 
 
 def build(settings: Sequence[str], *, verbose: bool, extra_addons: Sequence[Any] = ()) -> Any:

@@ -233,3 +233,15 @@ def test_the_hook_table_dispatches_as_mitmproxys_addon_manager(
     first = ["first.request", "parent.request", "child.request", "failing.request", "last.request"]
     assert ours == [*first, *first, "halting.request", "updates.update(1)", "end"]
     assert sum("Addon error: addon failure" in r.getMessage() for r in caplog.records) == 2 * 2 * 2
+
+
+def test_startup_objects_are_frozen_and_young_collections_are_rarer() -> None:
+    code = (
+        "import gc, json; from openforge_sidecar import master; "
+        "before = gc.get_freeze_count(); master.settle_garbage_collector(); "
+        "print(json.dumps([before, gc.get_freeze_count(), gc.get_threshold()]))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    before, frozen, threshold = json.loads(out.stdout)
+    assert before == 0 and frozen > 1000
+    assert threshold[0] == 2000
