@@ -9,7 +9,8 @@ token IDs, logprobs and a finish reason; it does no I/O.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from array import array
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,7 +24,7 @@ class EngineError(ValueError):
 def completion_request(
     *,
     model: str,
-    prompt_ids: list[int],
+    prompt_ids: Sequence[int],
     sampling: conversation.SamplingParams,
     stop_token_ids: frozenset[int],
     max_model_len: int | None = None,
@@ -40,7 +41,7 @@ def completion_request(
         max_tokens = max(1, min(max_tokens, max_model_len - len(prompt_ids)))
     body: dict[str, Any] = {
         "model": model,
-        "prompt": prompt_ids,
+        "prompt": list(prompt_ids),
         "max_tokens": max_tokens,
         "stream": True,
         "stream_options": {"include_usage": True},
@@ -93,7 +94,7 @@ class EngineChunk:
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     finish_reason: str | None = None
-    prompt_token_ids: list[int] | None = None
+    prompt_token_ids: array[int] | None = None  # 4 bytes an ID: kept for the whole call
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
 
@@ -136,6 +137,19 @@ def parse_chunk(data: str) -> EngineChunk:
                 f"but {len(chunk.logprobs)} token_logprobs"
             )
         if choice.get("prompt_token_ids") is not None:
-            chunk.prompt_token_ids = [int(t) for t in choice["prompt_token_ids"]]
+            chunk.prompt_token_ids = _token_array(choice["prompt_token_ids"])
         chunk.finish_reason = choice.get("finish_reason")
     return chunk
+
+
+def _token_array(ids: Any) -> array[int]:
+    """The engine's prompt token IDs (a JSON list of ints) as an int32 array."""
+    if not isinstance(ids, list):
+        raise EngineError("engine chunk's prompt_token_ids is not a list")
+    try:
+        return array("i", ids)
+    except (TypeError, OverflowError):  # not all ints: read them as int() does
+        try:
+            return array("i", [int(t) for t in ids])
+        except (TypeError, ValueError, OverflowError) as exc:
+            raise EngineError(f"engine chunk has invalid prompt_token_ids: {exc}") from exc

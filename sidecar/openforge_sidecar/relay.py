@@ -12,6 +12,7 @@ whole JSON body. It does no I/O; what it gathered is read once it is done.
 from __future__ import annotations
 
 import time
+from array import array
 from collections.abc import Callable
 
 from openforge_sidecar import conversation, engine, fastjson, sse, template, toolparse
@@ -53,7 +54,7 @@ class Relay:
         self.token_ids: list[int] = []
         self.logprobs: list[float] = []
         self.engine_finish_reason: str | None = None
-        self.engine_prompt_ids: list[int] | None = None
+        self.engine_prompt_ids: array[int] | None = None
         self.error: str | None = None
         self.done = False
         self.first_output_at: float | None = None
@@ -88,7 +89,9 @@ class Relay:
         self.token_ids.extend(chunk.token_ids)
         self.logprobs.extend(chunk.logprobs)
         # Stop tokens end the turn; their text is not part of the answer.
-        text = "".join(self._detokenizer.push(t) for t in chunk.token_ids if t not in self._stop_token_ids)
+        text = "".join(
+            self._detokenizer.push(t) for t in chunk.token_ids if t not in self._stop_token_ids
+        )
         return self._encode(self._parser.feed(text))
 
     def _encode(self, events: list[conversation.StreamEvent]) -> bytes:
@@ -114,10 +117,14 @@ class Relay:
             # would: its SDK then reports the failure instead of a silently
             # shortened answer.
             out = self._encode(tail)
-            self.completion = conversation.assemble([*self.events, conversation.StreamEnd("error", usage)])
+            self.completion = conversation.assemble(
+                [*self.events, conversation.StreamEnd("error", usage)]
+            )
             return self._emit(out)
         closing = [
-            conversation.StreamEnd(e.finish_reason, usage) if isinstance(e, conversation.StreamEnd) else e
+            conversation.StreamEnd(e.finish_reason, usage)
+            if isinstance(e, conversation.StreamEnd)
+            else e
             for e in closing
         ]
         out = self._encode([*tail, *closing])

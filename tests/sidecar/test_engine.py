@@ -1,4 +1,5 @@
 import json
+from array import array
 
 import pytest
 from hypothesis import given, settings
@@ -41,8 +42,22 @@ def test_parse_chunk_reads_vllm_stream_chunk():
     chunk = engine.parse_chunk(json.dumps(data))
     assert chunk.token_ids == [42]
     assert chunk.logprobs == [-0.5]
-    assert chunk.prompt_token_ids == [1, 2, 3]
+    assert chunk.prompt_token_ids is not None and list(chunk.prompt_token_ids) == [1, 2, 3]
     assert chunk.finish_reason is None
+
+
+def test_prompt_token_ids_are_kept_as_an_int32_array() -> None:
+    def echo(ids: object) -> object:
+        body = {"choices": [{"index": 0, "text": "", "token_ids": [], "prompt_token_ids": ids}]}
+        return engine.parse_chunk(json.dumps(body)).prompt_token_ids
+
+    found = echo([0, 151643, 2**31 - 1])
+    assert isinstance(found, array) and found.typecode == "i"
+    assert list(found) == [0, 151643, 2**31 - 1]
+    assert list(echo([1.0, 2.0])) == [1, 2]  # type: ignore[call-overload]
+    for bad in ([2**31], ["x"], "123", {"a": 1}):
+        with pytest.raises(engine.EngineError, match="prompt_token_ids"):
+            echo(bad)
 
 
 def test_parse_chunk_reads_usage_chunk():

@@ -52,7 +52,7 @@ def test_a_continuation_extends_the_earlier_call_tokens_exactly() -> None:
     plan = tokens.plan(request(*BASE, REPLY, result("call_1", "a.txt")))
     head = [*first.prompt_ids, 5, 6, 7, *tiny().stop_token_ids]
     assert plan.segment_reason == "" and plan.segment_index == first.segment_index
-    assert plan.prompt_ids[: len(head)] == head and plan.prefix_token_count == len(head)
+    assert list(plan.prompt_ids[: len(head)]) == head and plan.prefix_token_count == len(head)
     assert tokens.merge_rate == 1.0
 
 
