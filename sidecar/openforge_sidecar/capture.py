@@ -290,7 +290,7 @@ class Capture:
                 streamed="text/event-stream" in response.headers.get("content-type", ""),
                 content_encoding=response.headers.get("content-encoding", ""),
             )
-            response.stream = call.tee
+            response.stream = _teeing(call)
             return
         if response.status_code != 200 or call.relay is None:
             return  # the engine's error is translated whole in `response`
@@ -302,7 +302,7 @@ class Capture:
         response.headers["content-type"] = "text/event-stream" if call.request.stream else "application/json"
         if call.request.stream:
             response.headers["cache-control"] = "no-cache"
-        response.stream = _guarded(call.relay)
+        response.stream = _guarded(call)
 
     async def response(self, flow: http.HTTPFlow) -> None:
         call: _Call | None = flow.metadata.get("openforge")
@@ -474,6 +474,7 @@ class Capture:
         )
         self._put(records.call(job=opts.openforge_job, rollout_id=opts.openforge_rollout_id, model_call=model_call))
         self.stats["spooled_calls"] += 1
+        _release(call)
 
     def _put(self, record: pb.Record) -> int:
         if self._writer is None:
@@ -586,17 +587,39 @@ class Capture:
         flow.response = _json_response(status, codec.error_body(status, message))
 
 
-def _guarded(transform: relay.Relay) -> Any:
-    """The relay as mitmproxy's stream callable.
+def _release(call: _Call) -> None:
+    """Let go of a spooled call's bulk: the request body, the prompt, the relay or tee.
+
+    mitmproxy's flows are freed by the cyclic garbage collector, not when
+    they end (each HTTP stream layer and its context refer to each other),
+    and the flow holds the call (``flow.metadata``) and, through the stream
+    callable, its relay. Without this, every finished call's bodies, token
+    IDs and events stay resident until a collection reaches the flow's
+    generation: under 50 concurrent clients, a few times the calls in flight.
+    The record, which has them all, is already with the spool writer.
+    """
+    call.request_json = b""
+    call.headers = {}
+    call.plan = None
+    call.relay = None
+    call.tee = None
+
+
+def _guarded(call: _Call) -> Any:
+    """The call's relay as mitmproxy's stream callable.
 
     Nothing to send must be an empty *list*: mitmproxy writes an empty bytes
     chunk as-is, and on a chunked HTTP/1.1 response that is the terminator,
     which would end the harness's stream early. An exception escaping a
     stream callable kills the connection without a trace, so it is logged
-    and kept on the relay (the call is spooled with the error) first.
+    and kept on the relay (the call is spooled with the error) first. The
+    relay is read from the call each time, so that :func:`_release` frees it.
     """
 
     def stream(data: bytes) -> list[bytes]:
+        transform = call.relay
+        if transform is None:  # spooled already (the connection failed): nothing more to relay
+            return []
         try:
             out = transform(data)
         except Exception as exc:
@@ -605,6 +628,16 @@ def _guarded(transform: relay.Relay) -> Any:
             transform.done = True
             raise
         return [out] if out else []
+
+    return stream
+
+
+def _teeing(call: _Call) -> Any:
+    """The call's tee as mitmproxy's stream callable, read from the call (see :func:`_release`)."""
+
+    def stream(data: bytes) -> bytes:
+        watcher = call.tee
+        return watcher(data) if watcher is not None else data
 
     return stream
 

@@ -1,0 +1,77 @@
+"""A spooled call lets go of its bulk, since mitmproxy's flows outlive their calls.
+
+The record has everything; what the flow still refers to (the call in its
+metadata, the relay through the stream callable) is freed at once instead of
+when the cyclic collector reaches the flow.
+"""
+
+from __future__ import annotations
+
+import gc
+import weakref
+from typing import Any
+
+from openforge_sidecar import capture, codecs, conversation
+
+
+class _FakeRelay:
+    def __init__(self) -> None:
+        self.seen: list[bytes] = []
+
+    def __call__(self, data: bytes) -> bytes:
+        self.seen.append(data)
+        return data.upper()
+
+
+def _call() -> capture._Call:
+    codec = codecs.for_path("/v1/chat/completions")
+    assert codec is not None
+    return capture._Call(
+        index=0,
+        codec=codec,
+        request=conversation.ChatRequest(api=codec.api, model="m", messages=()),
+        request_json=b"{" + b" " * 20_000 + b"}",
+        headers={"user-agent": "x"},
+        received_ns=0,
+        started=0.0,
+    )
+
+
+def test_a_released_call_holds_no_body_relay_or_tee_and_its_stream_relays_nothing() -> None:
+    call = _call()
+    fake: Any = _FakeRelay()
+    call.relay = fake
+    stream = capture._guarded(call)
+    assert stream(b"abc") == [b"ABC"] and fake.seen == [b"abc"]
+    gone = weakref.ref(fake)
+    del fake
+    gc.disable()  # freed by reference counting, not by a collection
+    try:
+        capture._release(call)
+        assert gone() is None
+    finally:
+        gc.enable()
+    assert (call.request_json, call.headers, call.plan, call.relay, call.tee) == (
+        b"",
+        {},
+        None,
+        None,
+        None,
+    )
+    assert stream(b"late") == []  # a chunk after the call was spooled is not relayed
+
+
+def test_the_tee_stream_passes_bytes_through_before_and_after_release() -> None:
+    call = _call()
+    seen: list[bytes] = []
+
+    class _Tee:
+        def __call__(self, data: bytes) -> bytes:
+            seen.append(data)
+            return data
+
+    call.tee = _Tee()  # type: ignore[assignment]
+    stream = capture._teeing(call)
+    assert stream(b"one") == b"one" and seen == [b"one"]
+    capture._release(call)
+    assert stream(b"two") == b"two" and seen == [b"one"]
