@@ -26,7 +26,7 @@ from jinja2.ext import loopcontrols
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer, decoders
 
-from openforge_sidecar import conversation
+from openforge_sidecar import conversation, segments
 
 IMAGE_PLACEHOLDER = "<image>"
 TOKENIZER_PATH = "/openforge/v1/tokenizer"
@@ -46,6 +46,7 @@ class PolicyTokenizer:
         stops.update(self._token_id(t) for t in _CHATML_STOPS if self._has_token(t))
         self.stop_token_ids: frozenset[int] = frozenset(stops)
         self._byte_table: list[bytes] | None = _byte_table(tokenizer)
+        self._segments = segments.SegmentEncoder.for_tokenizer(tokenizer, self._encode_batch)
 
     @classmethod
     def load(cls, source: str) -> PolicyTokenizer:
@@ -97,14 +98,25 @@ class PolicyTokenizer:
     def encode(self, text: str) -> list[int]:
         """Token IDs for ``text``; special tokens in it are recognised, none are added.
 
+        Where the tokenizer allows it (:mod:`openforge_sidecar.segments`), the
+        pieces between special tokens are encoded once and reused: the system
+        prompt and tools of every call, each earlier message of a conversation.
+        """
+        if self._segments is not None:
+            return self._segments.encode(text)
+        return list(self._encode_batch([text])[0])
+
+    def _encode_batch(self, texts: list[str]) -> list[list[int]]:
+        """Token IDs of each text on its own.
+
         ``encode_batch_fast`` gives the same IDs as ``encode`` without working
         out character offsets, which nothing here uses: a quarter to a third
         less time on a prompt, and a new conversation's whole prompt is
         encoded before its first token can be asked for. (Batch calls may use
         a thread pool; ``openforge sidecar`` sets ``TOKENIZERS_PARALLELISM``
-        to false, so a single text stays on the calling thread.)
+        to false, so the texts stay on the calling thread.)
         """
-        return list(self._tokenizer.encode_batch_fast([text], add_special_tokens=False)[0].ids)
+        return [e.ids for e in self._tokenizer.encode_batch_fast(texts, add_special_tokens=False)]
 
     def decode(self, ids: Sequence[int]) -> str:
         """Text for ``ids``, special tokens included."""

@@ -1,0 +1,172 @@
+"""Encoding a prompt piece by piece between its special tokens, the pieces cached.
+
+A harness sends the same text over and over: the system prompt and tool
+schemas on every call, each earlier message on every call after it. A
+Hugging Face tokenizer first cuts its input at the added tokens it matches
+on the raw text (those not ``normalized``: ``<|im_start|>``, ``<|im_end|>``,
+...), then normalizes, pre-tokenizes and runs the model on each piece
+between them on its own. So the IDs of a text are the IDs of its pieces and
+of the tokens between them, in order, and a piece seen before need not be
+encoded again.
+
+That holds only where nothing looks across a cut, which
+:meth:`SegmentEncoder.for_tokenizer` checks before it builds one (else it
+returns None and the caller encodes whole texts):
+
+* the cut tokens are exactly the ones the tokenizer would match there: no
+  other raw-text added token contains one, or could start before one and
+  overlap it (the tokenizer takes the leftmost, then longest, match);
+* no added token strips the whitespace next to it or must stand as a single
+  word (``lstrip``, ``rstrip``, ``single_word``: they look at neighbours);
+* no pre-tokenizer treats the first piece of a text differently from the
+  others (``Metaspace``, whose ``prepend_scheme`` may be ``first``);
+* a BPE model without dropout, no truncation or padding, special tokens
+  matched (``encode_special_tokens`` off);
+* and, as a last guard, texts built to probe the cuts (the tokens next to
+  each other, to whitespace, to non-ASCII text, at both ends) encode to the
+  same IDs both ways.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from array import array
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+#: Cached pieces hold at most this many characters in all (the least recently
+#: used go first); a piece over an eighth of it is encoded but not kept.
+MAX_CACHED_CHARS = 512 * 1024
+
+EncodeBatch = Callable[[list[str]], Sequence[Sequence[int]]]
+
+
+class SegmentEncoder:
+    """Token IDs of texts, encoding only the pieces between cut tokens not seen recently."""
+
+    def __init__(
+        self,
+        encode_batch: EncodeBatch,
+        cut_tokens: dict[str, int],
+        *,
+        max_cached_chars: int = MAX_CACHED_CHARS,
+    ) -> None:
+        self._encode_batch = encode_batch
+        self._ids = dict(cut_tokens)
+        longest_first = sorted(cut_tokens, key=len, reverse=True)
+        self._pattern = re.compile("(" + "|".join(map(re.escape, longest_first)) + ")")
+        self._cache: OrderedDict[str, array[int]] = OrderedDict()
+        self._chars = 0
+        self._max_chars = max_cached_chars
+        self.hits = 0
+        self.misses = 0
+
+    @classmethod
+    def for_tokenizer(cls, tokenizer: Any, encode_batch: EncodeBatch) -> SegmentEncoder | None:
+        """An encoder equal to ``encode_batch`` on whole texts for this tokenizer, or None."""
+        cut_tokens, reason = _cut_tokens(tokenizer)
+        if not cut_tokens:
+            log.info("prompt pieces are not cached: %s", reason)
+            return None
+        encoder = cls(encode_batch, cut_tokens)
+        for text in _probes(list(cut_tokens)):
+            whole = list(encode_batch([text])[0])
+            if encoder.encode(text) != whole:
+                log.warning("prompt pieces are not cached: %r encodes otherwise in pieces", text)
+                return None
+        encoder.clear()
+        return encoder
+
+    def encode(self, text: str) -> list[int]:
+        parts = self._pattern.split(text)  # piece, cut token, piece, ..., piece
+        cache = self._cache
+        known: dict[str, array[int]] = {}
+        missing: list[str] = []
+        for piece in parts[::2]:
+            if piece and piece not in known:
+                ids = cache.get(piece)
+                if ids is None:
+                    missing.append(piece)
+                    known[piece] = _EMPTY
+                else:
+                    cache.move_to_end(piece)
+                    known[piece] = ids
+        if missing:
+            known.update(self._learn(missing))
+        self.hits += len(known) - len(missing)
+        out: list[int] = []
+        for index, part in enumerate(parts):
+            if index % 2:
+                out.append(self._ids[part])
+            elif part:
+                out.extend(known[part])
+        return out
+
+    def clear(self) -> None:
+        self._cache.clear()
+        self._chars = 0
+
+    def _learn(self, pieces: list[str]) -> dict[str, array[int]]:
+        """Encode pieces in one batch (each on its own) and keep those not too long."""
+        self.misses += len(pieces)
+        learned = {
+            piece: array("i", ids)
+            for piece, ids in zip(pieces, self._encode_batch(pieces), strict=True)
+        }
+        for piece, ids in learned.items():
+            if len(piece) <= self._max_chars // 8:
+                self._cache[piece] = ids
+                self._chars += len(piece)
+        while self._chars > self._max_chars:
+            piece, _ = self._cache.popitem(last=False)
+            self._chars -= len(piece)
+        return learned
+
+
+_EMPTY: array[int] = array("i")
+
+
+def _cut_tokens(tokenizer: Any) -> tuple[dict[str, int], str]:
+    """The added tokens texts may be cut at, by content, or ({}, why none)."""
+    model = tokenizer.model
+    if type(model).__name__ != "BPE" or getattr(model, "dropout", None):
+        return {}, f"model {type(model).__name__} (only BPE without dropout is checked)"
+    if tokenizer.truncation is not None or tokenizer.padding is not None:
+        return {}, "the tokenizer truncates or pads"
+    if getattr(tokenizer, "encode_special_tokens", False):
+        return {}, "special tokens are encoded as text"
+    if "Metaspace" in repr(tokenizer.pre_tokenizer):
+        return {}, "a Metaspace pre-tokenizer (may treat a text's first piece apart)"
+    added = tokenizer.get_added_tokens_decoder()
+    if any(t.lstrip or t.rstrip or t.single_word for t in added.values()):
+        return {}, "an added token strips whitespace or must be a single word"
+    raw = {t.content: int(i) for i, t in added.items() if not t.normalized and t.content}
+    cut = {
+        token: token_id
+        for token, token_id in raw.items()
+        if not any(other != token and _conflict(other, token) for other in raw)
+    }
+    return cut, "" if cut else "no added token matched on the raw text stands alone"
+
+
+def _conflict(other: str, token: str) -> bool:
+    """Whether a match of ``other`` could take the place of ``token`` at a cut."""
+    if token in other:
+        return True
+    return any(token.startswith(other[start:]) for start in range(1, len(other)))
+
+
+def _probes(tokens: list[str]) -> list[str]:
+    texts = ["", " ", "\n", "plain text, no tokens"]
+    fillers = ["", " ", "  ", "\n", "\n\n", " \t\n", "x", " x ", "über 日本🙂 12 345", "'s?!"]
+    for index, token in enumerate(tokens):
+        other = tokens[(index + 1) % len(tokens)]
+        for filler in fillers:
+            texts.append(f"{filler}{token}{filler}")
+            texts.append(f"{token}{filler}{other}{filler}{token}")
+            texts.append(f"a{filler}{token}b{token}{token}{filler}c")
+    return texts

@@ -1,0 +1,129 @@
+"""Encoding in pieces between special tokens gives the IDs of encoding whole texts.
+
+Checked against the tokenizer itself on generated texts, with a small cache
+so that eviction is exercised too, and the cases where pieces are refused.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from openforge_sidecar import segments, template
+from tokenizers import AddedToken, Tokenizer, models, pre_tokenizers
+
+TINY = Path(__file__).parents[2] / "trainer" / "openforge_trainer" / "assets" / "tiny-tokenizer"
+POLICY = template.PolicyTokenizer.load(str(TINY))
+WHOLE = POLICY._tokenizer
+SPECIALS = ["<|im_start|>", "<|im_end|>", "<|endoftext|>", "<tool_call>", "</tool_call>", "<think>"]
+PIECES = [
+    " ",
+    "  ",
+    "\n",
+    "\n\n",
+    "\t",
+    "a",
+    "ab",
+    " the",
+    "über",
+    "日本",
+    "🙂",
+    "123",
+    "'s",
+    "!",
+    "<",
+    "|",
+    ">",
+    "im_end",
+]
+
+
+def whole(texts: list[str]) -> list[list[int]]:
+    return [e.ids for e in WHOLE.encode_batch_fast(texts, add_special_tokens=False)]
+
+
+def test_the_policy_tokenizer_encodes_in_pieces_where_the_tokenizer_allows_it() -> None:
+    assert POLICY._segments is not None
+    text = "<|im_start|>system\nYou are terse.<|im_end|>\n<|im_start|>user\nhi <tool_call> 日本<|im_end|>\n"
+    assert POLICY.encode(text) == whole([text])[0]
+    assert POLICY.encode(text) == whole([text])[0]  # from the cache
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.lists(st.sampled_from(SPECIALS + PIECES), max_size=25), min_size=1, max_size=4))
+def test_pieces_give_the_ids_of_the_whole_text(texts: list[list[str]]) -> None:
+    encoder = segments.SegmentEncoder.for_tokenizer(WHOLE, whole)
+    assert encoder is not None
+    small = segments.SegmentEncoder(whole, encoder._ids, max_cached_chars=16)
+    for text in map("".join, texts):
+        expected = whole([text])[0]
+        assert encoder.encode(text) == expected
+        assert small.encode(text) == expected
+        assert encoder.encode(text) == expected  # again, from the cache
+
+
+def test_the_cache_is_bounded_and_keeps_the_recently_used() -> None:
+    encoder = segments.SegmentEncoder(whole, {"<|im_end|>": 2}, max_cached_chars=80)
+    for index in range(50):
+        encoder.encode(f"message number {index}<|im_end|>tail")
+        assert encoder._chars <= 80
+    assert "tail" in encoder._cache
+    assert "message number 0" not in encoder._cache
+    huge = "x" * 11  # over an eighth of the bound: encoded, not kept
+    assert encoder.encode(huge) == whole([huge])[0] and huge not in encoder._cache
+
+
+def _bpe(*, pre: Any = None, added: list[AddedToken] = ()) -> Tokenizer:  # type: ignore[assignment]
+    vocab = {c: i for i, c in enumerate(["a", "b", "▁", "Ġ", "<", ">", "s"])}
+    tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    if pre is not None:
+        tokenizer.pre_tokenizer = pre
+    tokenizer.add_special_tokens(list(added))
+    return tokenizer
+
+
+def test_pieces_are_refused_where_the_tokenizer_looks_across_a_cut() -> None:
+    def encoder(tokenizer: Tokenizer) -> segments.SegmentEncoder | None:
+        return segments.SegmentEncoder.for_tokenizer(
+            tokenizer,
+            lambda ts: [e.ids for e in tokenizer.encode_batch(ts, add_special_tokens=False)],
+        )
+
+    assert encoder(
+        _bpe(
+            pre=pre_tokenizers.ByteLevel(),
+            added=[AddedToken("<s>", special=True, normalized=False)],
+        )
+    )
+    assert (
+        encoder(
+            _bpe(
+                pre=pre_tokenizers.Metaspace(prepend_scheme="first"),
+                added=[AddedToken("<s>", special=True, normalized=False)],
+            )
+        )
+        is None
+    )
+    assert (
+        encoder(_bpe(added=[AddedToken("<s>", special=True, normalized=False, lstrip=True)]))
+        is None
+    )
+    assert (
+        encoder(_bpe(added=[AddedToken("<s>", special=True, normalized=True)])) is None
+    )  # no raw-text token
+    truncating = _bpe(added=[AddedToken("<s>", special=True, normalized=False)])
+    truncating.enable_truncation(8)
+    assert encoder(truncating) is None
+
+
+def test_a_token_another_could_take_the_place_of_is_no_cut() -> None:
+    assert segments._conflict("<s>x", "<s>")  # contains it
+    assert segments._conflict("a<", "<s>")  # starts before it and overlaps
+    assert not segments._conflict("</s>", "<s>")
+    tokenizer = _bpe(
+        added=[AddedToken(t, special=True, normalized=False) for t in ("<s>", "a<", "</s>")]
+    )
+    cut, _ = segments._cut_tokens(tokenizer)
+    assert set(cut) == {"a<"}  # "<s>" and "</s>" could each be overlapped by a match of "a<"
