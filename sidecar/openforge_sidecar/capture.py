@@ -393,11 +393,14 @@ class Capture:
         if result.engine_prompt_ids is not None and call.plan is not None and result.engine_prompt_ids != call.plan.prompt_ids:
             call.notes.append("engine echoed different prompt_token_ids")
             self.stats["prompt_mismatch"] += 1
+        recorded = False
         if self._history is not None and call.plan is not None and result.completion is not None and not result.error:
             self._history.record(call.request, call.plan, result.completion.message, result.token_ids)
-            # After this hook the answer's end goes out; then the next call's first rendering.
+            recorded = True
+        self._spool_after_answer(call, status=200, error=result.error or "; ".join(call.notes))
+        if recorded and self._history is not None:
+            # Then the next call's first rendering (see TokenHistory.prerender).
             asyncio.get_running_loop().call_soon(self._history.prerender)
-        self._spool_call(call, status=200, error=result.error or "; ".join(call.notes))
 
     def _record_rejected(self, flow: http.HTTPFlow, codec: Codec, body: bytes, exc: CodecError) -> None:
         """A refused LLM request is a call too: recorded, with its error."""
@@ -432,9 +435,31 @@ class Capture:
             response_json = json.dumps(body, separators=(",", ":")).encode()
         status = flow.response.status_code
         error = result.error or ("" if status < 400 else f"upstream answered {status}")
-        self._spool_call(call, status=status, error=error, response_json=response_json)
+        self._spool_after_answer(call, status=status, error=error, response_json=response_json)
 
     # --- records ------------------------------------------------------------------
+
+    def _spool_after_answer(self, call: _Call, *, status: int, error: str, response_json: bytes | None = None) -> None:
+        """Spool a call from the response hook once the harness has the end of its answer.
+
+        mitmproxy sends the end of a response (the chunked terminator) only
+        after the response hook returns, so whatever the hook does is latency
+        for the harness: building the record, and handing it to the spool
+        writer, whose thread then takes the GIL to serialize it. Done in the
+        event loop's next round instead, it comes after that send and before
+        the loop reads anything new, so before any later call of the harness
+        (and its rollout/finish) is seen. What is durable when is unchanged:
+        the record is fsync'd by the writer, then exported, as before.
+        """
+        call.finished = True  # an error hook for this flow in the meantime spools nothing
+        asyncio.get_running_loop().call_soon(self._spool_soon, call, status, error, response_json)
+
+    def _spool_soon(self, call: _Call, status: int, error: str, response_json: bytes | None) -> None:
+        try:
+            self._spool_call(call, status=status, error=error, response_json=response_json)
+        except Exception:  # a callback's exception would only reach asyncio's handler
+            self.stats["spool_failed"] += 1
+            log.exception("spooling call %d failed", call.index)
 
     def _spool_call(self, call: _Call, *, status: int, error: str, response_json: bytes | None = None) -> None:
         call.finished = True

@@ -1,4 +1,4 @@
-"""A spooled call lets go of its bulk, since mitmproxy's flows outlive their calls.
+"""A spooled call lets go of its bulk (mitmproxy's flows outlive their calls); an answered call is spooled after its answer's end.
 
 The record has everything; what the flow still refers to (the call in its
 metadata, the relay through the stream callable) is freed at once instead of
@@ -75,3 +75,31 @@ def test_the_tee_stream_passes_bytes_through_before_and_after_release() -> None:
     assert stream(b"one") == b"one" and seen == [b"one"]
     capture._release(call)
     assert stream(b"two") == b"two" and seen == [b"one"]
+
+
+def test_a_call_answered_is_spooled_in_the_loops_next_round_and_marked_finished_at_once() -> None:
+    import asyncio
+
+    addon = capture.Capture()
+    spooled: list[tuple[int, int, str]] = []
+
+    def spool_call(
+        call: capture._Call, *, status: int, error: str, response_json: bytes | None = None
+    ) -> None:
+        if error == "boom":
+            raise RuntimeError("spool failed")
+        spooled.append((call.index, status, error))
+
+    addon._spool_call = spool_call  # type: ignore[method-assign]
+
+    async def scenario() -> None:
+        first, second = _call(), _call()
+        second.index = 1
+        addon._spool_after_answer(first, status=200, error="")
+        addon._spool_after_answer(second, status=200, error="boom")
+        assert first.finished and second.finished and spooled == []  # the hook returns first
+        await asyncio.sleep(0)
+        assert spooled == [(0, 200, "")]
+
+    asyncio.run(scenario())
+    assert addon.stats["spool_failed"] == 1
