@@ -13,22 +13,24 @@ warm-started on (examples/harnesses/codex/harness.json): if a Codex upgrade
 changes its request, this test says so before the curve does.
 
 The comparison is iteration 0 (32 rollouts of the warm start) against the
-last two iterations pooled (64 rollouts), as in tests/run/test_learning.py.
-Measured (docs/harnesses.md): iteration 0 scored 0.19 and 0.34 in two runs
-(0.22 in-process), and a 7-iteration run went 0.19 -> 0.67 over iterations
-5-6 pooled (+0.48), and this test's first run 0.25 -> 0.69 (+0.44); a
-5-iteration run reached only +0.14 over iterations 3-4, which is why this
-runs 7. The standard error of the difference is about
-0.1, so a threshold of 0.15 leaves some three standard errors below the
-measured rise while still failing a policy that does not learn (without the
-gradient step the expected difference is 0).
+last two iterations pooled (64 rollouts), as in tests/run/test_learning.py;
+the standard error of that difference is about 0.1, so 0.15 still fails a
+policy that does not learn (without the gradient step the expected
+difference is 0) some 92% of the time.
+
+learn.yaml's Adam epsilon (1e-5) and KL to the initial policy (0.05) are what
+make this reliable enough for CI: at the defaults the tiny policy's tool-call
+format sometimes broke in one step (a clean-clone CI run went 0.31, 0.31,
+0.38, 0.31, 0.59, 0.09, 0.59), as 3 of 8 seeds of scripts/toy_rl_probe.py
+did; with both, no probe seed collapsed (rises +0.16 to +0.52 over 7 steps,
+the low ones after a lucky first iteration, which is why this runs 8). The
+measured runs are in docs/harnesses.md, "Learning inside Codex CLI".
 """
 
 from __future__ import annotations
 
 import importlib.util
 import json
-import os
 import sys
 from pathlib import Path
 
@@ -38,10 +40,8 @@ from openforge_trainer import store, tokenizer_build, warmstart
 
 ROOT = Path(__file__).resolve().parents[2]
 CODEX_DIR = ROOT / "examples" / "harnesses" / "codex"
-ITERATIONS = 7
+ITERATIONS = 8
 THRESHOLD = 0.15
-# Set to 1 to run the Codex learning test (see the skip below for why it is opt-in).
-OPT_IN = "OPENFORGE_LEARNING_CODEX"
 
 pytestmark = [pytest.mark.slow, pytest.mark.harness]
 
@@ -55,21 +55,15 @@ def codex_installed() -> bool:
     return binary is not None and Path(binary).is_file()
 
 
-@pytest.mark.timeout(1800)  # measured: 12 min wall, 12 CPU-min, on 2 cores shared with other jobs
+@pytest.mark.timeout(2400)  # measured: 9-13 min wall for 7 iterations on 2 cores shared with other jobs
 def test_reward_rises_inside_codex_cli(tmp_path: Path) -> None:
-    if os.environ.get(OPT_IN) != "1":
-        pytest.skip(
-            f"opt-in ({OPT_IN}=1): not yet robust enough for CI; a clean-clone CI run saw "
-            "0.31, 0.31, 0.38, 0.31, 0.59, 0.09, 0.59 (a one-iteration collapse) after three runs "
-            "that rose by 0.14-0.48"
-        )
     if not codex_installed():
         pytest.skip("Codex CLI is not installed; run scripts/install_harnesses.sh")
     run_dir = tmp_path / "run"
     learning_runs.train(
         [sys.executable, "-m", "openforge.cli", "run", str(CODEX_DIR / "learn.yaml"),
          "--run-dir", str(run_dir), "--iterations", str(ITERATIONS), "--quiet"],
-        timeout=1500,
+        timeout=2200,
     )  # fmt: skip
     by_iteration = learning_runs.rewards_by_iteration(run_dir)
     learning_runs.assert_rise(by_iteration, iterations=ITERATIONS, at_least=THRESHOLD)
