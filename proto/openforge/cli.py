@@ -8,6 +8,7 @@ components independent of each other.
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 from collections.abc import Callable, Sequence
 
@@ -49,7 +50,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     module_name, function_name, _ = COMMANDS[name]
     function: Callable[[list[str]], int] = getattr(importlib.import_module(module_name), function_name)
-    return function(rest)
+    try:
+        return function(rest)
+    except BrokenPipeError:
+        # the reader went away (`openforge analyze --json | head`): stop quietly,
+        # as a shell tool does; point stdout at /dev/null so the flush at exit
+        # does not raise again
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141  # 128 + SIGPIPE, what a shell reports for a command killed by it
 
 
 if __name__ == "__main__":

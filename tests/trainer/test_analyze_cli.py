@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import re
 import subprocess
 import sys
@@ -295,6 +296,25 @@ def test_the_front_door_runs_it(db_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     document: dict[str, Any] = json.loads(done.stdout)
     assert len(document["groups"]) == 5
+
+
+def test_a_reader_that_stops_early_gets_no_traceback(db_path: Path) -> None:
+    """`openforge analyze --json | head -1`: the closed pipe ends the command quietly."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # the reader is gone before the first write
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "openforge.cli", "analyze", "--store", str(db_path), "--json"],
+            stdout=write_end,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+    finally:
+        os.close(write_end)
+    assert done.returncode == 141, done.stderr
+    assert "Traceback" not in done.stderr and "BrokenPipe" not in done.stderr, done.stderr
 
 
 def test_metric_names_are_unique() -> None:
