@@ -11,8 +11,12 @@ Without the gradient step the reward would stay where the warm-start put it
 
 The comparison is iteration 0 (32 rollouts of the warm start) against the
 last two iterations pooled (64 rollouts), so one unlucky batch of 32 cannot
-decide it: the standard error of that difference is about 0.09, and a run at
-the example's learning rate (5e-4) goes ~0.19 -> ~0.53 by iterations 3-4.
+decide it: the standard error of that difference is about 0.09 (without the
+gradient step its expectation is 0; 0.2 is over two of them). It runs 7
+iterations: over 5, a clean-clone CI run went 0.34, 0.31, 0.41, 0.34, 0.53
+(+0.09: a lucky first batch and a late rise), and scripts/toy_rl_probe.py
+on the same tasks and settings (7 seeds) rose by +0.17 to +0.32 over
+iterations 4-5 but by +0.24 to +0.49 over iterations 6-7.
 At 1e-3 the tiny policy sometimes collapsed into repeating the tool name
 (tied embeddings + Adam's early sign-like steps), which is why it is 5e-4.
 """
@@ -30,18 +34,22 @@ ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow
 
 
-# 5 iterations take ~4 min on two idle cores; far longer when they are shared
-@pytest.mark.timeout(1500)
+ITERATIONS = 7
+THRESHOLD = 0.2
+
+
+# 5 iterations took ~4 min on two idle cores; far longer when they are shared
+@pytest.mark.timeout(2400)
 def test_reward_rises_inside_the_react_harness(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     learning_runs.train(
         [sys.executable, "-m", "openforge.cli", "run", str(ROOT / "examples" / "react-toy.yaml"),
-         "--run-dir", str(run_dir), "--iterations", "5", "--quiet"],
-        timeout=1400,
+         "--run-dir", str(run_dir), "--iterations", str(ITERATIONS), "--quiet"],
+        timeout=2200,
     )
     by_iteration = learning_runs.rewards_by_iteration(run_dir)
-    learning_runs.assert_rise(by_iteration, iterations=5, at_least=0.2)
+    learning_runs.assert_rise(by_iteration, iterations=ITERATIONS, at_least=THRESHOLD)
     steps = learning_runs.training_steps(run_dir)
-    assert [s["policy_version"] for s in steps] == [1.0, 2.0, 3.0, 4.0, 5.0]
+    assert [s["policy_version"] for s in steps] == [float(v) for v in range(1, ITERATIONS + 1)]
     # token exactness across the loop: what was sampled is what is trained
     assert max(s["logprob_diff_max"] for s in steps) < 1e-4
