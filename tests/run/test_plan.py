@@ -143,3 +143,15 @@ def test_training_options_reach_the_trainer_as_options(tmp_path: Path) -> None:
     assert args[args.index("--lr") + 1] == "0.001"
     options = [args[i + 1] for i, arg in enumerate(args) if arg == "--option"]
     assert options == ["adamEps=1e-05", 'lossAggMode="seq-mean-token-mean"']
+
+
+def test_a_containers_working_dir_is_the_rollouts_own_directory_locally(tmp_path: Path) -> None:
+    env = ENV.replace('          env: [{name: FIXED, value: "yes"}]\n', '          env: [{name: FIXED, value: "yes"}]\n          workingDir: /work\n')
+    bundle = plan.load([write(tmp_path, env=env)])
+    rollout = plan.rollouts_for(bundle, 0)[0]
+    command = plan.harness_command(bundle, rollout, sidecar_url="http://127.0.0.1:9", workdir=tmp_path / "w")
+    assert command.cwd == tmp_path / "w"  # not /work, an image path
+    local = env.replace("  task:\n", "  local:\n    workingDir: sub\n  task:\n", 1)
+    bundle = plan.load([write(tmp_path, env=local)])
+    command = plan.harness_command(bundle, rollout, sidecar_url="http://127.0.0.1:9", workdir=tmp_path / "w")
+    assert command.cwd == tmp_path / "w" / "sub"

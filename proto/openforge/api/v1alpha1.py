@@ -267,7 +267,9 @@ class LocalOverrides(Model):
         default=None, description="Environment, merged over the container's."
     )
     working_dir: str | None = pydantic.Field(
-        default=None, description="Working directory of the process."
+        default=None,
+        description="Working directory of the process, relative to the rollout's own directory "
+        "(the default; the container's workingDir is not used locally).",
     )
 
     @pydantic.field_validator("env")
@@ -444,9 +446,9 @@ class HarnessEnvSpec(Model):
             env[var.name] = var.value
         env.update(local.env or {})
         args = local.args if local.args is not None else container.args or []
-        return LocalProcess(
-            argv=[*command, *args], env=env, working_dir=local.working_dir or container.working_dir
-        )
+        # locally the rollout's own directory plays the container's working
+        # directory: an image path such as /work means nothing on this machine
+        return LocalProcess(argv=[*command, *args], env=env, working_dir=local.working_dir)
 
 
 class LocalProcess(pydantic.BaseModel):
