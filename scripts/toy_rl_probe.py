@@ -94,6 +94,50 @@ def policy_loss(
     return loss / (mask.sum() if denominator is None else denominator)
 
 
+def response_log_probs(
+    model: Any, episodes: list[policy_eval.Episode], pad_id: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each episode's model-token log-probs under ``model`` and their mask, [episodes, length - 1]."""
+    encoded = []
+    for episode in episodes:
+        ids, mask, _ = episode.sequence()
+        encoded.append(warmstart.Encoded(ids, mask))
+    batch = warmstart.collate(encoded, pad_id)
+    with torch.no_grad():
+        nll = warmstart.token_nll(model, batch)
+    return -nll, batch["loss_mask"][:, 1:].float()
+
+
+def update_size(
+    before: torch.Tensor, after: torch.Tensor, mask: torch.Tensor, advs: list[float]
+) -> dict[str, float]:
+    """How far one update moved the policy on the batch's own tokens.
+
+    ``kl``: token mean of k3 (KL(old || new) estimated on the old policy's
+    samples); ``seq_kl``: the same summed per episode, averaged over episodes;
+    ``seq_shift_max``: the largest change of one episode's log-likelihood.
+    """
+    log_ratio = (after - before).clamp(-20, 20)
+    k3 = (torch.exp(log_ratio) - 1 - log_ratio) * mask
+    per_episode = k3.sum(1)
+    shift = (log_ratio * mask).sum(1)
+    weights = torch.tensor(advs)
+    surrogate = (weights[:, None] * (torch.exp(log_ratio) - 1) * mask).sum() / mask.sum()
+    positive = weights > 0
+    negative = weights < 0
+    positive_tokens = mask * positive[:, None]
+    return {
+        "pos_tok": float((log_ratio * positive_tokens).sum() / positive_tokens.sum().clamp(min=1)),
+        "surr": float(surrogate),
+        "gain": float((weights * shift).sum() / len(advs)),
+        "pos_shift": float(shift[positive].mean()) if positive.any() else 0.0,
+        "neg_shift": float(shift[negative].mean()) if negative.any() else 0.0,
+        "kl": float(k3.sum() / mask.sum()),
+        "seq_kl": float(per_episode.mean()),
+        "seq_shift_max": float(shift.abs().max()),
+    }
+
+
 def evaluate(
     player: policy_eval.Player, tasks: list[dict[str, Any]], samples: int, seed: int
 ) -> dict[str, float]:
@@ -129,9 +173,21 @@ def main(argv: list[str]) -> int:
         "--show", action="store_true", help="print the batch's most common first replies each step"
     )
     parser.add_argument("--adam-eps", type=float, default=1e-8, help="Adam's epsilon")
+    parser.add_argument("--beta1", type=float, default=0.9, help="Adam's beta1 (momentum)")
     parser.add_argument("--kl", type=float, default=0.0, help="KL-to-reference weight (low_var_kl)")
     parser.add_argument(
         "--no-std", action="store_true", help="advantages not divided by the group std (Dr. GRPO)"
+    )
+    parser.add_argument(
+        "--max-kl",
+        type=float,
+        default=0.0,
+        help="trust region: halve an update (up to 6 times) while its batch KL exceeds this",
+    )
+    parser.add_argument(
+        "--line-search",
+        action="store_true",
+        help="halve an update while it lowers the likelihood of its batch's positive-advantage tokens",
     )
     parser.add_argument(
         "--mean-over-all", action="store_true", help="token mean over all episodes (the trainer's)"
@@ -150,7 +206,9 @@ def main(argv: list[str]) -> int:
     )
     train_tasks = policy_eval.load_tasks(args.tasks, None if args.all_tasks else "train")
     eval_tasks = train_tasks if args.all_tasks else policy_eval.load_tasks(args.tasks, "eval")
-    optimizer = torch.optim.Adam(model.parameters(), lr=args.lr, eps=args.adam_eps)
+    optimizer = torch.optim.Adam(
+        model.parameters(), lr=args.lr, eps=args.adam_eps, betas=(args.beta1, 0.999)
+    )
     rng = random.Random(args.seed)
     curve: list[dict[str, Any]] = []
     started = time.monotonic()
@@ -175,25 +233,46 @@ def main(argv: list[str]) -> int:
         )
         rewards = [e.reward for e in episodes]
         model.train()
+        advs = advantages(rewards, args.group, by_std=not args.no_std)
         loss = policy_loss(
             model,
             episodes,
-            advantages(rewards, args.group, by_std=not args.no_std),
+            advs,
             player.pad_id,
             mean_over_all=args.mean_over_all,
             reference=reference,
             kl_coef=args.kl,
         )
+        moved: dict[str, float] = {}
         if loss is not None:
+            model.eval()
+            before, mask = response_log_probs(model, episodes, player.pad_id)
+            old = [p.detach().clone() for p in model.parameters()]
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
+            after = response_log_probs(model, episodes, player.pad_id)[0]
+            moved = update_size(before, after, mask, advs)
+            moved["scale"] = 1.0
+
+            def unacceptable(moved: dict[str, float]) -> bool:
+                too_far = args.max_kl > 0 and moved["kl"] > args.max_kl
+                return too_far or (args.line_search and moved["pos_tok"] < 0)
+
+            while unacceptable(moved) and moved["scale"] > 0:
+                scale = moved["scale"] / 2 if moved["scale"] > 1 / 32 else 0.0
+                with torch.no_grad():
+                    for param, start in zip(model.parameters(), old, strict=True):
+                        param.copy_(start + (param - start) * (scale / moved["scale"]))
+                after = response_log_probs(model, episodes, player.pad_id)[0]
+                moved = {**update_size(before, after, mask, advs), "scale": scale}
         summary = policy_eval.summary(episodes)
-        curve.append({"step": step, "train": summary})
+        curve.append({"step": step, "train": summary, "update": moved})
+        sizes = "  ".join(f"{key} {value:.4f}" for key, value in moved.items())
         print(
             f"step {step:3d}  reward {summary['pass_rate']:.3f}  lookup {summary['lookup_rate']:.3f}  "
-            f"t {time.monotonic() - started:.0f}s",
+            f"t {time.monotonic() - started:.0f}s  {sizes}",
             flush=True,
         )
         if args.show:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -124,6 +125,53 @@ def test_one_step_raises_the_log_probs_of_positive_advantage_tokens(
     assert change[positive].mean() > 1e-4  # without the optimiser step this is exactly 0
     assert change[negative].mean() < -1e-4
     run.close()
+
+
+def positive_shift_of_one_update(
+    tmp_path: Path, model_dir: Path, **overrides: Any
+) -> tuple[float, dict[str, float]]:
+    tmp_path.mkdir(exist_ok=True)
+    sample_into(tmp_path / "store.db", model_dir, ["a", "b"])
+    run = trainer(settings(tmp_path, model_dir, **overrides))
+    batch = run.make_batch(
+        trainer_loop.select_groups(run.store, run.config, run.state, limit=2).groups
+    )
+    positive = batch.batch["advantages"] > 0
+    before = run.current_log_probs(batch)
+    update = run.update(batch)
+    shift = float((run.current_log_probs(batch) - before)[positive].mean())
+    run.close()
+    return shift, update
+
+
+def test_the_update_guard_halves_a_step_that_unlearns_what_worked(
+    tmp_path: Path, model_dir: Path
+) -> None:
+    # at lr 1 one Adam step overshoots: the positive-advantage tokens fall
+    shift, update = positive_shift_of_one_update(tmp_path / "plain", model_dir, lr=1.0)
+    assert shift < -1.0 and "update_scale" not in update
+    shift, update = positive_shift_of_one_update(
+        tmp_path / "guarded", model_dir, lr=1.0, update_backtracks=4
+    )
+    assert 0 < update["update_scale"] < 1
+    assert update["update_backtracks"] == -math.log2(update["update_scale"])
+    assert shift >= 0 and update["update_positive_shift"] == pytest.approx(shift, abs=1e-4)
+    # a sane step passes the guard untouched
+    _, update = positive_shift_of_one_update(
+        tmp_path / "small", model_dir, lr=1e-3, update_backtracks=4
+    )
+    assert update["update_scale"] == 1.0 and update["update_backtracks"] == 0.0
+
+
+def test_the_update_guard_drops_a_step_it_cannot_shrink_into_the_kl_bound(
+    tmp_path: Path, model_dir: Path
+) -> None:
+    shift, update = positive_shift_of_one_update(
+        tmp_path, model_dir, lr=1e-3, update_backtracks=2, max_update_kl=1e-12
+    )
+    assert update["update_scale"] == 0.0 and update["update_backtracks"] == 3.0
+    assert shift == pytest.approx(0.0, abs=1e-6)  # the parameters are back where they were
+    assert update["grad_norm"] > 0
 
 
 def test_micro_batching_does_not_change_the_update(tmp_path: Path, model_dir: Path) -> None:

@@ -113,6 +113,21 @@ class TrainConfig(pydantic.BaseModel):
     max_grad_norm: float = pydantic.Field(
         default=1.0, gt=0, description="Clip the global gradient norm to this."
     )
+    update_backtracks: int = pydantic.Field(
+        default=0,
+        ge=0,
+        le=30,
+        description="Guard each step against overshooting (update_guard): re-score the step's "
+        "batch after it and, while the step lowered the mean log-likelihood of its "
+        "positive-advantage tokens (or moved further than max_update_kl), halve it, at most "
+        "this many times, then drop it. 0: no check (no extra forward pass or parameter copy).",
+    )
+    max_update_kl: float = pydantic.Field(
+        default=0.0,
+        ge=0,
+        description="With update_backtracks: the largest token-mean KL(before || after) one "
+        "step may move the policy on its own batch (k3 estimate); 0: no limit.",
+    )
     micro_batch_tokens: int = pydantic.Field(
         default=16384,
         ge=1,

@@ -43,7 +43,15 @@ import torch
 import transformers
 from verl import DataProto
 
-from openforge_trainer import algorithms, checkpoint, export, publish, rl_batch, train_config
+from openforge_trainer import (
+    algorithms,
+    checkpoint,
+    export,
+    publish,
+    rl_batch,
+    train_config,
+    update_guard,
+)
 from openforge_trainer import metrics as metrics_module
 from openforge_trainer import store as store_module
 
@@ -422,21 +430,29 @@ class Trainer:
         response_lengths = attention[:, width:].sum(-1).tolist()
         sums: dict[str, float] = {}
         self.optimizer.zero_grad(set_to_none=True)
+        before = torch.zeros(tensors["responses"].shape, dtype=torch.float32)
         parts = micro_batches(prompt_lengths, response_lengths, self.config.micro_batch_tokens)
         for number, rows_in in enumerate(parts):
             part = _slice(
                 tensors, rows_in, width, prompt_lengths, response_lengths, self.config.device
             )
-            part_sums = self._micro_step(
+            part_sums, log_prob = self._micro_step(
                 part, total_tokens=total_tokens, rows=rows, first=number == 0
             )
+            before[torch.tensor(rows_in), : log_prob.shape[1]] = log_prob.cpu()
             for key, value in part_sums.items():
                 sums[key] = sums.get(key, 0.0) + value
         parameters = [p for p in self.model.parameters() if p.grad is not None]
         grad_norm = float(torch.nn.utils.clip_grad_norm_(parameters, self.config.max_grad_norm))
         finite = math.isfinite(grad_norm)
+        guarded: dict[str, float] = {}
         if finite:
+            start = (
+                [p.detach().clone() for p in parameters] if self.config.update_backtracks else []
+            )
             self.optimizer.step()
+            if start:
+                guarded = self._guard(batch, before, parameters, start)
         self.optimizer.zero_grad(set_to_none=True)
         seconds = time.monotonic() - started
         processed = int(attention.sum())
@@ -460,11 +476,42 @@ class Trainer:
         }
         if self.reference is not None:
             result["kl"] = sums.get("kl", 0.0) / tokens
+        result.update(guarded)
         return result
+
+    def _guard(
+        self,
+        batch: DataProto,
+        before: torch.Tensor,
+        parameters: Sequence[torch.nn.Parameter],
+        start: Sequence[torch.Tensor],
+    ) -> dict[str, float]:
+        """Halve the step just taken while it is unacceptable on its batch (update_guard)."""
+        mask = batch.batch["response_mask"]
+        advantages = batch.batch["advantages"]
+        scale = 1.0
+        size = update_guard.measure(before, self.current_log_probs(batch), mask, advantages)
+        backtracks = 0
+        for next_scale in update_guard.scales(self.config.update_backtracks):
+            if size.acceptable(self.config.max_update_kl):
+                break
+            update_guard.interpolate(parameters, start, next_scale / scale)
+            scale, backtracks = next_scale, backtracks + 1
+            if scale == 0.0:
+                size = update_guard.StepSize(positive_shift=0.0, kl=0.0)
+                break
+            size = update_guard.measure(before, self.current_log_probs(batch), mask, advantages)
+        return {
+            "update_scale": scale,
+            "update_backtracks": float(backtracks),
+            "update_positive_shift": size.positive_shift,
+            "update_kl": size.kl,
+        }
 
     def _micro_step(
         self, part: dict[str, torch.Tensor], *, total_tokens: int, rows: int, first: bool
-    ) -> dict[str, float]:
+    ) -> tuple[dict[str, float], torch.Tensor]:
+        """Backpropagate one micro-batch's loss; its metric sums and its log-probs [b, r]."""
         mask = part["response_mask"]
         tokens = float(mask.sum())
         response_logits = forward_response_logits(self.model, part)
@@ -506,7 +553,7 @@ class Trainer:
             entropy=float((token_entropy.detach() * mask).sum()),
             **{key: value * tokens for key, value in pg_metrics.items()},
         )
-        return sums
+        return sums, log_prob.detach()
 
     @torch.no_grad()
     def current_log_probs(self, batch: DataProto) -> torch.Tensor:
@@ -616,6 +663,8 @@ def default_publishers(config: train_config.TrainConfig) -> list[publish.Publish
 
 def _summary(record: dict[str, float]) -> str:
     kl = f" kl {record['kl']:.4f}" if "kl" in record else ""
+    if record.get("update_scale", 1.0) < 1.0:
+        kl += f", step x{record['update_scale']:g}"
     published = int(record["published_ok"] + record["published_failed"])
     return (
         f"step {int(record['step'])} (policy v{int(record['policy_version'])}): "
