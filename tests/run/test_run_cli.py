@@ -113,7 +113,8 @@ def test_bad_trainer_options_stop_the_run_before_any_rollout(tmp_path: Path) -> 
     text = (EXAMPLES / "react-toy.yaml").read_text()
     text = text.replace("    model: models/tiny-react", f"    model: {EXAMPLES / 'models' / 'tiny-react'}")
     text = text.replace("file: tasks/toy-tools/demo.jsonl", f"file: {EXAMPLES / 'tasks' / 'toy-tools' / 'demo.jsonl'}")
-    text = text.replace("  training:\n", "  training:\n    options: {adamEps: 1.0e-5, maxGradNorm: -1}\n")
+    assert text.count("    options:\n") == 1  # the demo's own (updateBacktracks)
+    text = text.replace("    options:\n", "    options:\n      adamEps: 1.0e-5\n      maxGradNorm: -1\n")
     path = tmp_path / "job.yaml"
     path.write_text(text)
     done = run([str(path), "--run-dir", str(tmp_path / "run"), "--quiet"], env={**os.environ})
