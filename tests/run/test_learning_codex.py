@@ -12,11 +12,14 @@ The first request Codex makes must be, token for token, what tiny-codex was
 warm-started on (examples/harnesses/codex/harness.json): if a Codex upgrade
 changes its request, this test says so before the curve does.
 
-The comparison is iteration 0 (32 rollouts of the warm start) against the
-last two iterations pooled (64 rollouts), as in tests/run/test_learning.py;
-the standard error of that difference is about 0.1, so 0.15 still fails a
-policy that does not learn (without the gradient step the expected
-difference is 0) some 92% of the time.
+The statistic is tests/run/test_learning.py's: the fitted trend over all
+iterations must rise by at least 0.2 and the last two iterations must end
+above the first. It runs learn.yaml's 10 iterations: over 10 the fitted
+rise's standard error is about 0.08, so 0.2 fails a policy that does not
+learn (expected rise 0) some 99% of the time. A clean-clone CI run of 8
+iterations began with a lucky batch (0.47, 0.44, 0.38, 0.41, 0.56, 0.69,
+0.50, 0.56): +0.06 first against last, +0.17 fitted; the warm start's first
+iteration has ranged 0.09-0.47 over eight runs (0.27 on average).
 
 learn.yaml's Adam epsilon (1e-5), KL to the initial policy (0.05) and step
 guard (updateBacktracks: 4) are what make this reliable enough for CI: at
@@ -44,8 +47,8 @@ from openforge_trainer import store, tokenizer_build, warmstart
 
 ROOT = Path(__file__).resolve().parents[2]
 CODEX_DIR = ROOT / "examples" / "harnesses" / "codex"
-ITERATIONS = 8
-THRESHOLD = 0.15
+ITERATIONS = 10
+THRESHOLD = 0.2
 
 pytestmark = [pytest.mark.slow, pytest.mark.harness]
 
@@ -59,7 +62,7 @@ def codex_installed() -> bool:
     return binary is not None and Path(binary).is_file()
 
 
-@pytest.mark.timeout(2400)  # measured: 9-13 min wall for 7 iterations on 2 cores shared with other jobs
+@pytest.mark.timeout(2400)  # measured: 6-13 min wall for 8 iterations on 2 cores
 def test_reward_rises_inside_codex_cli(tmp_path: Path) -> None:
     if not codex_installed():
         pytest.skip("Codex CLI is not installed; run scripts/install_harnesses.sh")
