@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from openforge_trainer import policy_eval, warmstart
+from openforge_trainer import policy_eval, update_guard, warmstart
 from transformers import AutoModelForCausalLM
 
 
@@ -113,27 +113,29 @@ def update_size(
 ) -> dict[str, float]:
     """How far one update moved the policy on the batch's own tokens.
 
-    ``kl``: token mean of k3 (KL(old || new) estimated on the old policy's
-    samples); ``seq_kl``: the same summed per episode, averaged over episodes;
-    ``seq_shift_max``: the largest change of one episode's log-likelihood.
+    ``pos_tok`` and ``kl`` are what the trainer's step guard judges
+    (:func:`openforge_trainer.update_guard.measure`); the rest are per
+    episode: ``pos_shift``/``neg_shift`` the mean change of a positive/negative
+    episode's log-likelihood, ``gain`` the advantage-weighted change,
+    ``surr`` the token-level importance-ratio surrogate, ``seq_kl`` the k3 KL
+    summed per episode, ``seq_shift_max`` the largest change of one episode.
     """
+    weights = torch.tensor(advs)
+    size = update_guard.measure(before, after, mask, weights[:, None].expand_as(mask))
     log_ratio = (after - before).clamp(-20, 20)
     k3 = (torch.exp(log_ratio) - 1 - log_ratio) * mask
-    per_episode = k3.sum(1)
     shift = (log_ratio * mask).sum(1)
-    weights = torch.tensor(advs)
     surrogate = (weights[:, None] * (torch.exp(log_ratio) - 1) * mask).sum() / mask.sum()
     positive = weights > 0
     negative = weights < 0
-    positive_tokens = mask * positive[:, None]
     return {
-        "pos_tok": float((log_ratio * positive_tokens).sum() / positive_tokens.sum().clamp(min=1)),
+        "pos_tok": size.positive_shift,
         "surr": float(surrogate),
         "gain": float((weights * shift).sum() / len(advs)),
         "pos_shift": float(shift[positive].mean()) if positive.any() else 0.0,
         "neg_shift": float(shift[negative].mean()) if negative.any() else 0.0,
-        "kl": float(k3.sum() / mask.sum()),
-        "seq_kl": float(per_episode.mean()),
+        "kl": size.kl,
+        "seq_kl": float(k3.sum(1).mean()),
         "seq_shift_max": float(shift.abs().max()),
     }
 
@@ -182,7 +184,7 @@ def main(argv: list[str]) -> int:
         "--max-kl",
         type=float,
         default=0.0,
-        help="trust region: halve an update (up to 6 times) while its batch KL exceeds this",
+        help="trust region: halve an update (5 times, then drop it) while its batch KL exceeds this",
     )
     parser.add_argument(
         "--line-search",
@@ -253,18 +255,19 @@ def main(argv: list[str]) -> int:
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
             after = response_log_probs(model, episodes, player.pad_id)[0]
-            moved = update_size(before, after, mask, advs)
-            moved["scale"] = 1.0
+            moved = {**update_size(before, after, mask, advs), "scale": 1.0}
 
-            def unacceptable(moved: dict[str, float]) -> bool:
-                too_far = args.max_kl > 0 and moved["kl"] > args.max_kl
-                return too_far or (args.line_search and moved["pos_tok"] < 0)
+            def acceptable(moved: dict[str, float]) -> bool:
+                if args.line_search:  # the trainer's step guard (update_guard)
+                    size = update_guard.StepSize(moved["pos_tok"], moved["kl"])
+                    return size.acceptable(args.max_kl)
+                return moved["kl"] <= args.max_kl
 
-            while unacceptable(moved) and moved["scale"] > 0:
-                scale = moved["scale"] / 2 if moved["scale"] > 1 / 32 else 0.0
-                with torch.no_grad():
-                    for param, start in zip(model.parameters(), old, strict=True):
-                        param.copy_(start + (param - start) * (scale / moved["scale"]))
+            # 5 halvings, then the update is dropped
+            for scale in update_guard.scales(5) if args.line_search or args.max_kl > 0 else []:
+                if acceptable(moved):
+                    break
+                update_guard.interpolate(list(model.parameters()), old, scale / moved["scale"])
                 after = response_log_probs(model, episodes, player.pad_id)[0]
                 moved = {**update_size(before, after, mask, advs), "scale": scale}
         summary = policy_eval.summary(episodes)

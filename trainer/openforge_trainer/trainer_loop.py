@@ -430,7 +430,12 @@ class Trainer:
         response_lengths = attention[:, width:].sum(-1).tolist()
         sums: dict[str, float] = {}
         self.optimizer.zero_grad(set_to_none=True)
-        before = torch.zeros(tensors["responses"].shape, dtype=torch.float32)
+        # the step's own log-probs before it, for the step guard (update_guard)
+        before = (
+            torch.zeros(tensors["responses"].shape, dtype=torch.float32)
+            if self.config.update_backtracks
+            else None
+        )
         parts = micro_batches(prompt_lengths, response_lengths, self.config.micro_batch_tokens)
         for number, rows_in in enumerate(parts):
             part = _slice(
@@ -439,7 +444,8 @@ class Trainer:
             part_sums, log_prob = self._micro_step(
                 part, total_tokens=total_tokens, rows=rows, first=number == 0
             )
-            before[torch.tensor(rows_in), : log_prob.shape[1]] = log_prob.cpu()
+            if before is not None:
+                before[torch.tensor(rows_in), : log_prob.shape[1]] = log_prob.cpu()
             for key, value in part_sums.items():
                 sums[key] = sums.get(key, 0.0) + value
         parameters = [p for p in self.model.parameters() if p.grad is not None]
@@ -447,11 +453,9 @@ class Trainer:
         finite = math.isfinite(grad_norm)
         guarded: dict[str, float] = {}
         if finite:
-            start = (
-                [p.detach().clone() for p in parameters] if self.config.update_backtracks else []
-            )
+            start = [p.detach().clone() for p in parameters] if before is not None else []
             self.optimizer.step()
-            if start:
+            if before is not None and start:
                 guarded = self._guard(batch, before, parameters, start)
         self.optimizer.zero_grad(set_to_none=True)
         seconds = time.monotonic() - started

@@ -12,7 +12,9 @@ last halving it drops the step. Acceptable means:
 * the mean log-likelihood change of the positive-advantage tokens is not
   negative: the step did not unlearn what it was reinforcing, and
 * with a ``max_kl``, the token-mean KL(before || after) on the batch's own
-  sampled tokens (veRL's ``low_var_kl``/k3 estimator) is at most ``max_kl``.
+  sampled tokens is at most ``max_kl``: the k3 estimate ``exp(d) - 1 - d``
+  of veRL's ``low_var_kl``, without its per-token clamp at 10, so one token
+  that moved far counts in full.
 
 Pure functions here; :class:`openforge_trainer.trainer_loop.Trainer` owns
 the parameters and the re-scoring. Adam's moments keep the full step's
