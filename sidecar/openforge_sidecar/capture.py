@@ -71,7 +71,7 @@ class _Call:
     codec: Codec
     request: conversation.ChatRequest
     request_json: bytes
-    headers: dict[str, str]
+    headers: dict[str, str]  # redacted, for the record
     received_ns: int
     started: float
     plan: history.Plan | None = None
@@ -81,6 +81,9 @@ class _Call:
     finished: bool = False
     policy_version: int | None = None  # as the engine reported it for this call
     notes: list[str] = field(default_factory=list)
+    # The harness's header fields, until they are redacted into ``headers``.
+    raw_headers: tuple[tuple[bytes, bytes], ...] = ()
+    journaled: bool = False
 
 
 class _Writer:
@@ -242,7 +245,7 @@ class Capture:
     async def request(self, flow: http.HTTPFlow) -> None:
         received_ns, started = time.time_ns(), time.monotonic()
         path = flow.request.path
-        if path.startswith(CONTROL_PREFIX) or flow.request.pretty_host == CONTROL_HOST:
+        if path.startswith(CONTROL_PREFIX) or _to_control_host(flow.request):
             await self._control(flow)
             return
         if flow.request.method == "POST" and ctx.options.openforge_mode == "tokens":
@@ -265,19 +268,40 @@ class Capture:
             self._record_rejected(flow, codec, body if len(body) <= limit else b"", exc)
             return
         call = _Call(
-            index=self._take_call_index(),
+            index=self._claim_call_index(),
             codec=codec,
             request=request,
             request_json=body,
-            headers=redact.header_fields(flow.request.headers.fields),
+            headers={},
             received_ns=received_ns,
             started=started,
+            raw_headers=flow.request.headers.fields,
         )
         flow.metadata["openforge"] = call
         self.stats["calls"] += 1
         self.stats["streamed" if request.stream else "unstreamed"] += 1
-        if ctx.options.openforge_mode == "tokens":
-            await self._to_engine(flow, call)
+        if ctx.options.openforge_mode == "tokens" and not await self._to_engine(flow, call):
+            return  # answered with an error, and spooled
+        # mitmproxy sends the request on as this hook returns; what the call
+        # needs only once the answer comes back is done right after that.
+        asyncio.get_running_loop().call_soon(self._after_forward, call)
+
+    def _after_forward(self, call: _Call) -> None:
+        """Finish taking a call in while its request is on its way (see :meth:`request`).
+
+        Runs in the event loop's next round, so after the request was
+        written to the upstream and before the loop reads anything new: the
+        journal has the call and the relay is ready before any byte of the
+        answer can arrive, and the time it takes overlaps the engine's.
+        """
+        try:
+            self._journal_call(call)
+            if call.plan is not None and call.relay is None and self._tokenizer is not None:
+                call.relay = self._relay(call, self._tokenizer)
+        except Exception:  # a callback's exception would only reach asyncio's handler
+            # Without a relay the engine's answer is refused whole (502) and spooled.
+            self.stats["intake_failed"] += 1
+            log.exception("taking call %d in failed", call.index)
 
     def responseheaders(self, flow: http.HTTPFlow) -> None:
         call: _Call | None = flow.metadata.get("openforge")
@@ -323,12 +347,16 @@ class Capture:
 
     # --- tokens mode ----------------------------------------------------------
 
-    async def _to_engine(self, flow: http.HTTPFlow, call: _Call) -> None:
+    async def _to_engine(self, flow: http.HTTPFlow, call: _Call) -> bool:
+        """Rewrite the call's request into the engine's token-in/token-out one.
+
+        False when the call was answered with an error instead (and spooled).
+        """
         try:
             tokenizer = await self._policy_tokenizer()
         except OSError as exc:
             self._fail(flow, call, 503, f"policy tokenizer unavailable: {exc}")
-            return
+            return False
         assert self._history is not None
         call.plan = self._history.plan(call.request)
         body = engine.completion_request(
@@ -337,16 +365,6 @@ class Capture:
             sampling=call.request.sampling,
             stop_token_ids=tokenizer.stop_token_ids,
             max_model_len=ctx.options.openforge_max_model_len,
-        )
-        call.response_id = _response_id(call.codec, call.index)
-        call.relay = relay.Relay(
-            codec=call.codec,
-            request=call.request,
-            detokenizer=template.IncrementalDetokenizer(tokenizer),
-            stop_token_ids=tokenizer.stop_token_ids,
-            prompt_tokens=len(call.plan.prompt_ids),
-            response_id=call.response_id,
-            created=int(time.time()),
         )
         target = urllib.parse.urlsplit(ctx.options.openforge_engine)
         headers = engine.request_headers(flow.request.headers.fields, target.netloc)
@@ -359,6 +377,21 @@ class Capture:
         flow.request.method = "POST"
         flow.request.headers.fields = headers
         flow.request.content = fastjson.dumps_bytes(body)
+        return True
+
+    def _relay(self, call: _Call, tokenizer: template.PolicyTokenizer) -> relay.Relay:
+        """The relay that turns the engine's stream for ``call`` into the harness's answer."""
+        assert call.plan is not None
+        call.response_id = _response_id(call.codec, call.index)
+        return relay.Relay(
+            codec=call.codec,
+            request=call.request,
+            detokenizer=template.IncrementalDetokenizer(tokenizer),
+            stop_token_ids=tokenizer.stop_token_ids,
+            prompt_tokens=len(call.plan.prompt_ids),
+            response_id=call.response_id,
+            created=int(time.time()),
+        )
 
     async def _count_tokens(self, flow: http.HTTPFlow, counter: codecs.TokenCounter) -> None:
         """Answer a token-counting call (Gemini's ``countTokens``) from the policy tokenizer.
@@ -405,13 +438,14 @@ class Capture:
     def _record_rejected(self, flow: http.HTTPFlow, codec: Codec, body: bytes, exc: CodecError) -> None:
         """A refused LLM request is a call too: recorded, with its error."""
         call = _Call(
-            index=self._take_call_index(),
+            index=self._claim_call_index(),
             codec=codec,
             request=conversation.ChatRequest(api=codec.api, model="", messages=()),
             request_json=body,
-            headers=redact.header_fields(flow.request.headers.fields),
+            headers={},
             received_ns=time.time_ns(),
             started=time.monotonic(),
+            raw_headers=flow.request.headers.fields,
         )
         self._spool_call(call, status=exc.status, error=f"rejected: {exc}", response_json=json.dumps(codec.error_body(exc.status, str(exc))).encode())
 
@@ -463,6 +497,7 @@ class Capture:
 
     def _spool_call(self, call: _Call, *, status: int, error: str, response_json: bytes | None = None) -> None:
         call.finished = True
+        self._journal_call(call)  # when it ends before its request went on
         opts = ctx.options
         now = time.monotonic()
         result = call.relay
@@ -512,19 +547,27 @@ class Capture:
         self._next_lost += 1
         self.stats["lost_reported"] += 1
 
-    def _take_call_index(self) -> int:
-        """Claim the next call index and note it in the in-flight journal.
+    def _claim_call_index(self) -> int:
+        """The next call index (noted in the journal by :meth:`_journal_call`)."""
+        index = self._next_call
+        self._next_call += 1
+        return index
+
+    def _journal_call(self, call: _Call) -> None:
+        """Note the call in the in-flight journal, once, and redact its headers for the record.
 
         The journal is written (not fsync'd: it must survive a killed
         process, not a lost machine) before the call is answered, so that a
         sidecar restarted on this spool can report every call that was in
         flight when it died as lost, never drop it silently.
         """
-        index = self._next_call
-        self._next_call += 1
+        if call.journaled:
+            return
+        call.journaled = True
+        call.headers = redact.header_fields(call.raw_headers)
+        call.raw_headers = ()
         if self._journal is not None:
-            os.write(self._journal, f"{index}\n".encode())
-        return index
+            os.write(self._journal, f"{call.index}\n".encode())
 
     async def _policy_tokenizer(self) -> template.PolicyTokenizer:
         if self._tokenizer is not None:
@@ -610,6 +653,17 @@ class Capture:
         self.stats[f"rejected_{status}"] += 1
         log.warning("answering %d to %s %s: %s", status, flow.request.method, redact.path(flow.request.path), message)
         flow.response = _json_response(status, codec.error_body(status, message))
+
+
+def _to_control_host(request: http.Request) -> bool:
+    """Whether a request is addressed to the sidecar's control host (regular proxy mode).
+
+    ``pretty_host`` parses the Host header (~6 us); it is asked only when the
+    name occurs in the header or the request target at all.
+    """
+    if CONTROL_HOST not in request.host and CONTROL_HOST not in (request.host_header or ""):
+        return False
+    return request.pretty_host == CONTROL_HOST
 
 
 def _release(call: _Call) -> None:

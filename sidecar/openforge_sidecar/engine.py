@@ -116,7 +116,7 @@ def parse_chunk(data: str) -> EngineChunk:
     if isinstance(usage, dict):
         chunk.prompt_tokens = usage.get("prompt_tokens")
         chunk.completion_tokens = usage.get("completion_tokens")
-    for choice in body.get("choices") or []:
+    for choice in body.get("choices") or ():
         if choice.get("index", 0) != 0:
             continue
         token_ids = choice.get("token_ids")
@@ -126,11 +126,11 @@ def parse_chunk(data: str) -> EngineChunk:
                     "engine chunk has text but no token_ids: "
                     "the engine must support return_token_ids (vLLM >= 0.10.2)"
                 )
-            token_ids = []
-        chunk.token_ids = [int(t) for t in token_ids]
+            token_ids = ()
+        chunk.token_ids = list(map(int, token_ids))
         logprobs = choice.get("logprobs") or {}
-        values = logprobs.get("token_logprobs") or []
-        chunk.logprobs = [float(v) if v is not None else 0.0 for v in values]
+        values = logprobs.get("token_logprobs") or ()
+        chunk.logprobs = [0.0 if v is None else float(v) for v in values]
         if len(chunk.logprobs) != len(chunk.token_ids):
             raise EngineError(
                 f"engine chunk has {len(chunk.token_ids)} token_ids "

@@ -38,6 +38,11 @@ def dumps_bytes(value: Any) -> bytes:
     return memoryview(_dumps(value)).tobytes()
 
 
+def dumps_line(value: Any) -> bytes:
+    """:func:`dumps` as UTF-8 bytes, for a short-lived line (no copy to an exact size)."""
+    return _dumps(value)
+
+
 def _dumps(value: Any) -> bytes:
     try:
         return orjson.dumps(value)

@@ -174,15 +174,17 @@ class TokenHistory:
     def prerender(self) -> None:
         """Render the newest head now, ahead of the call that will continue it.
 
-        A call that continues a head renders the head's messages and its own
-        (:meth:`_delta_text`), each the whole conversation so far. When the
-        harness sends the head's messages back exactly as they were kept,
-        including our reply, the first rendering is this one, done between
-        calls instead of before the next call's first token. Harnesses that
-        rewrite the reply (other ids, reasoning dropped) never match, so
-        after a miss this waits for an exact echo before rendering again.
-        Never raises: a head that does not render here is rendered (and its
-        error reported) when a call continues it.
+        A call that continues a head needs the template's rendering of the
+        head (:meth:`_delta_text`). Ours, of the messages as we kept them, is
+        made here, between calls, instead of before the next call's first
+        token; it serves whenever the next call's rendering starts with it,
+        which is the case when the harness's rewrites (other tool-call ids,
+        reformatted arguments) are invisible to the template. After a call
+        whose rendering did not start with it, this waits for an exact echo
+        of a head before rendering ahead again: that harness's rewrites show
+        in the template, and the work would be wasted. Never raises: a head
+        that does not render here is rendered (and its error reported) when
+        a call continues it.
         """
         if not self._prerender or not self._heads or self._heads[-1].rendered is not None:
             return
@@ -231,19 +233,23 @@ class TokenHistory:
         puts after it.
         """
         render = self._renderer.render
-        # Both renderings use the harness's view of the history, so details
-        # it rewrites (ids, dropped reasoning) cancel out of the delta. When
-        # that view is exactly the head (and so are the tools: _find_head),
-        # the head's prerendered text is that rendering.
-        known = messages[: len(head.messages)]
-        self._prerender = known == head.messages
-        if self._prerender and head.rendered is not None:
-            before = head.rendered
-        else:
-            before = render(known, tools, add_generation_prompt=False)
         after = render(messages, tools, add_generation_prompt=True)
-        if not after.startswith(before):
-            return None
+        before = head.rendered
+        if before is not None and after.startswith(before):
+            # The head as we kept it, rendered between calls: the new
+            # rendering continues it, so whatever the harness rewrote in
+            # the history did not reach the template's text.
+            self._prerender = True
+        else:
+            # The harness's view of the history, so that details it rewrites
+            # (ids, dropped reasoning) cancel out of the delta. When that view
+            # is exactly the head, it is also our rendering: worth making
+            # ahead of the next call again.
+            known = messages[: len(head.messages)]
+            self._prerender = before is None and known == head.messages
+            before = render(known, tools, add_generation_prompt=False)
+            if not after.startswith(before):
+                return None
         eos = self._renderer.eos_token
         cut = before.rfind(eos)
         if cut < 0:

@@ -59,8 +59,24 @@ class Relay:
         self.done = False
         self.first_output_at: float | None = None
         self.completion: conversation.Completion | None = None
-        #: The non-streamed body equivalent to what the harness received.
-        self.response_json: bytes = b""
+        self._response_json: bytes | None = None
+        self._answered = False  # the stream ended well: the body can be built
+
+    @property
+    def response_json(self) -> bytes:
+        """The non-streamed body equivalent to what the harness received (once done).
+
+        For a streamed answer it is built when first read, which is when the
+        call is recorded, after the harness has the end of its stream.
+        """
+        if self._response_json is None:
+            if not self._answered or self.completion is None:
+                return b""
+            body = self._codec.build_response(
+                self._request, self.completion, response_id=self._response_id, created=self._created
+            )
+            self._response_json = fastjson.dumps_bytes(body)
+        return self._response_json
 
     def __call__(self, data: bytes) -> bytes:
         if self.done:
@@ -86,23 +102,29 @@ class Relay:
             self.engine_finish_reason = chunk.finish_reason
         if not chunk.token_ids:
             return b""
-        self.token_ids.extend(chunk.token_ids)
-        self.logprobs.extend(chunk.logprobs)
+        ids = chunk.token_ids
+        self.token_ids += ids
+        self.logprobs += chunk.logprobs
         # Stop tokens end the turn; their text is not part of the answer.
-        text = "".join(
-            self._detokenizer.push(t) for t in chunk.token_ids if t not in self._stop_token_ids
-        )
+        stops, push = self._stop_token_ids, self._detokenizer.push
+        if len(ids) == 1:  # one token a chunk, as engines stream
+            text = "" if ids[0] in stops else push(ids[0])
+        else:
+            text = "".join(push(t) for t in ids if t not in stops)
         return self._encode(self._parser.feed(text))
 
     def _encode(self, events: list[conversation.StreamEvent]) -> bytes:
-        self.events.extend(events)
-        if self._encoder is None or not events:
+        self.events += events
+        encoder = self._encoder
+        if encoder is None or not events:
             return b""
         head = b""
         if not self._started:
             self._started = True
-            head = self._encoder.start()
-        return head + b"".join(self._encoder.encode(e) for e in events)
+            head = encoder.start()
+        if len(events) == 1:
+            return head + encoder.encode(events[0])
+        return head + b"".join(encoder.encode(e) for e in events)
 
     def _finish(self) -> bytes:
         self.done = True
@@ -129,10 +151,7 @@ class Relay:
         ]
         out = self._encode([*tail, *closing])
         self.completion = conversation.assemble(self.events)
-        body = self._codec.build_response(
-            self._request, self.completion, response_id=self._response_id, created=self._created
-        )
-        self.response_json = fastjson.dumps_bytes(body)
+        self._answered = True
         return self._emit(out if self._encoder is not None else self.response_json)
 
     def _emit(self, out: bytes) -> bytes:

@@ -13,6 +13,9 @@ from __future__ import annotations
 import codecs
 import re
 from dataclasses import dataclass
+from typing import Any
+
+from openforge_sidecar import fastjson
 
 _LINE_END = re.compile(r"\r\n|\r|\n")
 
@@ -38,14 +41,29 @@ class SSEParser:
         self._retry: int | None = None
         self._has_fields = False
         self._at_start = True
+        self._clean = False  # nothing buffered, past the start: whole events may skip the lines
 
     def feed(self, chunk: bytes) -> list[Event]:
+        if self._clean and chunk.startswith(b"data: ") and chunk.endswith(b"\n\n"):
+            # One whole event of one data line, nothing buffered before it:
+            # what an engine sends per token. The same event the lines would give.
+            value = chunk[6:-2]
+            if b"\n" not in value and b"\r" not in value:
+                return [Event(value.decode("utf-8", "replace"), None, self._id, None)]
         text = self._decoder.decode(chunk)
         if self._at_start and text:
             self._at_start = False
             if text.startswith("\ufeff"):  # a leading BOM is not part of the stream
                 text = text[1:]
-        return self._feed_text(text)
+        events = self._feed_text(text)
+        self._clean = (
+            not self._at_start
+            and not self._line
+            and not self._has_fields
+            and not self._pending_cr
+            and not self._decoder.getstate()[0]
+        )
+        return events
 
     def close(self) -> list[Event]:
         """End of stream: an event without its blank line is discarded, per spec."""
@@ -127,6 +145,14 @@ class SSEParser:
         self._event = None
         self._retry = None
         self._has_fields = False
+
+
+def encode_json(value: Any, event: str | None = None) -> bytes:
+    """One event whose data is ``value`` as compact JSON: :func:`encode` of
+    ``fastjson.dumps(value)``, written as bytes in one step (compact JSON is
+    one line: newlines in strings are escaped)."""
+    head = b"event: %s\n" % event.encode() if event is not None else b""
+    return head + b"data: " + fastjson.dumps_line(value) + b"\n\n"
 
 
 def encode(data: str, event: str | None = None) -> bytes:

@@ -166,30 +166,57 @@ class CountingRenderer:
         return tiny().encode(text)
 
 
-def continued(echo: cv.Message) -> tuple[int, history.Plan, history.TokenHistory]:
+def continued(
+    echo: cv.Message, reply: cv.Message = REPLY
+) -> tuple[int, history.Plan, history.TokenHistory]:
     """Plan a continuation echoing ``echo`` after a prerendered head: (renders, plan, history)."""
     renderer = CountingRenderer()
     tokens = history.TokenHistory(renderer)
     plan = tokens.plan(request(*BASE))
-    tokens.record(request(*BASE), plan, REPLY, [5, 6, *tiny().stop_token_ids])
+    tokens.record(request(*BASE), plan, reply, [5, 6, *tiny().stop_token_ids])
     tokens.prerender()
     before = renderer.renders
     planned = tokens.plan(request(*BASE, echo, result("x", "a.txt")))
     return renderer.renders - before, planned, tokens
 
 
+def unprerendered(echo: cv.Message, reply: cv.Message = REPLY) -> history.Plan:
+    """The same continuation planned by a history that never rendered ahead."""
+    plain = history.TokenHistory(tiny())
+    first = plain.plan(request(*BASE))
+    plain.record(request(*BASE), first, reply, [5, 6, *tiny().stop_token_ids])
+    return plain.plan(request(*BASE, echo, result("x", "a.txt")))
+
+
 def test_an_exact_echo_uses_the_prerendered_head_and_plans_the_same_prompt() -> None:
     renders, planned, _ = continued(REPLY)
     assert renders == 1  # only the new request; the head was rendered between calls
-    plain = history.TokenHistory(tiny())
-    first = plain.plan(request(*BASE))
-    plain.record(request(*BASE), first, REPLY, [5, 6, *tiny().stop_token_ids])
-    assert planned == plain.plan(request(*BASE, REPLY, result("x", "a.txt")))
+    assert planned == unprerendered(REPLY)
 
 
-def test_a_rewritten_echo_renders_both_and_stops_prerendering_until_an_exact_one() -> None:
-    renders, planned, tokens = continued(call("other_id", '{"command": "ls"}'))
-    assert renders == 2 and planned.segment_reason == ""
+def test_rewrites_the_template_does_not_show_still_use_the_prerendered_head() -> None:
+    # The tiny template renders neither tool-call ids nor the arguments' spacing.
+    echo = call("other_id", '{ "command":  "ls" }')
+    renders, planned, tokens = continued(echo)
+    assert renders == 1 and planned.segment_reason == ""
+    assert planned == unprerendered(echo)
     tokens.record(request(*BASE), planned, REPLY, [9])
     tokens.prerender()
+    assert tokens._heads[-1].rendered is not None  # still worth it for this harness
+
+
+def test_a_rewrite_the_template_shows_renders_both_and_stops_prerendering_until_an_exact_echo() -> (
+    None
+):
+    thinking = cv.Message("assistant", (cv.ReasoningPart("look first"), *REPLY.parts))
+    renders, planned, tokens = continued(REPLY, reply=thinking)  # the harness drops the reasoning
+    assert renders == 2 and planned.segment_reason == ""
+    assert planned == unprerendered(REPLY, reply=thinking)
+    tokens.record(request(*BASE), planned, thinking, [9])
+    tokens.prerender()
     assert tokens._heads[-1].rendered is None  # not worth it for this harness
+    head = tokens._heads[-1]
+    tokens.plan(request(*head.messages, result("y", "b.txt")))  # an exact echo
+    tokens.record(request(*head.messages), planned, REPLY, [9])
+    tokens.prerender()
+    assert tokens._heads[-1].rendered is not None

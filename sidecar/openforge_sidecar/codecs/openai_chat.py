@@ -235,7 +235,7 @@ class _Encoder:
         body: dict[str, Any] = {**self._head, "choices": [choice]}
         if self._usage:
             body["usage"] = None
-        return sse.encode(fields.dumps(body))
+        return sse.encode_json(body)
 
     def start(self) -> bytes:
         return self._chunk({"role": "assistant", "content": "", "refusal": None})
