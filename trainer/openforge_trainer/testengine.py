@@ -2,7 +2,9 @@
 
 It serves what the sidecar uses of vLLM (>= 0.10.2): ``POST /v1/completions``
 with a token-ID prompt, ``return_token_ids``, per-token logprobs and
-streaming, plus ``GET /v1/models`` and ``/health``; and the OpenForge
+streaming, plus ``GET /v1/models`` and ``/health``; what a harness would use
+without the sidecar, ``POST /v1/chat/completions`` (:mod:`testengine_chat`:
+the benchmarks' baseline); and the OpenForge
 extras a real engine deployment also serves: ``GET /openforge/v1/policy`` and
 the policy tokenizer's files under ``/openforge/v1/tokenizer/``.
 
@@ -32,6 +34,7 @@ from typing import Any
 
 from tokenizers import Tokenizer
 
+from openforge_trainer import testengine_chat as chat
 from openforge_trainer import testengine_policy as policy
 from openforge_trainer import testengine_protocol as protocol
 from openforge_trainer import tokenizer_build
@@ -72,6 +75,23 @@ class ScriptedEngine:
             raise ValueError(f"eos_token {eos!r} is not in the tokenizer's vocabulary")
         self.eos_id = int(eos_id)
         self.vocab_size = int(self.tokenizer.get_vocab_size(with_added_tokens=True))
+        self._chat_config = json.loads(self.files["tokenizer_config.json"])
+        self._chat_template: Any = None
+
+    def chat_prompt_ids(self, request: chat.ChatRequest) -> list[int]:
+        """A chat request rendered with the tokenizer's chat template, as token IDs."""
+        if self._chat_template is None:
+            self._chat_template = chat.chat_template(self._chat_config)
+        return protocol.check_prompt(
+            protocol.CompletionRequest(
+                model=request.model,
+                prompt=chat.render(self._chat_template, request),
+                max_tokens=request.max_tokens,
+            ),
+            encode=lambda text: list(self.tokenizer.encode(text, add_special_tokens=False).ids),
+            vocab_size=self.vocab_size,
+            max_model_len=self.config.max_model_len,
+        )
 
     def prompt_ids(self, request: protocol.CompletionRequest) -> list[int]:
         """The request's prompt as token IDs, checked against vocabulary and context."""
@@ -242,28 +262,55 @@ class _Handler(BaseHTTPRequestHandler):
             self._json(HTTPStatus.NOT_FOUND, {"detail": "Not Found"})
 
     def do_POST(self) -> None:
-        if self.path.split("?", 1)[0] != "/v1/completions":
+        path = self.path.split("?", 1)[0]
+        if path == "/v1/chat/completions":
+            self._chat()
+            return
+        if path != "/v1/completions":
             self._read_body()
             self._json(HTTPStatus.NOT_FOUND, {"detail": "Not Found"})
             return
         try:
             request = protocol.parse_request(self._read_body())
             engine = self.server.engine
-            if request.model is not None and request.model != engine.config.model:
-                raise protocol.RequestError(
-                    f"The model `{request.model}` does not exist.",
-                    status=404,
-                    kind="NotFoundError",
-                    param="model",
-                )
+            _check_model(engine, request.model)
             generation = engine.generate(request, engine.prompt_ids(request))
         except protocol.RequestError as error:
             self._json(HTTPStatus(error.status), protocol.error_body(error))
             return
         if request.stream:
-            self._stream(stream_bodies(engine, request, generation))
+            bodies = stream_bodies(engine, request, generation)
+            self._stream((body, bool(body["choices"])) for body in bodies)
         else:
             self._json(HTTPStatus.OK, completion_body(engine, request, generation))
+
+    def _chat(self) -> None:
+        engine = self.server.engine
+        try:
+            request = chat.parse_chat_request(self._read_body())
+            _check_model(engine, request.model)
+            prompt_ids = engine.chat_prompt_ids(request)
+            generation = engine.generate(
+                protocol.CompletionRequest(
+                    model=request.model, prompt=prompt_ids, max_tokens=request.max_tokens
+                ),
+                prompt_ids,
+            )
+        except protocol.RequestError as error:
+            self._json(HTTPStatus(error.status), protocol.error_body(error))
+            return
+        answer = chat.Answer(
+            model=engine.config.model,
+            prompt_tokens=len(prompt_ids),
+            token_ids=generation.token_ids,
+            stop_terminated=generation.stop_terminated,
+            finish_reason=generation.finish_reason,
+            decode=lambda ids: engine.text(ids, skip_special_tokens=True),
+        )
+        if request.stream:
+            self._stream(chat.stream_bodies(request, answer))
+        else:
+            self._json(HTTPStatus.OK, chat.response_body(answer))
 
     def _read_body(self) -> bytes:
         length = int(self.headers.get("Content-Length") or 0)
@@ -279,7 +326,8 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(body)
 
-    def _stream(self, bodies: Iterator[dict[str, Any]]) -> None:
+    def _stream(self, bodies: Iterator[tuple[dict[str, Any] | None, bool]]) -> None:
+        """Send ``(chunk, after a token)`` pairs as SSE; each generated token is paced."""
         delay = self.server.engine.config.token_delay_ms / 1000.0
         self.send_response(HTTPStatus.OK)
         self.send_header("Content-Type", "text/event-stream; charset=utf-8")
@@ -289,10 +337,11 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header(POLICY_VERSION_HEADER, str(self.server.engine.config.policy_version))
         self.end_headers()
         try:
-            for body in bodies:
-                if delay and body["choices"]:
+            for body, token in bodies:
+                if delay and token:
                     time.sleep(delay)
-                self._chunk(f"data: {json.dumps(body)}\n\n".encode())
+                if body is not None:
+                    self._chunk(f"data: {json.dumps(body)}\n\n".encode())
             self._chunk(b"data: [DONE]\n\n")
             self._chunk(b"")
         except (BrokenPipeError, ConnectionResetError):
@@ -304,6 +353,13 @@ class _Handler(BaseHTTPRequestHandler):
 
 
 POLICY_VERSION_HEADER = "x-openforge-policy-version"
+
+
+def _check_model(engine: ScriptedEngine, model: str | None) -> None:
+    if model is not None and model != engine.config.model:
+        raise protocol.RequestError(
+            f"The model `{model}` does not exist.", status=404, kind="NotFoundError", param="model"
+        )
 
 
 def _models_body(engine: ScriptedEngine) -> dict[str, Any]:

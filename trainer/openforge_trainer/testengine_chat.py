@@ -1,0 +1,370 @@
+"""The test engine's OpenAI Chat Completions endpoint, as vLLM serves ``/v1/chat/completions``.
+
+A harness that talks to an engine without OpenForge in between sends its Chat
+Completions requests to the engine itself, which renders them with the
+model's chat template, generates, and parses tool calls out of the text. This
+module is that path for the test engine, so that a benchmark can send the
+same harness requests straight to the engine, through a stock proxy and
+through the sidecar. Like vLLM with the ``hermes`` tool parser: the request's
+messages go to the tokenizer's chat template as Hugging Face message dicts
+(tool-call arguments parsed when they are a JSON object), the answer's text
+streams as ``content`` deltas, and a ``<tool_call>`` block becomes a tool
+call once it closes. No reasoning parser: a ``<think>`` block stays content.
+
+It is independent of the sidecar's codecs on purpose (the components do not
+import each other): two implementations of one wire format check each other.
+Pure: no I/O here.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import jinja2
+
+from openforge_trainer import testengine_protocol as protocol
+from openforge_trainer import tokenizer_build
+
+CALL_OPEN = "<tool_call>"
+CALL_CLOSE = "</tool_call>"
+_ROLES = ("system", "developer", "user", "assistant", "tool")
+
+
+@dataclass(frozen=True, slots=True)
+class ChatRequest:
+    model: str | None
+    messages: list[dict[str, Any]]  # Hugging Face message dicts, for the chat template
+    tools: list[dict[str, Any]]
+    stream: bool = False
+    include_usage: bool = False
+    max_tokens: int | None = None
+
+
+def parse_chat_request(body: bytes) -> ChatRequest:
+    """Validate a Chat Completions body; errors name the field at fault."""
+    try:
+        data = json.loads(body)
+    except ValueError as error:
+        raise protocol.RequestError(f"request body is not valid JSON: {error}") from None
+    if not isinstance(data, dict):
+        raise protocol.RequestError("request body must be a JSON object")
+    raw_messages = data.get("messages")
+    if not isinstance(raw_messages, list) or not raw_messages:
+        raise protocol.RequestError("messages must be a non-empty list", param="messages")
+    options = data.get("stream_options")
+    stream = data.get("stream") is True
+    max_tokens = data.get("max_completion_tokens", data.get("max_tokens"))
+    if max_tokens is not None and (
+        not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1
+    ):
+        raise protocol.RequestError("max_tokens must be a positive integer", param="max_tokens")
+    model = data.get("model")
+    return ChatRequest(
+        model=model if isinstance(model, str) else None,
+        messages=[_message(m, f"messages[{i}]") for i, m in enumerate(raw_messages)],
+        tools=_tools(data.get("tools")),
+        stream=stream,
+        include_usage=stream and isinstance(options, dict) and options.get("include_usage") is True,
+        max_tokens=max_tokens,
+    )
+
+
+def chat_template(config: dict[str, Any]) -> jinja2.Template:
+    """The tokenizer's chat template, compiled as transformers compiles it."""
+    source = config.get("chat_template")
+    if not isinstance(source, str):
+        raise ValueError("tokenizer_config.json has no chat_template")
+    return tokenizer_build.chat_environment().from_string(source)
+
+
+def render(template: jinja2.Template, request: ChatRequest) -> str:
+    """The prompt text: the conversation so far and the assistant's turn opened."""
+    try:
+        return template.render(
+            messages=request.messages, tools=request.tools, add_generation_prompt=True
+        )
+    except jinja2.TemplateError as error:  # the template refused the conversation
+        raise protocol.RequestError(f"chat template: {error}", param="messages") from None
+
+
+# --- the answer ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    """What the engine generated for a chat request, and how to read it."""
+
+    model: str
+    prompt_tokens: int
+    token_ids: list[int]
+    stop_terminated: bool  # the last token is a stop token, left out of the text
+    finish_reason: str
+    decode: Callable[[list[int]], str]
+
+    @property
+    def visible(self) -> list[int]:
+        return self.token_ids[:-1] if self.stop_terminated else self.token_ids
+
+
+class ToolCallText:
+    """Splits generated text into content and Hermes tool calls, as it arrives.
+
+    :meth:`feed` returns the chat deltas the new text completes: content up
+    to where a ``<tool_call>`` tag may begin, and each tool call whole once
+    its ``</tool_call>`` arrives. A block that is not a JSON object with a
+    ``name`` and ``arguments`` stays text, as does one never closed.
+    """
+
+    def __init__(self, call_id: Callable[[int], str]) -> None:
+        self._call_id = call_id
+        self._buffer = ""
+        self._in_call = False
+        self.calls = 0
+
+    def feed(self, text: str, *, final: bool = False) -> list[dict[str, Any]]:
+        self._buffer += text
+        out: list[dict[str, Any]] = []
+        while True:
+            if self._in_call:
+                end = self._buffer.find(CALL_CLOSE)
+                if end < 0:
+                    if final:
+                        out.append({"content": CALL_OPEN + self._buffer})
+                        self._buffer = ""
+                    return out
+                inner, self._buffer = self._buffer[:end], self._buffer[end + len(CALL_CLOSE) :]
+                self._in_call = False
+                out.append(self._call(inner))
+                self._buffer = self._buffer.lstrip("\n")
+                continue
+            start = self._buffer.find(CALL_OPEN)
+            if start >= 0:
+                before = self._buffer[:start].rstrip("\n")
+                if before:
+                    out.append({"content": before})
+                self._buffer = self._buffer[start + len(CALL_OPEN) :]
+                self._in_call = True
+                continue
+            keep = 0 if final else _tag_prefix(self._buffer)
+            if len(self._buffer) > keep:
+                out.append({"content": self._buffer[: len(self._buffer) - keep]})
+                self._buffer = self._buffer[len(self._buffer) - keep :]
+            return out
+
+    def _call(self, inner: str) -> dict[str, Any]:
+        try:
+            parsed = json.loads(inner)
+        except ValueError:
+            parsed = None
+        name = parsed.get("name") if isinstance(parsed, dict) else None
+        if not isinstance(name, str) or not name or "arguments" not in parsed:
+            return {"content": CALL_OPEN + inner + CALL_CLOSE}
+        index = self.calls
+        self.calls += 1
+        call = {
+            "index": index,
+            "id": self._call_id(index),
+            "type": "function",
+            "function": {
+                "name": name,
+                "arguments": json.dumps(parsed["arguments"], ensure_ascii=False),
+            },
+        }
+        return {"tool_calls": [call]}
+
+
+def stream_bodies(
+    request: ChatRequest, answer: Answer
+) -> Iterator[tuple[dict[str, Any] | None, bool]]:
+    """The stream's chunks, each with whether a generated token precedes it.
+
+    One item per generated token (``None`` when the token completes no
+    delta: inside a tool call, or half a character), between the opening
+    role chunk and the closing finish (and usage) chunks.
+    """
+    request_id, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
+    model, token_ids, decode = answer.model, answer.token_ids, answer.decode
+
+    def chunk(delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
+        choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+        return _head(request_id, "chat.completion.chunk", created, model) | {"choices": [choice]}
+
+    yield chunk({"role": "assistant", "content": ""}), False
+    text = ToolCallText(lambda index: f"call_{request_id[9:33]}{index}")
+    visible = answer.visible
+    emitted = ""
+    for i in range(len(token_ids)):
+        deltas: list[dict[str, Any]] = []
+        if i < len(visible):
+            decoded = decode(visible[: i + 1])
+            if i == len(visible) - 1 or not decoded.endswith("\ufffd"):
+                deltas = text.feed(decoded[len(emitted) :])
+                emitted = decoded
+        if i == len(token_ids) - 1:
+            deltas += text.feed("", final=True)
+        if not deltas:
+            yield None, True
+            continue
+        yield chunk(_merged(deltas)), True
+    yield chunk({}, "tool_calls" if text.calls else answer.finish_reason), False
+    if request.include_usage:
+        usage = protocol.usage(answer.prompt_tokens, len(token_ids))
+        yield (
+            _head(request_id, "chat.completion.chunk", created, model)
+            | {
+                "choices": [],
+                "usage": usage,
+            },
+            False,
+        )
+
+
+def response_body(answer: Answer) -> dict[str, Any]:
+    """The whole answer as one ``chat.completion`` object."""
+    request_id = f"chatcmpl-{uuid.uuid4().hex}"
+    text = ToolCallText(lambda index: f"call_{request_id[9:33]}{index}")
+    deltas = text.feed(answer.decode(answer.visible), final=True)
+    content = "".join(d.get("content", "") for d in deltas)
+    calls = [call for d in deltas for call in d.get("tool_calls", [])]
+    message: dict[str, Any] = {"role": "assistant", "content": content or None}
+    if calls:
+        message["tool_calls"] = [{k: v for k, v in c.items() if k != "index"} for c in calls]
+    choice = {
+        "index": 0,
+        "message": message,
+        "logprobs": None,
+        "finish_reason": "tool_calls" if calls else answer.finish_reason,
+    }
+    return _head(request_id, "chat.completion", int(time.time()), answer.model) | {
+        "choices": [choice],
+        "usage": protocol.usage(answer.prompt_tokens, len(answer.token_ids)),
+    }
+
+
+# --- helpers ---------------------------------------------------------------------------
+
+
+def _head(request_id: str, kind: str, created: int, model: str) -> dict[str, Any]:
+    return {"id": request_id, "object": kind, "created": created, "model": model}
+
+
+def _merged(deltas: list[dict[str, Any]]) -> dict[str, Any]:
+    """One chunk's delta from the deltas one token completed (text before a tool call)."""
+    if len(deltas) == 1:
+        return deltas[0]
+    content = "".join(d.get("content", "") for d in deltas)
+    calls = [call for d in deltas for call in d.get("tool_calls", [])]
+    merged: dict[str, Any] = {}
+    if content:
+        merged["content"] = content
+    if calls:
+        merged["tool_calls"] = calls
+    return merged
+
+
+def _tag_prefix(buffer: str) -> int:
+    """Length of the longest tail of ``buffer`` that may begin ``<tool_call>`` or ``\n<tool_call>``.
+
+    The newline before a tool call is not content (it is dropped with the tag).
+    """
+    with_newline = "\n" + CALL_OPEN
+    for size in range(min(len(buffer), len(CALL_OPEN)), 0, -1):
+        tail = buffer[-size:]
+        if with_newline.startswith(tail) or CALL_OPEN.startswith(tail):
+            return size
+    return 0
+
+
+def _text(value: Any, at: str) -> str:
+    """Message content: a string, or a list of text parts joined."""
+    if value is None:
+        return ""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list):
+        parts = []
+        for i, part in enumerate(value):
+            if not isinstance(part, dict) or part.get("type") != "text":
+                raise protocol.RequestError(
+                    f"{at}[{i}]: only text content parts are supported", param=at
+                )
+            parts.append(str(part.get("text", "")))
+        return "".join(parts)
+    raise protocol.RequestError(f"{at} must be a string or a list of parts", param=at)
+
+
+def _message(raw: Any, at: str) -> dict[str, Any]:
+    if not isinstance(raw, dict):
+        raise protocol.RequestError(f"{at} must be an object", param=at)
+    role = raw.get("role")
+    if role not in _ROLES:
+        raise protocol.RequestError(f"{at}.role must be one of {_ROLES}", param=f"{at}.role")
+    if role == "tool":
+        out = {
+            "role": "tool",
+            "tool_call_id": str(raw.get("tool_call_id", "")),
+            "content": _text(raw.get("content"), f"{at}.content"),
+        }
+        if isinstance(raw.get("name"), str):
+            out["name"] = raw["name"]
+        return out
+    message: dict[str, Any] = {
+        "role": "system" if role == "developer" else role,
+        "content": _text(raw.get("content"), f"{at}.content"),
+    }
+    if role == "assistant":
+        if isinstance(raw.get("reasoning_content"), str):
+            message["reasoning_content"] = raw["reasoning_content"]
+        calls = raw.get("tool_calls")
+        if calls:
+            message["tool_calls"] = [
+                _tool_call(c, f"{at}.tool_calls[{i}]") for i, c in enumerate(calls)
+            ]
+    return message
+
+
+def _tool_call(raw: Any, at: str) -> dict[str, Any]:
+    function = raw.get("function") if isinstance(raw, dict) else None
+    if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+        raise protocol.RequestError(f"{at}.function.name is required", param=at)
+    arguments = function.get("arguments", "")
+    if isinstance(arguments, str):
+        try:
+            parsed = json.loads(arguments)
+        except ValueError:
+            parsed = None
+        if isinstance(parsed, dict):
+            arguments = parsed
+    return {
+        "type": "function",
+        "id": str(raw.get("id", "")),
+        "function": {"name": function["name"], "arguments": arguments},
+    }
+
+
+def _tools(raw: Any) -> list[dict[str, Any]]:
+    if raw is None:
+        return []
+    if not isinstance(raw, list):
+        raise protocol.RequestError("tools must be a list", param="tools")
+    tools = []
+    for i, item in enumerate(raw):
+        function = item.get("function") if isinstance(item, dict) else None
+        if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+            raise protocol.RequestError(f"tools[{i}].function.name is required", param="tools")
+        tools.append(
+            {
+                "type": "function",
+                "function": {
+                    "name": function["name"],
+                    "description": function.get("description") or "",
+                    "parameters": function.get("parameters") or {},
+                },
+            }
+        )
+    return tools
