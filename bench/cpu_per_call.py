@@ -7,8 +7,10 @@ rounds (a few call pairs each, the order rotated) spreads load bursts over
 all of them alike. Each round sends the workload's ``tool_call`` then
 ``text`` call, as a harness would, to each proxy in turn:
 
-* ``mitmdump``: stock mitmdump with the tee addon, sent the engine's own
-  token-in/token-out request (as in ``proxy_overhead.py``);
+* ``mitmdump``: stock mitmdump with the tee addon in front of the test
+  engine's own Chat Completions endpoint, sent the same Chat Completions
+  calls (as in ``proxy_overhead.py``; before 2026-11-30 it was sent the
+  token-in/token-out request the sidecar makes, a smaller body);
 * ``sidecar``: ``openforge sidecar`` of this checkout, sent Chat Completions;
 * ``sidecar@PATH`` (``--compare PATH``, repeatable): the sidecar of another
   checkout, e.g. ``git worktree add /tmp/old <commit>``, run with that
@@ -45,7 +47,6 @@ import clients
 import httpx
 import servers
 import workload
-from openforge_sidecar import template
 
 TICKS_PER_S = os.sysconf("SC_CLK_TCK")
 
@@ -113,10 +114,13 @@ def other_sidecar(
     return procs.start(f"sidecar-{tag}", [sys.executable, "-c", main, *flags], port)
 
 
-def chat_targets(url: str, *, stream: bool) -> list[clients.Target]:
+def chat_targets(url: str, *, stream: bool, model: str = "policy") -> list[clients.Target]:
     return [
         clients.Target(
-            url + "/v1/chat/completions", workload.chat_body(s, stream=stream), stream, "chat"
+            url + "/v1/chat/completions",
+            workload.chat_body(s, stream=stream, model=model),
+            stream,
+            "chat",
         )
         for s in workload.SCENARIOS
     ]
@@ -162,19 +166,9 @@ def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     with servers.Servers(workdir) as procs:
         engine = procs.engine(token_delay_ms=0)
         model = httpx.get(engine.url + "/v1/models", trust_env=False).json()["data"][0]["id"]
-        tokenizer = template.PolicyTokenizer.load(engine.url)
         stock = procs.mitmdump(engine)
-        engine_calls = [
-            clients.Target(
-                stock.url + "/v1/completions",
-                workload.engine_call(tokenizer, s, model=model).body,
-                True,
-                "completions",
-            )
-            for s in workload.SCENARIOS
-        ]
         stream = not args.json
-        proxies = [Proxy("mitmdump", stock, engine_calls)]
+        proxies = [Proxy("mitmdump", stock, chat_targets(stock.url, stream=stream, model=model))]
         sidecar = procs.sidecar(engine)
         proxies.append(Proxy("sidecar", sidecar, chat_targets(sidecar.url, stream=stream)))
         for index, tree in enumerate(args.compare):

@@ -1,15 +1,24 @@
 """What the OpenForge sidecar adds to a model call, against the engine and stock mitmproxy.
 
-One run measures the same workload three ways, side by side, with the calls
+One run sends the same workload, a harness's OpenAI Chat Completions calls
+(``bench/workload.py``), down each path, side by side, with the calls
 interleaved so that load from elsewhere on the machine hits all paths alike:
 
-* ``direct``: token-in/token-out ``/v1/completions`` to the test engine,
-  streamed (the requests the sidecar itself would send);
+* ``direct``: to the test engine's own ``/v1/chat/completions``, streamed:
+  the engine renders the chat template, generates and parses tool calls, as
+  vLLM does for a harness that talks to it without OpenForge;
 * ``mitmdump``: the same requests through a stock ``mitmdump`` in reverse
-  mode with a trivial tee addon (``bench/tee_addon.py``);
-* ``sidecar_stream`` / ``sidecar_json``: OpenAI Chat Completions requests,
-  streamed and not, through ``openforge sidecar`` (tokens mode, spool only),
-  which renders them, asks the engine and relays its tokens back.
+  mode with a trivial tee addon (``bench/tee_addon.py``) in front of it;
+* ``sidecar_stream`` / ``sidecar_json``: the same requests, streamed and
+  not, through ``openforge sidecar`` (tokens mode, spool only), which
+  renders them itself, asks the engine token-in/token-out
+  (``/v1/completions``) and relays its tokens back in Chat form.
+
+In the unpaced phase two diagnostic paths also run, to show the proxy hop
+on its own: ``direct_tokens`` and ``mitmdump_tokens`` send the engine the
+token-in/token-out request the sidecar would send (rendered outside the
+measurement), straight and through stock mitmdump; their added figures are
+over ``direct_tokens``. The targets are judged on the Chat paths.
 
 Per engine pacing (``--token-delay-ms``; 0 ms isolates the proxies' own
 cost, a few ms per token emulates generation), it reports latency p50/p99
@@ -44,7 +53,10 @@ import workload
 from openforge_sidecar import template
 
 PATHS = ("direct", "mitmdump", "sidecar_stream", "sidecar_json")
+TOKEN_PATHS = ("direct_tokens", "mitmdump_tokens")  # diagnostics: the proxy hop on its own
 STREAMED = ("direct", "mitmdump", "sidecar_stream")
+#: The path each path's added figures are measured against.
+BASELINE = {"direct_tokens": "direct_tokens", "mitmdump_tokens": "direct_tokens"}
 TTFT_SCENARIO = "text"  # tool calls reach the client whole, at </tool_call>, by design
 TTFT_TARGET_MS = 2.0
 RSS_TARGET_MB = 100.0
@@ -70,11 +82,11 @@ class Settings:
 def settings(quick: bool, delay_ms: float) -> Settings:
     if quick:
         return Settings(
-            phases=(Phase(0.0, 10, PATHS, workload.SCENARIOS), Phase(delay_ms, 6, STREAMED, (TTFT_SCENARIO,))),
+            phases=(Phase(0.0, 10, PATHS + TOKEN_PATHS, workload.SCENARIOS), Phase(delay_ms, 6, STREAMED, (TTFT_SCENARIO,))),
             warmup=2, clients=50, throughput_calls=100, throughput_seconds=2.0,
         )  # fmt: skip
     return Settings(
-        phases=(Phase(0.0, 300, PATHS, workload.SCENARIOS), Phase(delay_ms, 200, STREAMED, (TTFT_SCENARIO,))),
+        phases=(Phase(0.0, 300, PATHS + TOKEN_PATHS, workload.SCENARIOS), Phase(delay_ms, 200, STREAMED, (TTFT_SCENARIO,))),
         warmup=20, clients=50, throughput_calls=3000, throughput_seconds=10.0,
     )  # fmt: skip
 
@@ -156,17 +168,22 @@ def targets(
 ) -> dict[str, dict[str, clients.Target]]:
     """What each path is sent for each scenario."""
     tokenizer = template.PolicyTokenizer.load(engine_url)
-    out: dict[str, dict[str, clients.Target]] = {path: {} for path in PATHS}
+    out: dict[str, dict[str, clients.Target]] = {path: {} for path in PATHS + TOKEN_PATHS}
     for scenario in workload.SCENARIOS:
-        call = workload.engine_call(tokenizer, scenario, model=model)
         for path in ("direct", "mitmdump"):
+            body = workload.chat_body(scenario, stream=True, model=model)
             out[path][scenario] = clients.Target(
-                urls[path] + "/v1/completions", call.body, True, "completions"
+                urls[path] + "/v1/chat/completions", body, True, "chat"
             )
         for path, stream in (("sidecar_stream", True), ("sidecar_json", False)):
             body = workload.chat_body(scenario, stream=stream)
             out[path][scenario] = clients.Target(
                 urls[path] + "/v1/chat/completions", body, stream, "chat"
+            )
+        call = workload.engine_call(tokenizer, scenario, model=model)
+        for path, via in (("direct_tokens", "direct"), ("mitmdump_tokens", "mitmdump")):
+            out[path][scenario] = clients.Target(
+                urls[via] + "/v1/completions", call.body, True, "completions"
             )
     return out
 
@@ -226,10 +243,10 @@ def latency_rows(
 ) -> list[dict[str, Any]]:
     rows = []
     for scenario in phase.scenarios:
-        direct = samples["direct"][scenario]
-        base = summary_ms([s.latency_s for s in direct])
-        base_ttft = summary_ms([s.ttft_s for s in direct if s.ttft_s is not None])
         for path in phase.paths:
+            direct = samples[BASELINE.get(path, "direct")][scenario]
+            base = summary_ms([s.latency_s for s in direct])
+            base_ttft = summary_ms([s.ttft_s for s in direct if s.ttft_s is not None])
             got = samples[path][scenario]
             latency = summary_ms([s.latency_s for s in got])
             row: dict[str, Any] = {
@@ -349,6 +366,7 @@ def table(phase: dict[str, Any]) -> str:
             f"{row['scenario']:<10} {row['path']:<15} {row['samples']:>4} {_pair(row['latency_ms'])} {_pair(row['added_latency_ms'])}"
             f" {_pair(row.get('ttft_ms'))} {_pair(row.get('added_ttft_ms'))}"
         )
+    lines.append("(+: over direct; the *_tokens rows over direct_tokens)")
     rates = phase["throughput_calls_per_s"]
     lines.append("calls/s at 50 clients: " + ", ".join(f"{k} {v}" for k, v in rates.items()))
     memory = phase["memory"]

@@ -10,10 +10,13 @@ prompt, four function tools, an earlier exchange, then
 
 The ``text`` request extends the ``tool_call`` one exactly as a harness
 would, so the sidecar's token history merges it into the earlier call's
-tokens. For the direct and stock-proxy paths the same calls are the
-token-in/token-out ``/v1/completions`` bodies the sidecar itself would send
-to the engine: rendered with the policy's chat template and built by
-:func:`openforge_sidecar.engine.completion_request`. Pure: no I/O here.
+tokens. These Chat Completions bodies are what every path of the benchmark
+is sent (to the sidecar, or to the engine's own chat endpoint, directly or
+through stock mitmdump). For the token-level diagnostics, the same calls
+are also given as the token-in/token-out ``/v1/completions`` bodies the
+sidecar itself sends the engine: rendered with the policy's chat template
+and built by :func:`openforge_sidecar.engine.completion_request`. Pure: no
+I/O here.
 """
 
 from __future__ import annotations
@@ -114,9 +117,14 @@ def messages(scenario: str) -> list[dict[str, Any]]:
     return turns
 
 
-def chat_body(scenario: str, *, stream: bool) -> bytes:
-    """The OpenAI Chat Completions request body a harness sends to the sidecar."""
-    body = {"model": "policy", "messages": messages(scenario), "tools": TOOLS, "stream": stream}
+def chat_body(scenario: str, *, stream: bool, model: str = "policy") -> bytes:
+    """The OpenAI Chat Completions request body a harness sends.
+
+    ``model`` is the name the harness is configured with: any name for the
+    sidecar (it asks the engine for the policy it serves), the served model's
+    name for an engine's own endpoint.
+    """
+    body = {"model": model, "messages": messages(scenario), "tools": TOOLS, "stream": stream}
     return json.dumps(body).encode()
 
 

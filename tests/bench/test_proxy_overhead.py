@@ -19,7 +19,9 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "bench" / "proxy_overhead.py"
 PATHS = {"direct", "mitmdump", "sidecar_stream", "sidecar_json"}
+TOKEN_PATHS = {"direct_tokens", "mitmdump_tokens"}
 STREAMED = {"direct", "mitmdump", "sidecar_stream"}
+BASELINES = {"direct", "direct_tokens"}
 
 
 @pytest.fixture(scope="module")
@@ -56,13 +58,15 @@ def test_latency_rows_cover_every_path_with_added_figures(run: tuple[str, dict[s
     _, summary = run
     overhead = summary["phases"][0]
     assert {(r["scenario"], r["path"]) for r in overhead["latency"]} == {
-        (s, p) for s in ("tool_call", "text") for p in PATHS
+        (s, p) for s in ("tool_call", "text") for p in PATHS | TOKEN_PATHS
     }
+    paced = summary["phases"][1]
+    assert {r["path"] for r in paced["latency"]} == STREAMED
     for phase in summary["phases"]:
         for row in phase["latency"]:
             assert row["samples"] > 0 and positive_pair(row["latency_ms"]), row
             assert set(row["added_latency_ms"]) == {"p50", "p99"}
-            if row["path"] == "direct":
+            if row["path"] in BASELINES:
                 assert row["added_latency_ms"] == {"p50": 0.0, "p99": 0.0}
 
 
@@ -70,7 +74,7 @@ def test_ttft_is_reported_for_streamed_text_answers_only(run: tuple[str, dict[st
     _, summary = run
     for phase in summary["phases"]:
         for row in phase["latency"]:
-            streamed_text = row["scenario"] == "text" and row["path"] in STREAMED
+            streamed_text = row["scenario"] == "text" and row["path"] in STREAMED | TOKEN_PATHS
             assert ("ttft_ms" in row) == streamed_text, row
             if streamed_text:
                 assert (

@@ -230,3 +230,43 @@ def test_non_llm_traffic_passes_through_untouched(stack: dict[str, Any]) -> None
         return {**listing, "data": [{k: v for k, v in m.items() if k != "created"} for m in listing["data"]]}
 
     assert without_created(models.json()) == without_created(direct)
+
+
+def test_the_sidecar_answers_what_the_engine_itself_answers_in_chat_form(stack: dict[str, Any]) -> None:
+    """Two implementations of one wire format agree: the sidecar (rendering,
+    token-in/token-out, its own tool-call parser and Chat encoder) and the
+    engine's own Chat Completions endpoint, which renders and parses itself."""
+    model = httpx.get(f"{stack['engine'].url}/v1/models").json()["data"][0]["id"]
+    tools = [{"type": "function", "function": {"name": "shell", "description": "run", "parameters": SHELL_SCHEMA}}]
+    messages: list[dict[str, Any]] = [{"role": "user", "content": PROMPT}]
+    for _ in range(2):  # the tool call, then the answer after its result
+        answers = []
+        for url in (stack["sidecar"].url, stack["engine"].url):
+            client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
+            whole = client.chat.completions.create(model=model, messages=messages, tools=tools)  # type: ignore[arg-type]
+            stream = client.chat.completions.create(model=model, messages=messages, tools=tools, stream=True)  # type: ignore[call-overload]
+            deltas = [chunk.choices[0].delta for chunk in stream if chunk.choices]
+            parts: dict[int, list[str]] = {}
+            for piece in (c for d in deltas for c in d.tool_calls or []):
+                named = parts.setdefault(piece.index, ["", ""])
+                named[0] += piece.function.name or "" if piece.function else ""
+                named[1] += piece.function.arguments or "" if piece.function else ""
+            streamed = (
+                "".join(d.content or "" for d in deltas),
+                [(name, json.loads(arguments)) for name, arguments in parts.values()],
+            )
+            message = whole.choices[0].message
+            calls = [(c.function.name, json.loads(c.function.arguments)) for c in message.tool_calls or []]  # type: ignore[union-attr]
+            assert streamed == (message.content or "", calls)
+            answers.append((message.content, calls, whole.choices[0].finish_reason, whole.usage.prompt_tokens))  # type: ignore[union-attr]
+        assert answers[0] == answers[1]
+        message = whole.choices[0].message
+        if not message.tool_calls:
+            assert answers[0][0]
+            return
+        call = message.tool_calls[0]
+        messages += [
+            {"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
+            {"role": "tool", "tool_call_id": call.id, "content": "ok"},
+        ]
+    raise AssertionError("no text answer after the tool call")
