@@ -10,6 +10,7 @@ model. ``for_path`` picks the codec that serves an HTTP path;
 
 from __future__ import annotations
 
+import importlib
 from typing import Any, Protocol
 
 from openforge_sidecar import conversation, sse
@@ -88,6 +89,18 @@ def all_codecs() -> list[Codec]:
     return [openai_chat.CODEC, openai_responses.CODEC, anthropic_messages.CODEC, gemini.CODEC]
 
 
+#: Which codec module serves a path, by how the path ends (query and trailing
+#: slashes aside). A module is imported when a request first needs it: one
+#: harness speaks one API, and each codec module is ~0.2-1.6 MB resident.
+SUFFIXES = (
+    ("/chat/completions", "openai_chat"),
+    ("/responses", "openai_responses"),
+    ("/messages", "anthropic_messages"),
+)
+#: Gemini names the model and the method in the path's last segment.
+GEMINI_METHODS = (":generateContent", ":streamGenerateContent", ":countTokens")
+
+
 def for_path(path: str) -> Codec | None:
     """The codec serving ``path``, or None.
 
@@ -95,20 +108,21 @@ def for_path(path: str) -> Codec | None:
     the query), so its codec comes bound to the path; for the others the
     query string is ignored.
     """
-    from openforge_sidecar.codecs import gemini
-
-    bound = gemini.for_path(path)
-    if bound is not None:
-        return bound
-    path = path.split("?", 1)[0].rstrip("/")
-    for codec in all_codecs():
-        if any(path.endswith(suffix) for suffix in codec.paths):
-            return codec
+    bare = path.split("?", 1)[0].rstrip("/")
+    if bare.endswith(GEMINI_METHODS):
+        return _module("gemini").for_path(path)  # type: ignore[no-any-return]
+    for suffix, name in SUFFIXES:
+        if bare.endswith(suffix):
+            return _module(name).CODEC  # type: ignore[no-any-return]
     return None
 
 
 def counter_for_path(path: str) -> TokenCounter | None:
     """The token counter serving ``path`` (Gemini's ``:countTokens``), or None."""
-    from openforge_sidecar.codecs import gemini
+    if not path.split("?", 1)[0].rstrip("/").endswith(GEMINI_METHODS[-1]):
+        return None
+    return _module("gemini").counter_for_path(path)  # type: ignore[no-any-return]
 
-    return gemini.counter_for_path(path)
+
+def _module(name: str) -> Any:
+    return importlib.import_module(f"openforge_sidecar.codecs.{name}")

@@ -1,0 +1,38 @@
+"""Which codec serves a path, and that only the codecs in use are imported."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from openforge_sidecar import codecs
+
+
+def test_the_suffix_table_is_each_codec_s_own_paths() -> None:
+    by_module = {name: suffix for suffix, name in codecs.SUFFIXES}
+    for codec in codecs.all_codecs():
+        module = type(codec).__module__.rsplit(".", 1)[1]
+        if module == "gemini":
+            assert set(codec.paths) | {":countTokens"} == set(codecs.GEMINI_METHODS)
+        else:
+            assert codec.paths == (by_module[module],)
+
+
+def test_a_codec_module_is_imported_when_a_request_first_needs_it() -> None:
+    probe = """
+import json, sys
+from openforge_sidecar import capture, codecs
+loaded = lambda: sorted(m.rsplit(".", 1)[1] for m in sys.modules if m.startswith("openforge_sidecar.codecs."))
+before = loaded()
+codecs.for_path("/v1/chat/completions"); codecs.counter_for_path("/v1/chat/completions")
+chat = loaded()
+codecs.for_path("/v1beta/models/m:generateContent?alt=sse")
+print(json.dumps([before, chat, loaded()]))
+"""
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    before, chat, gemini = json.loads(done.stdout)
+    codec_modules = {"openai_chat", "openai_responses", "anthropic_messages", "gemini"}
+    assert not codec_modules & set(before)
+    assert codec_modules & set(chat) == {"openai_chat"}
+    assert codec_modules & set(gemini) == {"openai_chat", "gemini"}
