@@ -420,20 +420,32 @@ class Capture:
             status = 400 if response.status_code == 400 else 502
             self._fail(flow, call, status, f"engine answered {response.status_code}: {detail}")
             return
+        # The rest waits until the harness has the end of its answer, as
+        # spooling does (see _spool_after_answer), and still comes before the
+        # harness's next call is read, which may continue this conversation.
+        call.finished = True
+        asyncio.get_running_loop().call_soon(self._close_answered, call)
+
+    def _close_answered(self, call: _Call) -> None:
+        """Check, remember and spool a call the engine answered, then render ahead for the next."""
         result = call.relay
-        if result.error:
-            self.stats["engine_errors"] += 1
-        if result.engine_prompt_ids is not None and call.plan is not None and result.engine_prompt_ids != call.plan.prompt_ids:
-            call.notes.append("engine echoed different prompt_token_ids")
-            self.stats["prompt_mismatch"] += 1
         recorded = False
-        if self._history is not None and call.plan is not None and result.completion is not None and not result.error:
-            self._history.record(call.request, call.plan, result.completion.message, result.token_ids)
-            recorded = True
-        self._spool_after_answer(call, status=200, error=result.error or "; ".join(call.notes))
+        try:
+            assert result is not None
+            if result.error:
+                self.stats["engine_errors"] += 1
+            if result.engine_prompt_ids is not None and call.plan is not None and result.engine_prompt_ids != call.plan.prompt_ids:
+                call.notes.append("engine echoed different prompt_token_ids")
+                self.stats["prompt_mismatch"] += 1
+            if self._history is not None and call.plan is not None and result.completion is not None and not result.error:
+                self._history.record(call.request, call.plan, result.completion.message, result.token_ids)
+                recorded = True
+        except Exception:  # a callback's exception would only reach asyncio's handler
+            self.stats["history_failed"] += 1
+            log.exception("remembering call %d failed", call.index)
+        self._spool_soon(call, 200, (result.error if result else None) or "; ".join(call.notes), None)
         if recorded and self._history is not None:
-            # Then the next call's first rendering (see TokenHistory.prerender).
-            asyncio.get_running_loop().call_soon(self._history.prerender)
+            self._history.prerender()  # the next call's first rendering (see TokenHistory.prerender)
 
     def _record_rejected(self, flow: http.HTTPFlow, codec: Codec, body: bytes, exc: CodecError) -> None:
         """A refused LLM request is a call too: recorded, with its error."""

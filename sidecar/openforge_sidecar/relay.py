@@ -58,9 +58,17 @@ class Relay:
         self.error: str | None = None
         self.done = False
         self.first_output_at: float | None = None
-        self.completion: conversation.Completion | None = None
+        self._completion: conversation.Completion | None = None
+        self._final_events: list[conversation.StreamEvent] | None = None  # once done
         self._response_json: bytes | None = None
         self._answered = False  # the stream ended well: the body can be built
+
+    @property
+    def completion(self) -> conversation.Completion | None:
+        """The whole answer, once the stream is done (assembled when first read)."""
+        if self._completion is None and self._final_events is not None:
+            self._completion = conversation.assemble(self._final_events)
+        return self._completion
 
     @property
     def response_json(self) -> bytes:
@@ -70,10 +78,11 @@ class Relay:
         call is recorded, after the harness has the end of its stream.
         """
         if self._response_json is None:
-            if not self._answered or self.completion is None:
+            completion = self.completion
+            if not self._answered or completion is None:
                 return b""
             body = self._codec.build_response(
-                self._request, self.completion, response_id=self._response_id, created=self._created
+                self._request, completion, response_id=self._response_id, created=self._created
             )
             self._response_json = fastjson.dumps_bytes(body)
         return self._response_json
@@ -139,9 +148,7 @@ class Relay:
             # would: its SDK then reports the failure instead of a silently
             # shortened answer.
             out = self._encode(tail)
-            self.completion = conversation.assemble(
-                [*self.events, conversation.StreamEnd("error", usage)]
-            )
+            self._final_events = [*self.events, conversation.StreamEnd("error", usage)]
             return self._emit(out)
         closing = [
             conversation.StreamEnd(e.finish_reason, usage)
@@ -150,7 +157,7 @@ class Relay:
             for e in closing
         ]
         out = self._encode([*tail, *closing])
-        self.completion = conversation.assemble(self.events)
+        self._final_events = self.events
         self._answered = True
         return self._emit(out if self._encoder is not None else self.response_json)
 
