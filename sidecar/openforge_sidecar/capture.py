@@ -328,7 +328,7 @@ class Capture:
             response.headers["cache-control"] = "no-cache"
         response.stream = _guarded(call)
 
-    async def response(self, flow: http.HTTPFlow) -> None:
+    def response(self, flow: http.HTTPFlow) -> None:
         call: _Call | None = flow.metadata.get("openforge")
         if call is None or call.finished or flow.response is None:
             return

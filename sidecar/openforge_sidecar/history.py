@@ -182,13 +182,18 @@ class TokenHistory:
         reformatted arguments) are invisible to the template. After a call
         whose rendering did not start with it, this waits for an exact echo
         of a head before rendering ahead again: that harness's rewrites show
-        in the template, and the work would be wasted. Never raises: a head
+        in the template, and the work would be wasted. Only a reply that
+        calls tools is rendered ahead: the harness comes back with their
+        results at once, while an answer in text ends the agent's turn, and
+        often the rollout. Never raises: a head
         that does not render here is rendered (and its error reported) when
         a call continues it.
         """
         if not self._prerender or not self._heads or self._heads[-1].rendered is not None:
             return
         head = self._heads[-1]
+        if not head.messages[-1].tool_calls:
+            return
         try:
             head.rendered = self._renderer.render(
                 head.messages, head.tools, add_generation_prompt=False

@@ -220,3 +220,13 @@ def test_a_rewrite_the_template_shows_renders_both_and_stops_prerendering_until_
     tokens.record(request(*head.messages), planned, REPLY, [9])
     tokens.prerender()
     assert tokens._heads[-1].rendered is not None
+
+
+def test_only_a_reply_that_calls_tools_is_rendered_ahead() -> None:
+    renderer = CountingRenderer()
+    tokens = history.TokenHistory(renderer)
+    plan = tokens.plan(request(*BASE))
+    tokens.record(request(*BASE), plan, text("assistant", "Nothing to run."), [5, *tiny().stop_token_ids])
+    before = renderer.renders
+    tokens.prerender()
+    assert renderer.renders == before and tokens._heads[-1].rendered is None
