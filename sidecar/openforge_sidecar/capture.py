@@ -292,8 +292,13 @@ class Capture:
         Runs in the event loop's next round, so after the request was
         written to the upstream and before the loop reads anything new: the
         journal has the call and the relay is ready before any byte of the
-        answer can arrive, and the time it takes overlaps the engine's.
+        answer can arrive, and the time it takes overlaps the engine's. (On
+        Python >= 3.12 mitmproxy's master runs hook tasks eagerly, and this
+        comes before the request is written: as correct, without the overlap.
+        The sidecar's image runs 3.11.)
         """
+        if call.finished:
+            return  # spooled already (its connection failed while the tokenizer loaded)
         try:
             self._journal_call(call)
             if call.plan is not None and call.relay is None and self._tokenizer is not None:
@@ -414,6 +419,9 @@ class Capture:
     def _finish_tokens(self, flow: http.HTTPFlow, call: _Call) -> None:
         assert flow.response is not None
         response = flow.response
+        if response.status_code == 200 and call.relay is None:
+            self._fail(flow, call, 502, "the sidecar could not take the call in (no relay; see the log)")
+            return
         if response.status_code != 200 or call.relay is None or not call.relay.done:
             detail = (response.get_content(strict=False) or b"")[:500].decode(errors="replace")
             self.stats["engine_errors"] += 1
@@ -503,9 +511,14 @@ class Capture:
     def _spool_soon(self, call: _Call, status: int, error: str, response_json: bytes | None) -> None:
         try:
             self._spool_call(call, status=status, error=error, response_json=response_json)
-        except Exception:  # a callback's exception would only reach asyncio's handler
+        except Exception as exc:  # a callback's exception would only reach asyncio's handler
             self.stats["spool_failed"] += 1
             log.exception("spooling call %d failed", call.index)
+            # Never silently: the call is reported lost, with why.
+            try:
+                self._lose(f"recording call {call.index} failed: {exc!r}", whole=False, call_index=call.index)
+            except Exception:
+                log.exception("reporting call %d as lost failed", call.index)
 
     def _spool_call(self, call: _Call, *, status: int, error: str, response_json: bytes | None = None) -> None:
         call.finished = True
@@ -575,11 +588,11 @@ class Capture:
         """
         if call.journaled:
             return
+        if self._journal is not None:
+            os.write(self._journal, f"{call.index}\n".encode())
         call.journaled = True
         call.headers = redact.header_fields(call.raw_headers)
         call.raw_headers = ()
-        if self._journal is not None:
-            os.write(self._journal, f"{call.index}\n".encode())
 
     async def _policy_tokenizer(self) -> template.PolicyTokenizer:
         if self._tokenizer is not None:

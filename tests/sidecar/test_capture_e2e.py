@@ -249,8 +249,9 @@ def test_the_sidecar_answers_what_the_engine_itself_answers_in_chat_form(stack: 
             parts: dict[int, list[str]] = {}
             for piece in (c for d in deltas for c in d.tool_calls or []):
                 named = parts.setdefault(piece.index, ["", ""])
-                named[0] += piece.function.name or "" if piece.function else ""
-                named[1] += piece.function.arguments or "" if piece.function else ""
+                if piece.function:
+                    named[0] += piece.function.name or ""
+                    named[1] += piece.function.arguments or ""
             streamed = (
                 "".join(d.content or "" for d in deltas),
                 [(name, json.loads(arguments)) for name, arguments in parts.values()],

@@ -77,7 +77,7 @@ def test_the_tee_stream_passes_bytes_through_before_and_after_release() -> None:
     assert stream(b"two") == b"two" and seen == [b"one"]
 
 
-def test_a_call_answered_is_spooled_in_the_loops_next_round_and_marked_finished_at_once() -> None:
+def test_a_call_answered_is_spooled_in_the_loops_next_round_and_one_not_spooled_is_reported_lost() -> None:
     import asyncio
 
     addon = capture.Capture()
@@ -91,6 +91,12 @@ def test_a_call_answered_is_spooled_in_the_loops_next_round_and_marked_finished_
         spooled.append((call.index, status, error))
 
     addon._spool_call = spool_call  # type: ignore[method-assign]
+    lost: list[tuple[str, bool, int]] = []
+
+    def lose(reason: str, *, whole: bool, call_index: int = 0) -> None:
+        lost.append((reason, whole, call_index))
+
+    addon._lose = lose  # type: ignore[method-assign]
 
     async def scenario() -> None:
         first, second = _call(), _call()
@@ -103,3 +109,5 @@ def test_a_call_answered_is_spooled_in_the_loops_next_round_and_marked_finished_
 
     asyncio.run(scenario())
     assert addon.stats["spool_failed"] == 1
+    # A call whose record could not be made is reported lost, with why: never silently.
+    assert lost == [("recording call 1 failed: RuntimeError('spool failed')", False, 1)]

@@ -9,6 +9,8 @@ from typing import Any
 import httpx
 import openai
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from openforge_trainer import testengine, testengine_chat, tokenizer_build
 from openforge_trainer import testengine_protocol as protocol
 from tokenizers import Tokenizer
@@ -141,6 +143,16 @@ def test_the_openai_sdk_reads_both_forms(engine: str) -> None:
     ("body", "status", "fragment"),
     [
         (b"{", 400, "not valid JSON"),
+        (
+            b'{"model": "tiny", "messages": [{"role": "user", "content": "x"}], "stream": "yes"}',
+            400,
+            "stream must be a boolean",
+        ),
+        (
+            b'{"model": "tiny", "messages": [{"role": "user", "content": "x"}], "max_completion_tokens": -1}',
+            400,
+            "max_completion_tokens must be a positive integer",
+        ),
         (b'{"model": "tiny"}', 400, "messages must be a non-empty list"),
         (
             b'{"model": "tiny", "messages": [{"role": "robot", "content": "x"}]}',
@@ -255,3 +267,35 @@ def test_an_image_part_is_refused_by_name() -> None:
     }
     with pytest.raises(protocol.RequestError, match=r"messages\[0\]\.content\[0\]"):
         testengine_chat.parse_chat_request(json.dumps(body).encode())
+
+
+CALL = '<tool_call>\n{"name": "ls", "arguments": {"path": "."}}\n</tool_call>'
+PIECES = st.sampled_from(
+    ["Done", " ok", "\n", "\n\n", "<", "<tool", CALL, "</tool_call>", "<tool_call>", "{}"]
+)
+
+
+def outcome(deltas: list[dict[str, Any]]) -> tuple[str, list[Any]]:
+    content = "".join(d.get("content", "") for d in deltas)
+    calls = [c["function"] for d in deltas for c in d.get("tool_calls", [])]
+    return content, calls
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(PIECES, max_size=12), st.data())
+def test_however_the_text_is_cut_the_answer_is_the_same(
+    pieces: list[str], data: st.DataObject
+) -> None:
+    text = "".join(pieces)
+    cuts = sorted(data.draw(st.lists(st.integers(0, len(text)), max_size=8)))
+    parts = [text[a:b] for a, b in zip([0, *cuts], [*cuts, len(text)], strict=True)]
+    assert outcome(split(parts)) == outcome(split([text]))
+
+
+def test_newlines_around_a_call_are_not_content() -> None:
+    assert outcome(split(["foo\n", "\n", CALL])) == (
+        "foo",
+        [{"name": "ls", "arguments": '{"path": "."}'}],
+    )
+    assert outcome(split([CALL, "\n"])) == ("", [{"name": "ls", "arguments": '{"path": "."}'}])
+    assert outcome(split(["Hello\n\n", "world"])) == ("Hello\n\nworld", [])

@@ -56,16 +56,25 @@ def parse_chat_request(body: bytes) -> ChatRequest:
     raw_messages = data.get("messages")
     if not isinstance(raw_messages, list) or not raw_messages:
         raise protocol.RequestError("messages must be a non-empty list", param="messages")
+    stream = data.get("stream", False)
+    if not isinstance(stream, bool):
+        raise protocol.RequestError("stream must be a boolean", param="stream")
     options = data.get("stream_options")
-    stream = data.get("stream") is True
-    max_tokens = data.get("max_completion_tokens", data.get("max_tokens"))
+    if options is not None and not isinstance(options, dict):
+        raise protocol.RequestError("stream_options must be an object", param="stream_options")
+    field = (
+        "max_completion_tokens" if data.get("max_completion_tokens") is not None else "max_tokens"
+    )
+    max_tokens = data.get(field)
     if max_tokens is not None and (
         not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1
     ):
-        raise protocol.RequestError("max_tokens must be a positive integer", param="max_tokens")
+        raise protocol.RequestError(f"{field} must be a positive integer", param=field)
     model = data.get("model")
+    if model is not None and not isinstance(model, str):
+        raise protocol.RequestError("model must be a string", param="model")
     return ChatRequest(
-        model=model if isinstance(model, str) else None,
+        model=model,
         messages=[_message(m, f"messages[{i}]") for i, m in enumerate(raw_messages)],
         tools=_tools(data.get("tools")),
         stream=stream,
@@ -78,7 +87,9 @@ def chat_template(config: dict[str, Any]) -> jinja2.Template:
     """The tokenizer's chat template, compiled as transformers compiles it."""
     source = config.get("chat_template")
     if not isinstance(source, str):
-        raise ValueError("tokenizer_config.json has no chat_template")
+        raise protocol.RequestError(
+            "the model's tokenizer_config.json has no chat_template: chat is not served"
+        )
     return tokenizer_build.chat_environment().from_string(source)
 
 
@@ -116,14 +127,17 @@ class ToolCallText:
 
     :meth:`feed` returns the chat deltas the new text completes: content up
     to where a ``<tool_call>`` tag may begin, and each tool call whole once
-    its ``</tool_call>`` arrives. A block that is not a JSON object with a
-    ``name`` and ``arguments`` stays text, as does one never closed.
+    its ``</tool_call>`` arrives. The newlines around a block are not
+    content. A block that is not a JSON object with a ``name`` and
+    ``arguments`` stays text, as does one never closed. However the text is
+    cut into pieces, the deltas add up to the same content and calls.
     """
 
     def __init__(self, call_id: Callable[[int], str]) -> None:
         self._call_id = call_id
         self._buffer = ""
         self._in_call = False
+        self._after_block = False  # newlines still to drop after a block
         self.calls = 0
 
     def feed(self, text: str, *, final: bool = False) -> list[dict[str, Any]]:
@@ -138,10 +152,14 @@ class ToolCallText:
                         self._buffer = ""
                     return out
                 inner, self._buffer = self._buffer[:end], self._buffer[end + len(CALL_CLOSE) :]
-                self._in_call = False
+                self._in_call, self._after_block = False, True
                 out.append(self._call(inner))
-                self._buffer = self._buffer.lstrip("\n")
                 continue
+            if self._after_block:
+                self._buffer = self._buffer.lstrip("\n")
+                if not self._buffer and not final:
+                    return out  # more newlines may follow
+                self._after_block = False
             start = self._buffer.find(CALL_OPEN)
             if start >= 0:
                 before = self._buffer[:start].rstrip("\n")
@@ -150,7 +168,7 @@ class ToolCallText:
                 self._buffer = self._buffer[start + len(CALL_OPEN) :]
                 self._in_call = True
                 continue
-            keep = 0 if final else _tag_prefix(self._buffer)
+            keep = 0 if final else _held_back(self._buffer)
             if len(self._buffer) > keep:
                 out.append({"content": self._buffer[: len(self._buffer) - keep]})
                 self._buffer = self._buffer[len(self._buffer) - keep :]
@@ -267,17 +285,16 @@ def _merged(deltas: list[dict[str, Any]]) -> dict[str, Any]:
     return merged
 
 
-def _tag_prefix(buffer: str) -> int:
-    """Length of the longest tail of ``buffer`` that may begin ``<tool_call>`` or ``\n<tool_call>``.
-
-    The newline before a tool call is not content (it is dropped with the tag).
-    """
-    with_newline = "\n" + CALL_OPEN
-    for size in range(min(len(buffer), len(CALL_OPEN)), 0, -1):
-        tail = buffer[-size:]
-        if with_newline.startswith(tail) or CALL_OPEN.startswith(tail):
-            return size
-    return 0
+def _held_back(buffer: str) -> int:
+    """Length of the tail of ``buffer`` that may still turn out to precede a tool call:
+    newlines, then a beginning of ``<tool_call>`` (either may be empty)."""
+    tag = 0
+    for size in range(min(len(buffer), len(CALL_OPEN) - 1), 0, -1):
+        if CALL_OPEN.startswith(buffer[-size:]):
+            tag = size
+            break
+    rest = buffer[: len(buffer) - tag]
+    return tag + len(rest) - len(rest.rstrip("\n"))
 
 
 def _text(value: Any, at: str) -> str:
