@@ -103,10 +103,12 @@ def test_the_stream_says_what_the_whole_answer_says(engine: str) -> None:
         )
         assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
         deltas = [c["choices"][0]["delta"] for c in chunks if c["choices"]]
-        content = "".join(d.get("content") or "" for d in deltas)
-        calls = [call["function"] for d in deltas for call in d.get("tool_calls", [])]
+        content, calls = outcome(deltas)
         assert content == (whole["message"]["content"] or "")
-        assert calls == [call["function"] for call in whole["message"].get("tool_calls", [])]
+        assert calls == [
+            (c["function"]["name"], json.loads(c["function"]["arguments"]))
+            for c in whole["message"].get("tool_calls", [])
+        ]
         finishes = [c["choices"][0]["finish_reason"] for c in chunks if c["choices"]]
         assert finishes[-1] == whole["finish_reason"] and set(finishes[:-1]) == {None}
         assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] > 0
@@ -134,7 +136,7 @@ def test_the_openai_sdk_reads_both_forms(engine: str) -> None:
         call.function.name
         for chunk in streamed
         for call in (chunk.choices[0].delta.tool_calls or [] if chunk.choices else [])
-        if call.function
+        if call.function and call.function.name
     ]
     assert names == ["shell"]
 
@@ -186,10 +188,21 @@ def test_max_tokens_cuts_the_answer_with_length(engine: str) -> None:
 # --- the parts ---------------------------------------------------------------------------
 
 
-def split(texts: list[str]) -> list[dict[str, Any]]:
-    parser = testengine_chat.ToolCallText(lambda index: f"id{index}")
+def split(texts: list[str], *, incremental: bool = False) -> list[dict[str, Any]]:
+    parser = testengine_chat.ToolCallText(lambda index: f"id{index}", incremental=incremental)
     out = [d for text in texts for d in parser.feed(text)]
     return out + parser.feed("", final=True)
+
+
+def outcome(deltas: list[dict[str, Any]]) -> tuple[str, list[tuple[str, Any]]]:
+    """Content, and each call's name and parsed arguments, as an SDK assembles them from deltas."""
+    content = "".join(d.get("content") or "" for d in deltas)
+    calls: dict[int, list[str]] = {}
+    for call in (c for d in deltas for c in d.get("tool_calls", [])):
+        named = calls.setdefault(call["index"], ["", ""])
+        named[0] += call["function"].get("name", "")
+        named[1] += call["function"].get("arguments", "")
+    return content, [(name, json.loads(arguments)) for name, arguments in calls.values()]
 
 
 def test_text_is_held_back_only_where_a_tag_may_begin() -> None:
@@ -275,12 +288,6 @@ PIECES = st.sampled_from(
 )
 
 
-def outcome(deltas: list[dict[str, Any]]) -> tuple[str, list[Any]]:
-    content = "".join(d.get("content", "") for d in deltas)
-    calls = [c["function"] for d in deltas for c in d.get("tool_calls", [])]
-    return content, calls
-
-
 @settings(max_examples=300, deadline=None)
 @given(st.lists(PIECES, max_size=12), st.data())
 def test_however_the_text_is_cut_the_answer_is_the_same(
@@ -289,13 +296,30 @@ def test_however_the_text_is_cut_the_answer_is_the_same(
     text = "".join(pieces)
     cuts = sorted(data.draw(st.lists(st.integers(0, len(text)), max_size=8)))
     parts = [text[a:b] for a, b in zip([0, *cuts], [*cuts, len(text)], strict=True)]
-    assert outcome(split(parts)) == outcome(split([text]))
+    whole = outcome(split([text]))
+    assert outcome(split(parts)) == whole
+    if text.count("<tool_call>") == text.count("</tool_call>") == text.count(CALL):
+        # well-formed calls only: streamed, they come as a start and argument pieces
+        assert outcome(split(parts, incremental=True)) == whole
 
 
 def test_newlines_around_a_call_are_not_content() -> None:
-    assert outcome(split(["foo\n", "\n", CALL])) == (
-        "foo",
-        [{"name": "ls", "arguments": '{"path": "."}'}],
-    )
-    assert outcome(split([CALL, "\n"])) == ("", [{"name": "ls", "arguments": '{"path": "."}'}])
+    assert outcome(split(["foo\n", "\n", CALL])) == ("foo", [("ls", {"path": "."})])
+    assert outcome(split([CALL, "\n"])) == ("", [("ls", {"path": "."})])
     assert outcome(split(["Hello\n\n", "world"])) == ("Hello\n\nworld", [])
+
+
+def test_a_streamed_call_is_announced_then_its_arguments_follow_as_generated() -> None:
+    parser = testengine_chat.ToolCallText(lambda index: f"id{index}", incremental=True)
+    assert parser.feed('<tool_call>\n{"name": "ls", "argu') == []
+    start, first = parser.feed('ments": {"pa')
+    assert start["tool_calls"] == [
+        {"index": 0, "id": "id0", "type": "function", "function": {"name": "ls", "arguments": ""}}
+    ]
+    assert first == {"tool_calls": [{"index": 0, "function": {"arguments": '{"pa'}}]}
+    assert parser.feed('th": "."}') == [
+        {"tool_calls": [{"index": 0, "function": {"arguments": 'th": "."'}}]}
+    ]
+    assert parser.feed("}\n</tool_call>") == [
+        {"tool_calls": [{"index": 0, "function": {"arguments": "}"}}]}
+    ]

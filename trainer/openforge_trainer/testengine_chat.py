@@ -19,6 +19,7 @@ Pure: no I/O here.
 from __future__ import annotations
 
 import json
+import re
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -122,22 +123,35 @@ class Answer:
         return self.token_ids[:-1] if self.stop_terminated else self.token_ids
 
 
+#: How a Hermes call's JSON begins, up to its arguments: once this much is in,
+#: the call can be announced and its arguments streamed as they come.
+_CALL_HEAD = re.compile(r'\s*\{\s*"name"\s*:\s*"([^"\\]+)"\s*,\s*"arguments"\s*:\s*')
+
+
 class ToolCallText:
     """Splits generated text into content and Hermes tool calls, as it arrives.
 
     :meth:`feed` returns the chat deltas the new text completes: content up
-    to where a ``<tool_call>`` tag may begin, and each tool call whole once
-    its ``</tool_call>`` arrives. The newlines around a block are not
-    content. A block that is not a JSON object with a ``name`` and
-    ``arguments`` stays text, as does one never closed. However the text is
-    cut into pieces, the deltas add up to the same content and calls.
+    to where a ``<tool_call>`` tag may begin, and tool calls. Streaming
+    (``incremental``), a call is announced (id, type, name, empty
+    arguments) as soon as its name and the start of its arguments are in,
+    and its arguments follow as they are generated, as vLLM's ``hermes``
+    parser streams them; otherwise each call comes whole once its
+    ``</tool_call>`` arrives. The newlines around a block are not content.
+    A block that does not begin like ``{"name": ..., "arguments": ...`` and
+    is not a JSON object with both stays text, as does one never closed.
+    However the text is cut into pieces, the deltas add up to the same
+    content and calls.
     """
 
-    def __init__(self, call_id: Callable[[int], str]) -> None:
+    def __init__(self, call_id: Callable[[int], str], *, incremental: bool = False) -> None:
         self._call_id = call_id
+        self._incremental = incremental
         self._buffer = ""
         self._in_call = False
         self._after_block = False  # newlines still to drop after a block
+        self._arguments_at = -1  # where the streamed call's arguments begin in the buffer
+        self._arguments_sent = 0
         self.calls = 0
 
     def feed(self, text: str, *, final: bool = False) -> list[dict[str, Any]]:
@@ -147,13 +161,25 @@ class ToolCallText:
             if self._in_call:
                 end = self._buffer.find(CALL_CLOSE)
                 if end < 0:
-                    if final:
+                    streaming = self._arguments_at >= 0 or (
+                        self._incremental and self._announce(out)
+                    )
+                    if streaming:
+                        out += self._arguments(len(self._buffer), closed=final)
+                    elif final:  # never closed: give it back as text
                         out.append({"content": CALL_OPEN + self._buffer})
-                        self._buffer = ""
+                    if final:
+                        self._in_call, self._arguments_at, self._buffer = False, -1, ""
                     return out
-                inner, self._buffer = self._buffer[:end], self._buffer[end + len(CALL_CLOSE) :]
+                if self._arguments_at < 0 and self._incremental:
+                    self._announce(out)
+                if self._arguments_at >= 0:
+                    out += self._arguments(end, closed=True)
+                    self._arguments_at = -1
+                else:
+                    out.append(self._call(self._buffer[:end]))
+                self._buffer = self._buffer[end + len(CALL_CLOSE) :]
                 self._in_call, self._after_block = False, True
-                out.append(self._call(inner))
                 continue
             if self._after_block:
                 self._buffer = self._buffer.lstrip("\n")
@@ -173,6 +199,57 @@ class ToolCallText:
                 out.append({"content": self._buffer[: len(self._buffer) - keep]})
                 self._buffer = self._buffer[len(self._buffer) - keep :]
             return out
+
+    def _announce(self, out: list[dict[str, Any]]) -> bool:
+        """Open a streamed call once its name is in; False while it cannot be told yet."""
+        head = _CALL_HEAD.match(self._buffer)
+        if head is None:
+            return False
+        index = self.calls
+        self.calls += 1
+        call = {"name": head[1], "arguments": ""}
+        out.append(
+            {
+                "tool_calls": [
+                    {
+                        "index": index,
+                        "id": self._call_id(index),
+                        "type": "function",
+                        "function": call,
+                    }
+                ]
+            }
+        )
+        self._arguments_at, self._arguments_sent = head.end(), 0
+        return True
+
+    def _arguments(self, end: int, *, closed: bool) -> list[dict[str, Any]]:
+        """The streamed call's arguments text that is certain by ``end``.
+
+        The call object closes with a ``}`` after its arguments, so a tail of
+        closing braces and spaces (and what may begin ``</tool_call>``) waits
+        until ``</tool_call>`` shows which of them end the arguments.
+        """
+        text = self._buffer[self._arguments_at : end].lstrip()
+        if closed:
+            text = text.rstrip()
+            text = text[:-1].rstrip() if text.endswith("}") else text
+            ready = len(text)
+        else:  # nor can a beginning of </tool_call> be arguments
+            tag = next(
+                (
+                    n
+                    for n in range(min(len(text), len(CALL_CLOSE) - 1), 0, -1)
+                    if CALL_CLOSE.startswith(text[-n:])
+                ),
+                0,
+            )
+            ready = len(text[: len(text) - tag].rstrip("} \n\t\r"))
+        if ready <= self._arguments_sent:
+            return []
+        piece = text[self._arguments_sent : ready]
+        self._arguments_sent = ready
+        return [{"tool_calls": [{"index": self.calls - 1, "function": {"arguments": piece}}]}]
 
     def _call(self, inner: str) -> dict[str, Any]:
         try:
@@ -213,7 +290,7 @@ def stream_bodies(
         return _head(request_id, "chat.completion.chunk", created, model) | {"choices": [choice]}
 
     yield chunk({"role": "assistant", "content": ""}), False
-    text = ToolCallText(lambda index: f"call_{request_id[9:33]}{index}")
+    text = ToolCallText(lambda index: f"call_{request_id[9:33]}{index}", incremental=True)
     visible = answer.visible
     emitted = ""
     for i in range(len(token_ids)):
@@ -272,16 +349,23 @@ def _head(request_id: str, kind: str, created: int, model: str) -> dict[str, Any
 
 
 def _merged(deltas: list[dict[str, Any]]) -> dict[str, Any]:
-    """One chunk's delta from the deltas one token completed (text before a tool call)."""
+    """One chunk's delta from the deltas one token completed (text, a call's start, its arguments)."""
     if len(deltas) == 1:
         return deltas[0]
     content = "".join(d.get("content", "") for d in deltas)
-    calls = [call for d in deltas for call in d.get("tool_calls", [])]
+    calls: dict[int, dict[str, Any]] = {}
+    for call in (c for d in deltas for c in d.get("tool_calls", [])):
+        known = calls.get(call["index"])
+        if known is None:
+            calls[call["index"]] = {**call, "function": dict(call["function"])}
+        else:
+            function = known["function"]
+            function["arguments"] = function.get("arguments", "") + call["function"]["arguments"]
     merged: dict[str, Any] = {}
     if content:
         merged["content"] = content
     if calls:
-        merged["tool_calls"] = calls
+        merged["tool_calls"] = list(calls.values())
     return merged
 
 
