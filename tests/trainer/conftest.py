@@ -1,4 +1,4 @@
-"""Make this folder's shared helper (``wire_trajectories``) importable.
+"""Make this folder's shared helpers (``wire_trajectories``, ``engine_calls``) importable.
 
 Tests run with ``--import-mode=importlib``, which puts no test folder on
 ``sys.path``; the analysis tests share their hand-built episodes through it.

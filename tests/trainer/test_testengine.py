@@ -9,6 +9,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+import engine_calls
 import httpx
 import pytest
 from openforge_trainer import testengine, tokenizer_build
@@ -113,24 +114,11 @@ def task_prompt(tools: list[dict[str, Any]]) -> list[int]:
 
 
 def complete(url: str, **body: Any) -> dict[str, Any]:
-    response = httpx.post(f"{url}/v1/completions", json={"model": "tiny", **body}, timeout=10)
-    assert response.status_code == 200, response.text
-    result: dict[str, Any] = response.json()
-    return result
+    return engine_calls.answer(url, "/v1/completions", **body)
 
 
 def stream(url: str, **body: Any) -> list[dict[str, Any]]:
-    chunks: list[dict[str, Any]] = []
-    payload = {"model": "tiny", "stream": True, **body}
-    with httpx.stream("POST", f"{url}/v1/completions", json=payload, timeout=10) as response:
-        assert response.status_code == 200
-        assert response.headers["content-type"].startswith("text/event-stream")
-        events = [e for e in response.read().decode().split("\n\n") if e]
-    assert events[-1] == "data: [DONE]"
-    for event in events[:-1]:
-        assert event.startswith("data: ")
-        chunks.append(json.loads(event[len("data: ") :]))
-    return chunks
+    return engine_calls.stream(url, "/v1/completions", **body)
 
 
 def assistant_text(message: dict[str, Any]) -> str:

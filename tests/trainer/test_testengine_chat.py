@@ -6,6 +6,7 @@ import json
 from collections.abc import Iterator
 from typing import Any
 
+import engine_calls
 import httpx
 import openai
 import pytest
@@ -45,20 +46,11 @@ def engine() -> Iterator[str]:
 
 
 def chat(url: str, **body: Any) -> dict[str, Any]:
-    response = httpx.post(f"{url}/v1/chat/completions", json={"model": "tiny", **body}, timeout=10)
-    assert response.status_code == 200, response.text
-    result: dict[str, Any] = response.json()
-    return result
+    return engine_calls.answer(url, "/v1/chat/completions", **body)
 
 
 def chat_stream(url: str, **body: Any) -> list[dict[str, Any]]:
-    payload = {"model": "tiny", "stream": True, **body}
-    with httpx.stream("POST", f"{url}/v1/chat/completions", json=payload, timeout=10) as response:
-        assert response.status_code == 200
-        assert response.headers["content-type"].startswith("text/event-stream")
-        events = [e for e in response.read().decode().split("\n\n") if e]
-    assert events[-1] == "data: [DONE]"
-    return [json.loads(e.removeprefix("data: ")) for e in events[:-1]]
+    return engine_calls.stream(url, "/v1/chat/completions", **body)
 
 
 def after_the_call(answer: dict[str, Any]) -> list[dict[str, Any]]:
