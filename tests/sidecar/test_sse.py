@@ -5,7 +5,7 @@ from dataclasses import replace
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from openforge_sidecar import sse
+from openforge_sidecar import fastjson, sse
 
 _no_cr = st.characters(exclude_characters="\r", exclude_categories=["Cs"])
 _one_line = st.characters(exclude_characters="\r\n\0", exclude_categories=["Cs"])
@@ -167,3 +167,18 @@ def test_a_chunk_of_one_line_events_parses_each() -> None:
         sse.Event("c", id="1"),
         sse.Event("[DONE]", id="1"),
     ]
+
+
+JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**63), 2**63 - 1) | st.text(),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(), inner, max_size=4),
+    max_leaves=12,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(JSON_VALUES, st.none() | st.sampled_from(["message_start", "response.output_text.delta"]))
+def test_a_json_event_is_written_as_encode_writes_its_compact_json(
+    value: object, event: str | None
+) -> None:
+    assert sse.encode_json(value, event) == sse.encode(fastjson.dumps(value), event)

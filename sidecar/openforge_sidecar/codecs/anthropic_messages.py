@@ -279,7 +279,7 @@ class _Encoder:
 
     @staticmethod
     def _emit(kind: str, **payload: Any) -> bytes:
-        return sse.encode(fields.dumps({"type": kind, **payload}), event=kind)
+        return sse.encode_json({"type": kind, **payload}, event=kind)
 
     def start(self) -> bytes:
         message = {

@@ -264,11 +264,11 @@ class _Encoder:
     def _end(self, event: conv.StreamEnd) -> bytes:
         if event.finish_reason == "error":
             error = openai_error_body(500, "the model failed while generating")
-            return sse.encode(fields.dumps(error))
+            return sse.encode_json(error)
         out = self._chunk({}, _finish(event.finish_reason, self._has_calls))
         if self._usage:
             body = {**self._head, "choices": [], "usage": _usage(event.usage)}
-            out += sse.encode(fields.dumps(body))
+            out += sse.encode_json(body)
         return out + sse.encode("[DONE]")
 
 

@@ -453,7 +453,7 @@ class _Encoder:
     def _emit(self, kind: str, **payload: Any) -> bytes:
         body = {"type": kind, "sequence_number": self._seq, **payload}
         self._seq += 1
-        return sse.encode(fields.dumps(body), event=kind)
+        return sse.encode_json(body, event=kind)
 
     def start(self) -> bytes:
         response = _response(
