@@ -185,9 +185,8 @@ class TokenHistory:
         in the template, and the work would be wasted. Only a reply that
         calls tools is rendered ahead: the harness comes back with their
         results at once, while an answer in text ends the agent's turn, and
-        often the rollout. Never raises: a head
-        that does not render here is rendered (and its error reported) when
-        a call continues it.
+        often the rollout. Never raises: a head that does not render here is
+        rendered (and its error reported) when a call continues it.
         """
         if not self._prerender or not self._heads or self._heads[-1].rendered is not None:
             return

@@ -290,7 +290,7 @@ def stream_bodies(
         return _head(request_id, "chat.completion.chunk", created, model) | {"choices": [choice]}
 
     yield chunk({"role": "assistant", "content": ""}), False
-    text = ToolCallText(lambda index: f"call_{request_id[9:33]}{index}", incremental=True)
+    text = ToolCallText(_call_ids(request_id), incremental=True)
     visible = answer.visible
     emitted = ""
     for i in range(len(token_ids)):
@@ -322,10 +322,9 @@ def stream_bodies(
 def response_body(answer: Answer) -> dict[str, Any]:
     """The whole answer as one ``chat.completion`` object."""
     request_id = f"chatcmpl-{uuid.uuid4().hex}"
-    text = ToolCallText(lambda index: f"call_{request_id[9:33]}{index}")
-    deltas = text.feed(answer.decode(answer.visible), final=True)
-    content = "".join(d.get("content", "") for d in deltas)
-    calls = [call for d in deltas for call in d.get("tool_calls", [])]
+    text = ToolCallText(_call_ids(request_id))
+    whole = _merged(text.feed(answer.decode(answer.visible), final=True))
+    content, calls = whole.get("content", ""), whole.get("tool_calls", [])
     message: dict[str, Any] = {"role": "assistant", "content": content or None}
     if calls:
         message["tool_calls"] = [{k: v for k, v in c.items() if k != "index"} for c in calls]
@@ -348,8 +347,14 @@ def _head(request_id: str, kind: str, created: int, model: str) -> dict[str, Any
     return {"id": request_id, "object": kind, "created": created, "model": model}
 
 
+def _call_ids(request_id: str) -> Callable[[int], str]:
+    """Tool-call ids in OpenAI's style, from the answer's own id."""
+    return lambda index: f"call_{request_id[9:33]}{index}"
+
+
 def _merged(deltas: list[dict[str, Any]]) -> dict[str, Any]:
-    """One chunk's delta from the deltas one token completed (text, a call's start, its arguments)."""
+    """One delta from several: those one token completed (text, a call's start, its
+    arguments), or a whole answer's."""
     if len(deltas) == 1:
         return deltas[0]
     content = "".join(d.get("content", "") for d in deltas)
