@@ -69,14 +69,14 @@ class ScriptedEngine:
         self.config = config
         self.files = {name: (config.tokenizer_dir / name).read_bytes() for name in TOKENIZER_FILES}
         self.tokenizer = Tokenizer.from_str(self.files["tokenizer.json"].decode("utf-8"))
-        eos = json.loads(self.files["tokenizer_config.json"])["eos_token"]
+        self._chat_config = json.loads(self.files["tokenizer_config.json"])
+        eos = self._chat_config["eos_token"]
         eos_id = self.tokenizer.token_to_id(eos["content"] if isinstance(eos, dict) else eos)
         if eos_id is None:
             raise ValueError(f"eos_token {eos!r} is not in the tokenizer's vocabulary")
         self.eos_id = int(eos_id)
         self.vocab_size = int(self.tokenizer.get_vocab_size(with_added_tokens=True))
-        self._chat_config = json.loads(self.files["tokenizer_config.json"])
-        self._chat_template: Any = None
+        self._chat_template: Any = None  # compiled when a chat request first needs it
 
     def chat_prompt_ids(self, request: chat.ChatRequest) -> list[int]:
         """A chat request rendered with the tokenizer's chat template, as token IDs."""
