@@ -5,8 +5,9 @@ Anatomy of ``<job>-<index>-<attempt>``:
 - ``initContainers``: in Transparent mode first ``openforge-redirect``
   (iptables, the only container with a capability: NET_ADMIN), then the
   capture sidecar ``openforge-sidecar`` as a native sidecar
-  (``restartPolicy: Always``, a ``startupProbe`` on its port, so the harness
-  starts only once it listens), then the template's own init containers.
+  (``restartPolicy: Always``, an ``exec`` ``startupProbe`` run inside it that
+  connects to its loopback port, so the harness starts only once it listens),
+  then the template's own init containers.
 - ``containers``: the template's, the ``harness`` container's command wrapped
   by :mod:`openforge_operator.entrypoint` (harness, then grader, then report),
   its env carrying the task and pointing it at the sidecar.
@@ -16,7 +17,9 @@ Anatomy of ``<job>-<index>-<attempt>``:
   alone for the harness), the collector token (sidecar only: the job's
   ``tokenSecretRef``, else the token the operator issued it), the task file.
 - ``restartPolicy: Never``, ``activeDeadlineSeconds`` from the rollout timeout,
-  no service-account token, non-root with every capability dropped.
+  no service-account token, non-root with every capability dropped, ``fsGroup``
+  the sidecar's group (unless the template sets one) so the sidecar can read its
+  0440 Secret files.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ from typing import Any
 
 from openforge.api import rollouts, templates, v1alpha1
 
-from openforge_operator import entrypoint, objects, settings, tasks, tokens
+from openforge_operator import entrypoint, objects, probe, settings, tasks, tokens
 
 SIDECAR = "openforge-sidecar"
 REDIRECT = "openforge-redirect"
@@ -144,6 +147,7 @@ def build_pod(
     security = spec.setdefault("securityContext", {})
     security.setdefault("runAsNonRoot", True)
     security.setdefault("seccompProfile", {"type": "RuntimeDefault"})
+    sidecar_can_read_secrets(security, config)
     return {
         "apiVersion": "v1",
         "kind": "Pod",
@@ -326,7 +330,7 @@ def sidecar_container(
             {"name": "PYTHONDONTWRITEBYTECODE", "value": "1"},
         ],
         "startupProbe": {
-            "tcpSocket": {"host": "127.0.0.1", "port": config.sidecar_port},
+            "exec": {"command": probe.command(config.sidecar_port)},
             "periodSeconds": 1,
             "failureThreshold": 120,
         },
@@ -344,6 +348,19 @@ def sidecar_container(
     if config.image_pull_policy:
         container["imagePullPolicy"] = config.image_pull_policy
     return container
+
+
+def sidecar_can_read_secrets(pod_security: dict[str, Any], config: settings.Settings) -> None:
+    """Let the sidecar (its own user, not root) read the Secret volumes mounted into it.
+
+    The kubelet writes Secret files owned by root, group ``fsGroup`` when the pod sets one,
+    with the volume's mode (0440 for the CA key and the collector token): without an
+    ``fsGroup`` only root could read them. The pod's ``fsGroup`` becomes the sidecar's
+    group unless the template chose its own, which every container of the pod is a member
+    of, the sidecar too. The harness being in that group does not expose the key: those
+    volumes are mounted into the sidecar container alone.
+    """
+    pod_security.setdefault("fsGroup", config.sidecar_uid)
 
 
 def _redirect(

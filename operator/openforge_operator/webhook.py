@@ -132,12 +132,14 @@ def inject(pod: dict[str, Any], config: settings.Settings) -> dict[str, Any]:
             args += ["--collector-token-file", f"{pods.TOKEN_DIR}/{pods.TOKEN_FILE}"]
             mounts.append({"name": pods.TOKEN_VOLUME, "mountPath": pods.TOKEN_DIR, "readOnly": True})
             volumes.append(
-                {"name": pods.TOKEN_VOLUME, "secret": {"secretName": secret, "items": [{"key": key, "path": pods.TOKEN_FILE}]}}
+                {"name": pods.TOKEN_VOLUME, "secret": {"secretName": secret, "items": [{"key": key, "path": pods.TOKEN_FILE}], "defaultMode": 0o440}}
             )
     sidecar = pods.sidecar_container(config.sidecar_image, pods.SIDECAR_COMMAND, args, mounts, config)
     sidecar["env"].append({"name": "OPENFORGE_POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}})
     spec["initContainers"] = [sidecar, *(spec.get("initContainers") or [])]
     spec["volumes"] = [*(spec.get("volumes") or []), *volumes]
+    spec["securityContext"] = dict(spec.get("securityContext") or {})
+    pods.sidecar_can_read_secrets(spec["securityContext"], config)
     address = f"http://{listen}{suffix}"
     kept = [e for e in target.get("env") or [] if e.get("name") not in env_names]
     target["env"] = [*kept, *({"name": name, "value": address} for name in env_names)]

@@ -244,7 +244,7 @@ def test_three_tasks_times_four_samples_make_twelve_pods_with_the_sidecar_in_eve
             assert pod["status"]["phase"] == "Succeeded"
             init = pod["spec"]["initContainers"]
             sidecar = next(c for c in init if c["name"] == "openforge-sidecar")
-            assert sidecar["restartPolicy"] == "Always" and sidecar["startupProbe"]["tcpSocket"]["port"] == 15090
+            assert sidecar["restartPolicy"] == "Always" and sidecar["startupProbe"]["exec"]["command"][-1] == "15090"
             assert sidecar["image"] == SIDECAR_IMAGE
             assert pod["metadata"]["ownerReferences"][0]["kind"] == "RolloutJob" and pod["metadata"]["ownerReferences"][0]["controller"]
             harness = next(c for c in pod["spec"]["containers"] if c["name"] == "harness")

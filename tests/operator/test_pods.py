@@ -80,7 +80,22 @@ def test_pod_spec_basics() -> None:
     assert spec["enableServiceLinks"] is False
     # 120 s harness + 40 s grader + finish wait + slack
     assert spec["activeDeadlineSeconds"] == 120 + 40 + CONFIG.finish_wait_seconds + CONFIG.pod_deadline_slack_seconds
-    assert spec["securityContext"] == {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}}
+    assert spec["securityContext"] == {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}, "fsGroup": CONFIG.sidecar_uid}
+
+
+def test_the_sidecar_can_read_its_0440_secrets() -> None:
+    """Secret files are root-owned, group fsGroup: without one the sidecar's user cannot
+    read the CA key or the token (PermissionError on a real node)."""
+    pod = build(env_spec={"capture": {"mode": "Proxy"}})
+    spec = pod["spec"]
+    sidecar = container(pod, "openforge-sidecar")
+    modes = {v["name"]: v["secret"]["defaultMode"] for v in spec["volumes"] if "secret" in v}
+    assert modes["openforge-ca"] == 0o440
+    assert spec["securityContext"]["fsGroup"] == sidecar["securityContext"]["runAsGroup"] == CONFIG.sidecar_uid
+    mounted = {m["name"] for m in container(pod, "harness")["volumeMounts"]}
+    assert "openforge-ca" not in mounted and "openforge-token" not in mounted, "key and token only in the sidecar"
+    own = build(env_spec={"template": {"spec": {"securityContext": {"fsGroup": 2000}, "containers": [{"name": "harness", "image": "i", "command": ["c"]}]}}})
+    assert own["spec"]["securityContext"]["fsGroup"] == 2000, "a template's fsGroup is kept: the sidecar is in it too"
 
 
 def test_the_jobs_rollout_timeout_wins_over_the_harness_envs() -> None:
@@ -97,7 +112,9 @@ def test_the_sidecar_is_a_native_sidecar_with_a_startup_probe() -> None:
     assert [c["name"] for c in init] == ["openforge-sidecar"]
     sidecar = init[0]
     assert sidecar["restartPolicy"] == "Always"
-    assert sidecar["startupProbe"]["tcpSocket"] == {"host": "127.0.0.1", "port": CONFIG.sidecar_port}
+    # the kubelet dials tcpSocket/httpGet probes from the node, where 127.0.0.1 is not the pod's loopback
+    assert sidecar["startupProbe"]["exec"]["command"] == ["python", "-m", "openforge_operator.probe", str(CONFIG.sidecar_port)]
+    assert "tcpSocket" not in sidecar["startupProbe"] and "httpGet" not in sidecar["startupProbe"]
     assert sidecar["image"] == CONFIG.sidecar_image
     assert sidecar["command"] == ["python", "-m", "openforge_operator.podagent"]
     security = sidecar["securityContext"]

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from openforge_operator import pods, settings, webhook
+from openforge_operator import pods, probe, settings, webhook
 
 CONFIG = settings.Settings(sidecar_image="registry/openforge:1")
 
@@ -34,7 +34,7 @@ def test_injects_the_native_sidecar_and_points_the_first_container_at_it() -> No
     assert original == pod(**{"openforge.dev/base-url-suffix": "/v1", "openforge.dev/policy-version": "7"}), "pure"
     sidecar = mutated["spec"]["initContainers"][0]
     assert sidecar["name"] == pods.SIDECAR and sidecar["restartPolicy"] == "Always" and sidecar["image"] == "registry/openforge:1"
-    assert sidecar["command"] == pods.SIDECAR_COMMAND and sidecar["startupProbe"]["tcpSocket"]["port"] == CONFIG.sidecar_port
+    assert sidecar["command"] == pods.SIDECAR_COMMAND and sidecar["startupProbe"]["exec"]["command"] == probe.command(CONFIG.sidecar_port)
     args = dict(zip(sidecar["args"][::2], sidecar["args"][1::2], strict=True))
     assert args["--engine"] == "http://vllm:8000" and args["--engine-model"] == "tiny" and args["--mode"] == "reverse"
     assert args["--rollout-id"] == "$(OPENFORGE_POD_NAME)" and args["--policy-version"] == "7" and "--collector" not in args
@@ -53,7 +53,8 @@ def test_collector_token_and_a_named_container() -> None:
     sidecar = mutated["spec"]["initContainers"][0]
     assert sidecar["args"][sidecar["args"].index("--collector") + 1] == "collector.openforge.svc:50051"
     assert {"name": pods.TOKEN_VOLUME, "mountPath": pods.TOKEN_DIR, "readOnly": True} in sidecar["volumeMounts"]
-    assert {"name": pods.TOKEN_VOLUME, "secret": {"secretName": "tok", "items": [{"key": "token", "path": "token"}]}} in mutated["spec"]["volumes"]
+    assert {"name": pods.TOKEN_VOLUME, "secret": {"secretName": "tok", "items": [{"key": "token", "path": "token"}], "defaultMode": 0o440}} in mutated["spec"]["volumes"]
+    assert mutated["spec"]["securityContext"]["fsGroup"] == CONFIG.sidecar_uid, "the sidecar (not root) reads the 0440 token"
     other = mutated["spec"]["containers"][1]
     assert [e["name"] for e in other["env"]] == ["ANTHROPIC_BASE_URL", "OPENAI_BASE_URL"]
 
