@@ -1,88 +1,244 @@
 #!/usr/bin/env bash
-# A kind cluster (Kubernetes in Docker) for running the cluster tests against
-# real kubelets and containers, on a machine that has Docker or Podman:
+# A kind cluster (Kubernetes in Docker) that runs real pods, built and started
+# fully offline: no image registry is needed (docs/kind.md).
 #
-#   scripts/kind-up.sh up      create the cluster, write its kubeconfig
-#   scripts/kind-up.sh images  build the OpenForge images from this checkout and load them
-#   scripts/kind-up.sh demo    helm-install the chart and apply examples/cluster (docs/cluster.md)
-#   scripts/kind-up.sh down    delete it
+#   scripts/kind-up.sh up            create (or reuse) the cluster; the kubeconfig path on stdout's last line
+#   scripts/kind-up.sh load IMAGE... load local Docker images into the nodes
+#   scripts/kind-up.sh images        build the OpenForge images (scripts/images.sh) and load them
+#   scripts/kind-up.sh demo          helm-install the chart and apply examples/cluster (docs/cluster.md)
+#   scripts/kind-up.sh demo-down     delete what demo made (the rl and openforge namespaces, the release)
+#   scripts/kind-up.sh kubeconfig    print the kubeconfig path
+#   scripts/kind-up.sh down          delete the cluster and what `up` made (caches stay)
 #   KUBECONFIG=$(scripts/kind-up.sh kubeconfig) python -m pytest -m cluster
 #
-# Environment: KIND (the kind binary; default `kind` on PATH), KIND_CLUSTER
-# (name, default openforge), KIND_NODE_IMAGE (e.g. kindest/node:v1.36.x; default
-# is the image of the installed kind release), KIND_WORKERS (default 2),
-# KIND_LOAD_IMAGES (space-separated local images to load into the nodes, e.g.
-# the operator and sidecar images built from this checkout), DOCKER (the image
-# builder for `images`; default `docker`), HELM and KUBECTL (for `demo`;
-# default `helm` and `kubectl` on PATH).
-# `images` builds ghcr.io/openforge/{operator,sidecar,trainer,react-harness}
-# tagged with the chart's appVersion, the tags the chart and examples use.
-# The kubeconfig goes to ${OPENFORGE_CACHE:-~/.cache/openforge}/kind/<name>.kubeconfig.
-# Not run in this repository's CI (no Docker there); see docs/cluster-testing.md.
+# Node image: KIND_NODE_IMAGE if set, else a local kindest/node image if Docker
+# has one (kind's own path: kindnetd, CoreDNS forwarding to the host's
+# resolver, KIND_WORKERS workers, default 2), else the offline node that
+# scripts/kind/node.sh builds and caches in $OPENFORGE_CACHE/kind: one
+# untainted control-plane node, bridge CNI, CoreDNS answering cluster names
+# only, NetworkPolicy enforced by kube-router (firewall only; KIND_NETWORK_POLICY=0:
+# not installed), and no packet from a pod or the node leaving the machine.
+# On a host whose Docker refuses `--privileged` (detected by trying), kind's
+# `docker run` goes through scripts/kind/docker-shim.
+#
+# Environment: KIND_CLUSTER (default openforge), KIND_NODE_IMAGE, KIND_WORKERS,
+# KIND (a kind binary; default: built from scripts/kind/go/kind), KIND_LOAD_IMAGES
+# (space-separated images `up` also loads), OPENFORGE_CACHE, HELM and KUBECTL
+# (for `demo`; default: those of scripts/build_cluster_binaries.sh).
+# The API server listens on 127.0.0.1 only. The kubeconfig goes to
+# ${OPENFORGE_CACHE:-~/.cache/openforge}/kind/<name>.kubeconfig.
 set -euo pipefail
 
 root=$(cd "$(dirname "$0")/.." && pwd)
-kind=${KIND:-kind}
+cache=${OPENFORGE_CACHE:-$HOME/.cache/openforge}
 name=${KIND_CLUSTER:-openforge}
-workers=${KIND_WORKERS:-2}
-kubeconfig="${OPENFORGE_CACHE:-$HOME/.cache/openforge}/kind/$name.kubeconfig"
+kubeconfig="$cache/kind/$name.kubeconfig"
+rundir="$cache/kind/run/$name" # the docker shim and its state; removed by `down`
 
 die() { echo "kind-up.sh: $*" >&2; exit 1; }
-command -v "$kind" >/dev/null || die "no '$kind' on PATH (install kind: https://kind.sigs.k8s.io/docs/user/quick-start/)"
+say() { echo "kind-up.sh: $*" >&2; }
+log=$(mktemp)
+trap 'rm -f "$log"' EXIT
+run() { # quiet unless it fails: then its whole output
+  if ! "$@" >"$log" 2>&1; then cat "$log" >&2; die "failed: $*"; fi
+}
 
-config() {
-  printf 'kind: Cluster\napiVersion: kind.x-k8s.io/v1alpha4\nnetworking:\n  apiServerAddress: "127.0.0.1"\nnodes:\n- role: control-plane\n'
-  local i
+real_docker=$(command -v docker || true)
+
+kind_bin() {
+  if [ -n "${KIND:-}" ]; then echo "$KIND"; return; fi
+  local out
+  out=$(bash "$root/scripts/kind/node.sh" --bin 2>"$log") || { cat "$log" >&2; exit 1; }
+  echo "$out" | sed -n 's/^kind=//p'
+}
+
+# kind, with the docker shim first on its PATH when the cluster has one.
+kind_() {
+  if [ -x "$rundir/bin/docker" ]; then PATH="$rundir/bin:$PATH" "$kind" "$@"; else "$kind" "$@"; fi
+}
+
+exists() { kind_ get clusters 2>/dev/null | grep -qx "$name"; }
+
+# Write the shim when this Docker refuses --privileged (tried with the image).
+shim() { # <image>
+  local unprivileged=0
+  mkdir -p "$rundir/bin"
+  if ! "$real_docker" run --rm --privileged --entrypoint true "$1" >"$log" 2>&1; then
+    grep -q "unable to apply caps" "$log" || { cat "$log" >&2; die "docker run --privileged $1 failed"; }
+    unprivileged=1
+    say "this Docker refuses --privileged (unable to apply caps); nodes get explicit capabilities instead"
+  fi
+  sed -e "s#@DOCKER@#$real_docker#" -e "s#@UNPRIVILEGED@#$unprivileged#" \
+    "$root/scripts/kind/docker-shim" >"$rundir/bin/docker"
+  chmod +x "$rundir/bin/docker"
+}
+
+offline_config() {
+  cat <<'EOF'
+kind: Cluster
+apiVersion: kind.x-k8s.io/v1alpha4
+networking:
+  apiServerAddress: "127.0.0.1"
+  disableDefaultCNI: true
+  kubeProxyMode: nftables
+  podSubnet: 10.244.0.0/16
+  serviceSubnet: 10.96.0.0/16
+nodes:
+- role: control-plane
+kubeadmConfigPatches:
+- |
+  kind: InitConfiguration
+  skipPhases: [preflight, addon/coredns]
+- |
+  kind: KubeletConfiguration
+  failCgroupV1: false
+EOF
+}
+
+stock_config() {
+  local i workers=${KIND_WORKERS:-2}
+  printf 'kind: Cluster\napiVersion: kind.x-k8s.io/v1alpha4\nnetworking:\n  apiServerAddress: "127.0.0.1"\n'
+  printf 'nodes:\n- role: control-plane\n'
   for ((i = 0; i < workers; i++)); do printf -- '- role: worker\n'; done
+  if [ ! -f /sys/fs/cgroup/cgroup.controllers ]; then
+    printf 'kubeadmConfigPatches:\n- |\n  kind: KubeletConfiguration\n  failCgroupV1: false\n'
+  fi
+}
+
+node_kubectl() { # kubectl inside the control-plane node (no kubectl needed here)
+  "$real_docker" exec -i "$name-control-plane" kubectl --kubeconfig=/etc/kubernetes/admin.conf "$@"
+}
+
+up() {
+  bash "$root/scripts/docker.sh"
+  [ -n "$real_docker" ] || die "no docker on PATH"
+  mkdir -p "$cache/kind"
+  local start=$SECONDS image offline=0
+  if exists; then
+    say "cluster $name exists; reusing it"
+    local node
+    for node in $(kind_ get nodes --name "$name"); do
+      [ "$("$real_docker" inspect -f '{{.State.Running}}' "$node")" = true ] || run "$real_docker" start "$node"
+    done
+  else
+    if [ -n "${KIND_NODE_IMAGE:-}" ]; then
+      image=$KIND_NODE_IMAGE
+    else
+      image=$("$real_docker" images --format '{{.Repository}}:{{.Tag}}' kindest/node | grep -v '<none>' | head -n 1 || true)
+    fi
+    if [ -z "$image" ]; then
+      offline=1
+      image=$(bash "$root/scripts/kind/node.sh" 2>"$log" | tail -n 1) || { cat "$log" >&2; exit 1; }
+      [ "${KIND_WORKERS:-0}" = 0 ] || say "KIND_WORKERS ignored: the offline node image makes one node"
+    fi
+    shim "$image"
+    local create=$SECONDS
+    say "creating cluster $name from $image"
+    if [ "$offline" = 1 ]; then
+      offline_config | kind_ create cluster --name "$name" --image "$image" --config - --wait 180s >"$log" 2>&1 ||
+        { cat "$log" >&2; die "kind create cluster failed"; }
+      local dns_ip coredns_image
+      dns_ip=10.96.0.10
+      coredns_image=$("$real_docker" exec "$name-control-plane" cat /kind/openforge/coredns-image)
+      sed -e "s#@COREDNS_IMAGE@#$coredns_image#" -e "s#@DNS_IP@#$dns_ip#" "$root/scripts/kind/coredns.yaml" |
+        run node_kubectl apply -f -
+      if [ "${KIND_NETWORK_POLICY:-1}" = 1 ]; then
+        local kube_router_image
+        kube_router_image=$("$real_docker" exec "$name-control-plane" cat /kind/openforge/kube-router-image)
+        sed -e "s#@KUBE_ROUTER_IMAGE@#$kube_router_image#" "$root/scripts/kind/network-policy.yaml" | run node_kubectl apply -f -
+      fi
+    else
+      stock_config | kind_ create cluster --name "$name" --image "$image" --config - --wait 180s >"$log" 2>&1 ||
+        { cat "$log" >&2; die "kind create cluster failed"; }
+    fi
+    say "cluster $name created in $((SECONDS - create)) s"
+  fi
+  local i
+  for i in $(seq 1 180); do # a restarted node takes a while to serve again
+    node_kubectl get --raw /readyz >/dev/null 2>&1 && break
+    sleep 1
+  done
+  run node_kubectl wait --for=condition=Ready node --all --timeout=180s
+  if node_kubectl -n kube-system get deploy coredns >/dev/null 2>&1; then
+    run node_kubectl -n kube-system rollout status deploy/coredns --timeout=180s
+  fi
+  if node_kubectl -n kube-system get ds kube-router >/dev/null 2>&1; then
+    run node_kubectl -n kube-system rollout status ds/kube-router --timeout=180s
+  fi
+  kind_ get kubeconfig --name "$name" >"$kubeconfig.tmp"
+  mv "$kubeconfig.tmp" "$kubeconfig"
+  local image_
+  for image_ in ${KIND_LOAD_IMAGES:-}; do load_ "$image_"; done
+  say "ready in $((SECONDS - start)) s; run the cluster tests with: KUBECONFIG=$kubeconfig python -m pytest -m cluster"
+  echo "$kubeconfig"
+}
+
+load_() {
+  run kind_ load docker-image --name "$name" "$@"
 }
 
 case "${1:-}" in
-  up)
-    mkdir -p "$(dirname "$kubeconfig")"
-    if "$kind" get clusters 2>/dev/null | grep -qx "$name"; then
-      echo "kind-up.sh: cluster $name exists; reusing it" >&2
-    else
-      image_args=()
-      [ -n "${KIND_NODE_IMAGE:-}" ] && image_args=(--image "$KIND_NODE_IMAGE")
-      config | "$kind" create cluster --name "$name" "${image_args[@]}" --config - --wait 180s >&2
-    fi
-    "$kind" get kubeconfig --name "$name" >"$kubeconfig"
-    for image in ${KIND_LOAD_IMAGES:-}; do "$kind" load docker-image --name "$name" "$image" >&2; done
-    echo "kind-up.sh: run the cluster tests with: KUBECONFIG=$kubeconfig python -m pytest -m cluster" >&2
-    echo "$kubeconfig"
+  up) kind=$(kind_bin); up ;;
+  load)
+    shift
+    [ $# -gt 0 ] || die "usage: kind-up.sh load IMAGE..."
+    kind=$(kind_bin)
+    exists || die "no cluster $name; run: $0 up"
+    load_ "$@"
     ;;
   images)
-    docker=${DOCKER:-docker}
-    command -v "$docker" >/dev/null || die "no '$docker' on PATH (set DOCKER to the image builder)"
-    version=$(sed -n 's/^appVersion: *"\{0,1\}\([^"]*\)"\{0,1\} *$/\1/p' "$root/charts/openforge/Chart.yaml")
-    [ -n "$version" ] || die "no appVersion in charts/openforge/Chart.yaml"
-    for build in operator=operator/Dockerfile sidecar=sidecar/Dockerfile trainer=trainer/Dockerfile \
-                 react-harness=examples/cluster/react-harness.Dockerfile; do
-      image="ghcr.io/openforge/${build%%=*}:$version"
-      dockerfile="$root/${build#*=}"
-      [ -f "$dockerfile" ] || die "${build#*=} is missing"
-      "$docker" build -f "$dockerfile" -t "$image" "$root" >&2
-      "$kind" load docker-image --name "$name" "$image" >&2
+    kind=$(kind_bin)
+    exists || die "no cluster $name; run: $0 up"
+    built=$(bash "$root/scripts/images.sh" "${2:-tier}") || die "scripts/images.sh failed"
+    for image in $built; do
+      case "$image" in openforge/debian:* | openforge/python:*) continue ;; esac
+      load_ "$image"
+      echo "$image"
     done
     ;;
   demo)
     [ -f "$kubeconfig" ] || die "no kubeconfig at $kubeconfig; run: $0 up"
-    helm=${HELM:-helm}
-    kubectl=${KUBECTL:-kubectl}
+    bins=$(bash "$root/scripts/build_cluster_binaries.sh" --check 2>/dev/null || true)
+    helm=${HELM:-$(echo "$bins" | sed -n 's/^helm=//p')}
+    kubectl=${KUBECTL:-$(echo "$bins" | sed -n 's/^kubectl=//p')}
+    [ -n "$helm" ] || helm=helm
+    [ -n "$kubectl" ] || kubectl=kubectl
     "$helm" upgrade --install openforge "$root/charts/openforge" --kubeconfig "$kubeconfig" \
       --namespace openforge --create-namespace -f "$root/examples/cluster/helm/values.yaml" --wait --timeout 10m >&2
     "$kubectl" --kubeconfig "$kubeconfig" create namespace rl --dry-run=client -o yaml |
       "$kubectl" --kubeconfig "$kubeconfig" apply -f - >&2
     "$kubectl" --kubeconfig "$kubeconfig" --namespace rl apply -f "$root/examples/cluster/" >&2
-    echo "kind-up.sh: watch it with: kubectl --kubeconfig $kubeconfig -n rl get rolloutjobs,pods" >&2
+    say "watch it with: kubectl --kubeconfig $kubeconfig -n rl get rolloutjobs,pods"
+    ;;
+  demo-down)
+    # what `demo` made: the RolloutJob namespace and the release (CRDs stay)
+    [ -f "$kubeconfig" ] || die "no kubeconfig at $kubeconfig; run: $0 up"
+    bins=$(bash "$root/scripts/build_cluster_binaries.sh" --check 2>/dev/null || true)
+    helm=${HELM:-$(echo "$bins" | sed -n 's/^helm=//p')}
+    kubectl=${KUBECTL:-$(echo "$bins" | sed -n 's/^kubectl=//p')}
+    [ -n "$helm" ] || helm=helm
+    [ -n "$kubectl" ] || kubectl=kubectl
+    "$kubectl" --kubeconfig "$kubeconfig" delete namespace rl --ignore-not-found --wait=true >&2
+    if "$helm" status openforge --kubeconfig "$kubeconfig" --namespace openforge >/dev/null 2>&1; then
+      "$helm" uninstall openforge --kubeconfig "$kubeconfig" --namespace openforge --wait >&2
+    fi
+    "$kubectl" --kubeconfig "$kubeconfig" delete namespace openforge --ignore-not-found --wait=true >&2
     ;;
   down)
-    "$kind" delete cluster --name "$name" >&2
+    kind=$(kind_bin)
+    if exists; then run kind_ delete cluster --name "$name"; fi
+    # kind's docker network, once no container uses it
+    if [ -n "$real_docker" ] && "$real_docker" network inspect kind >/dev/null 2>&1 &&
+       [ "$("$real_docker" network inspect -f '{{len .Containers}}' kind)" = 0 ]; then
+      "$real_docker" network rm kind >/dev/null 2>&1 || true
+    fi
+    rm -rf "$rundir"
+    rmdir "$cache/kind/run" 2>/dev/null || true
     rm -f "$kubeconfig"
     ;;
   kubeconfig)
     [ -f "$kubeconfig" ] || die "no kubeconfig at $kubeconfig; run: $0 up"
     echo "$kubeconfig"
     ;;
-  *) die "usage: kind-up.sh up|images|demo|down|kubeconfig" ;;
+  *) die "usage: kind-up.sh up|load IMAGE...|images|demo|demo-down|kubeconfig|down" ;;
 esac

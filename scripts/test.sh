@@ -1,21 +1,44 @@
 #!/usr/bin/env bash
 # The whole test suite: set up the environment, then lint, type-check, check
 # the import contracts, and run pytest. This is what CI runs (.ci/run).
+# Each set-up step's wall time is printed to stderr ("test.sh: step NAME Ns").
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
+step_start=$(date +%s)
+step() { # <name>: the time since the last step
+  local now; now=$(date +%s)
+  echo "test.sh: step $1 $((now - step_start))s" >&2
+  step_start=$now
+}
 venv=$(bash scripts/setup.sh | tail -n 1)
 export PATH="$venv/bin:$PATH"
+step setup
 # Real harness CLIs from npm and a real Kubernetes control plane built from
 # the Go module proxy, both cached under ~/.cache/openforge (first run: long).
 bash scripts/install_harnesses.sh >&2
+step harnesses
 # Chromium + Xvfb for the GUI browser agent (apt; skipped when present).
 bash scripts/install_gui_deps.sh >&2 || echo "warning: Chromium/Xvfb could not be installed; the GUI harness tests will skip" >&2
+step gui-deps
 bash scripts/build_cluster_binaries.sh >&2
+step cluster-binaries
 # ZeroClaw (Rust, crates.io) for the harness catalog: cached under ~/.cache/openforge/cargo;
 # a cold build is ~19 CPU-minutes. A failed build makes its conformance test skip.
 OPENFORGE_CARGO_JOBS=${OPENFORGE_CARGO_JOBS:-2} bash scripts/install_zeroclaw.sh >&2 \
   || echo "warning: ZeroClaw could not be built; its conformance test will skip" >&2
+step zeroclaw
+# The real-cluster tier (tests/kind): Docker (installed and started when absent),
+# the project's images built offline (scripts/images.sh, Docker's layer cache),
+# a kind cluster from a node image assembled offline (cached under
+# ~/.cache/openforge/kind). A failure here fails the run: the tier never skips
+# on a machine that can run Docker.
+bash scripts/docker.sh >&2
+step docker
+bash scripts/images.sh tier >&2
+step images
+bash scripts/kind-up.sh up >&2
+step kind-up
 echo "== ruff"; ruff check .
 echo "== mypy"; mypy
 echo "== import contracts"; lint-imports
