@@ -86,9 +86,32 @@ def test_trainer_image_runs_as_the_charts_user() -> None:
     assert ("ENTRYPOINT", json.dumps(["openforge"])) in steps
 
 
-def test_sidecar_image_installs_no_extras() -> None:
-    (install,) = [args for word, args in instructions(ROOT / "sidecar" / "Dockerfile") if word == "RUN" and "-c constraints.txt" in args]
-    assert install.endswith("-c constraints.txt .")
+@pytest.mark.parametrize(("component", "extras"), [("sidecar", ""), ("trainer", " train")])
+def test_dependencies_come_before_the_sources_with_only_the_components_extras(component: str, extras: str) -> None:
+    """The dependencies are installed from pyproject.toml alone, in a layer no source change
+    invalidates; the project is installed after them without its dependencies."""
+    steps = instructions(ROOT / component / "Dockerfile")
+    (install,) = [i for i, (word, args) in enumerate(steps) if word == "RUN" and "-c constraints.txt" in args]
+    assert steps[install][1].startswith(f"python requirements.py{extras} < pyproject.toml > requirements.txt")
+    assert steps[install][1].endswith("-c constraints.txt -r requirements.txt")
+    copied = [shlex.split(args)[:-1] for word, args in steps[:install] if word == "COPY"]
+    assert copied == [["pyproject.toml", "constraints.txt", "docker/requirements.py"]], "only what the dependencies are read from"
+    (project,) = [i for i, (word, args) in enumerate(steps) if word == "RUN" and "--no-deps" in args]
+    assert project > install
+
+
+def test_requirements_are_the_dependencies_and_the_named_extras() -> None:
+    script = ROOT / "docker" / "requirements.py"
+    pyproject = (ROOT / "pyproject.toml").read_text()
+
+    def run(*extras: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, str(script), *extras], input=pyproject, capture_output=True, text=True, timeout=30, check=False)
+
+    base, train = run().stdout.split(), run("train").stdout.split()
+    assert any(r.startswith("mitmproxy") for r in base) and not any(r.startswith("torch") for r in base)
+    assert set(base) < set(train) and any(r.startswith("torch") for r in train)
+    bad = run("nosuch")
+    assert bad.returncode != 0 and "no extra ['nosuch']" in bad.stderr
 
 
 def test_what_the_sidecar_image_runs_needs_neither_torch_nor_kopf() -> None:

@@ -52,7 +52,10 @@ def test_installs_the_operator_extra_and_runs_openforge_operator_as_the_charts_u
     assert ("USER", "65532:65532") in final
     assert ("ENTRYPOINT", json.dumps(["openforge", "operator"])) in final
     (install,) = [args for word, args in all_steps if word == "RUN" and "-c constraints.txt" in args]
-    assert install.endswith('-c constraints.txt ".[operator]"')
+    assert install.startswith("python requirements.py operator < pyproject.toml > requirements.txt")
+    assert install.endswith("-c constraints.txt -r requirements.txt")
+    (project,) = [args for word, args in final if word == "RUN" and "--no-deps" in args]
+    assert "pip install --no-cache-dir --no-deps --no-compile /tmp/src" in project
 
 
 def test_what_the_operator_image_runs_needs_no_training_stack() -> None:
