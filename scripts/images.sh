@@ -5,7 +5,8 @@
 #   scripts/images.sh --list [SET]   print the images of SET without building
 #
 # SETs: `tier` (default: what tests/kind runs: operator, sidecar, trainer,
-# react-harness), `all` (tier + every catalog harness), `base` (the two bases).
+# react-harness), `all` (tier + every catalog harness), `base` (the two bases),
+# or one image's name (e.g. codex-harness).
 #
 # 1. openforge/debian:bookworm — a Debian bookworm minbase rootfs made by
 #    debootstrap from this machine's own apt mirror (OPENFORGE_DEBIAN_MIRROR
@@ -59,7 +60,11 @@ case "$set_name" in
   tier) builds=("${tier[@]}") ;;
   all) builds=("${tier[@]}" "${catalog[@]}") ;;
   base) builds=() ;;
-  *) echo "usage: images.sh [--list] [tier|all|base]" >&2; exit 2 ;;
+  *) # one image by name, e.g. codex-harness
+    builds=()
+    for build in "${tier[@]}" "${catalog[@]}"; do [ "${build%%|*}" = "$set_name" ] && builds=("$build"); done
+    [ "${#builds[@]}" = 1 ] || { echo "usage: images.sh [--list] [tier|all|base|IMAGE-NAME]" >&2; exit 2; }
+    ;;
 esac
 if [ "$list" = 1 ]; then
   echo "$base_image"; echo "$python_image"
@@ -132,9 +137,15 @@ for build in "${builds[@]}"; do
   image="ghcr.io/openforge/${build%%|*}:$version"
   dockerfile="$root/${build#*|}"
   [ -f "$dockerfile" ] || { echo "images.sh: ${build#*|} is missing" >&2; exit 1; }
-  args=(--build-arg "PYTHON_IMAGE=$python_image")
+  args=(--build-arg "PYTHON_IMAGE=$python_image" --label dev.openforge.build=1)
   node=$(sed -n 's/^ARG NODE_IMAGE=node:\([0-9.]*\)-.*/\1/p' "$dockerfile")
   if [ -n "$node" ]; then args+=(--build-arg "NODE_IMAGE=$(node_base "$node")"); fi
+  if grep -q '^FROM .* AS deps$' "$dockerfile"; then
+    # the dependency stage tagged, so that pruning never takes the layer cache of torch
+    run "$docker" build --network host "${args[@]}" --target deps -t "openforge/deps-${build%%|*}:$version" -f "$dockerfile" "$root"
+  fi
   run "$docker" build --network host "${args[@]}" -t "$image" -f "$dockerfile" "$root"
   echo "$image"
 done
+# images an earlier build of these tags left behind (untagged now: nothing uses them)
+run "$docker" image prune -f --filter label=dev.openforge.build=1

@@ -11,6 +11,7 @@ import argparse
 import dataclasses
 import logging
 import os
+import socket
 import sys
 
 from openforge.trajectory import auth
@@ -138,8 +139,19 @@ def main(argv: list[str] | None = None) -> int:
         clusterwide=ns.all_namespaces,
         namespaces=namespaces or (),
         liveness_endpoint=ns.liveness,
+        identity=identity(),
     )
     return 0
+
+
+def identity() -> str:
+    """This operator process's name among peers: ``<host>@<pid>``.
+
+    kopf's own default asks the password database for the user's name, which fails in a
+    container whose user has no entry (the chart's uid 65532: ``KeyError: 'getpwuid():
+    uid not found'``) and crashed the operator on its first start in a real pod.
+    """
+    return f"{socket.gethostname()}@{os.getpid()}"
 
 
 if __name__ == "__main__":

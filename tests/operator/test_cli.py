@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -59,3 +60,22 @@ def test_bad_flags(argv: list[str]) -> None:
 def test_the_openforge_command_knows_it() -> None:
     done = subprocess.run([sys.executable, "-m", "openforge.cli", "operator", "--help"], capture_output=True, text=True, timeout=60, check=True)
     assert "--all-namespaces" in done.stdout and "--webhook" in done.stdout and "--sidecar-image" in done.stdout
+
+
+def test_the_identity_needs_no_password_database_entry(monkeypatch: pytest.MonkeyPatch) -> None:
+    """In the chart's pod the user (uid 65532) has no passwd entry: kopf's default identity
+    (getpass.getuser) raised KeyError and the operator crashed on start; ours does not ask."""
+    import pwd
+
+    from kopf._core.engines import peering
+
+    def no_entry(uid: int) -> pwd.struct_passwd:
+        raise KeyError(f"getpwuid(): uid not found: {uid}")
+
+    monkeypatch.setattr(pwd, "getpwuid", no_entry)
+    for variable in ("LOGNAME", "USER", "LNAME", "USERNAME"):
+        monkeypatch.delenv(variable, raising=False)
+    with pytest.raises(KeyError):
+        peering.detect_own_id(manual=False)
+    name = cli.identity()
+    assert name.endswith(f"@{os.getpid()}") and len(name) > 2
