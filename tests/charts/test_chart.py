@@ -185,6 +185,7 @@ def test_non_default_values_reach_the_objects(helm: Helm) -> None:
         "--run-dir=/data/runs/react-toy",
         "--device=cuda",
         "--serve=http://policy.rl.svc:8000",
+        "--serve-publish=bytes",  # the policy server is another pod: it cannot read the trainer's checkpoint path
     ]
     assert trainer["resources"]["limits"]["nvidia.com/gpu"] == 1
     assert {"name": "data", "persistentVolumeClaim": {"claimName": "trajectories"}} in pod["volumes"]

@@ -45,6 +45,7 @@ def parser() -> argparse.ArgumentParser:
     add("--model", type=Path, required=True)
     add("--run-dir", type=Path, required=True)
     add("--serve", field="serve_urls", action="append", metavar="URL")
+    add("--serve-publish", choices=("path", "bytes"))
     add("--vllm", field="vllm_urls", action="append", metavar="URL")
     add("--steps", type=int)
     add("--groups-per-step", type=int)

@@ -153,6 +153,12 @@ class TrainConfig(pydantic.BaseModel):
     publish_timeout: float = pydantic.Field(
         default=300.0, gt=0, description="Seconds one publish request may take."
     )
+    serve_publish: Literal["path", "bytes"] = pydantic.Field(
+        default="path",
+        description="How new weights reach `openforge serve`: `path` names the checkpoint "
+        "directory (the server must see the trainer's files: one machine, a shared volume); "
+        "`bytes` sends the weights in the request (servers in other pods or hosts).",
+    )
 
     @pydantic.field_validator("adv_estimator")
     @classmethod

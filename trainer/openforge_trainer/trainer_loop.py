@@ -657,7 +657,8 @@ def forward_response_logits(model: Any, part: dict[str, Any]) -> torch.Tensor:
 
 def default_publishers(config: train_config.TrainConfig) -> list[publish.Publisher]:
     publishers: list[publish.Publisher] = [
-        publish.ServePublisher(url, timeout=config.publish_timeout) for url in config.serve_urls
+        publish.ServePublisher(url, mode=config.serve_publish, timeout=config.publish_timeout)
+        for url in config.serve_urls
     ]
     publishers += [
         publish.VLLMPublisher(url, timeout=config.publish_timeout) for url in config.vllm_urls
