@@ -20,15 +20,17 @@ if ! command -v dockerd >/dev/null; then
   rm -f "$log"
 fi
 command -v "$docker" >/dev/null || { echo "docker.sh: dockerd is installed but no '$docker' client" >&2; exit 1; }
-if ! pgrep -x dockerd >/dev/null; then
+start() {
   [ "$(id -u)" = 0 ] || { echo "docker.sh: dockerd is not running and only root can start it here" >&2; exit 1; }
   mkdir -p "$cache/docker"
-  setsid dockerd >"$cache/docker/dockerd.log" 2>&1 < /dev/null &
-fi
-for _ in $(seq 1 60); do
+  setsid dockerd >>"$cache/docker/dockerd.log" 2>&1 < /dev/null &
+}
+# A dockerd that is still shutting down (or died) is replaced once it is gone.
+for _ in $(seq 1 90); do
   "$docker" info >/dev/null 2>&1 && exit 0
+  pgrep -x dockerd >/dev/null || start
   sleep 1
 done
-echo "docker.sh: dockerd did not answer within 60 s; its log:" >&2
+echo "docker.sh: dockerd did not answer within 90 s; its log:" >&2
 tail -n 50 "$cache/docker/dockerd.log" >&2 2>/dev/null || true
 exit 1

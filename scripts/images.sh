@@ -5,7 +5,7 @@
 #   scripts/images.sh --list [SET]   print the images of SET without building
 #
 # SETs: `tier` (default: what tests/kind runs: operator, sidecar, trainer,
-# react-harness), `all` (tier + every catalog harness), `base` (the two bases),
+# react-harness, codex-harness, claude-code-harness), `all` (tier + every catalog harness), `base` (the two bases),
 # or one image's name (e.g. codex-harness).
 #
 # 1. openforge/debian:bookworm — a Debian bookworm minbase rootfs made by
@@ -43,10 +43,10 @@ tier=(
   "sidecar|sidecar/Dockerfile"
   "trainer|trainer/Dockerfile"
   "react-harness|examples/harnesses/react/Dockerfile"
-)
-catalog=(
   "codex-harness|examples/harnesses/codex/Dockerfile"
   "claude-code-harness|examples/harnesses/claude-code/Dockerfile"
+)
+catalog=(
   "openclaw-harness|examples/harnesses/openclaw/Dockerfile"
   "gemini-cli-harness|examples/harnesses/gemini-cli/Dockerfile"
   "zeroclaw-harness|examples/harnesses/zeroclaw/Dockerfile"

@@ -83,6 +83,10 @@ REGISTRY: dict[str, tuple[Exercise, ...]] = {
     "openforge trajectories export": (
         Exercise("tests/trainer/test_cli.py::test_export", ('"export"', '"--format"', '"--job"')),
     ),
+    "bash scripts/kind-up.sh up": (
+        Exercise("tests/kind/test_demo_loop.py::test_the_demo_trains_in_real_pods", ('realpods.kind_up(kind, "demo")',)),
+        Exercise("tests/kind/test_cluster.py::test_smoke", ('"smoke.sh"',)),
+    ),
     "kubectl apply --server-side -f crds/": (
         Exercise(
             "tests/cluster/test_api_crds.py::test_valid_manifests_are_accepted_and_read_back_through_the_models",

@@ -1,0 +1,127 @@
+"""Isolation with real packets: a rollout pod reaches only its sidecar's upstream (the
+policy server) and DNS; it cannot reach the API server or another job's pods. The job's
+NetworkPolicy (made by the operator, enforced by kube-router) is what stops them: the
+same probes from a pod of the same image in the same namespace, outside the job, connect
+(so this test can fail). An address off the node is refused to every pod anyway, by the
+node's egress fence (``tests/kind/test_cluster.py``).
+
+The probe is the rollout's harness itself: it connects to each target once (3 s timeout)
+and prints one JSON object, which the test reads from the pod's log.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from typing import Any
+
+import kube_cluster
+import pytest
+import realpods
+import yaml
+
+pytestmark = [pytest.mark.kind, pytest.mark.slow]
+
+NAMESPACE = "isolation"
+JOB = f"probe-{uuid.uuid4().hex[:6]}"  # the collector binds a job's name to its first RolloutJob
+IMAGE = "ghcr.io/openforge/react-harness:0.1.0"
+PROBE = """
+import json, os, socket
+result = {}
+for name, target in json.loads(os.environ["PROBE_TARGETS"]).items():
+    host, port = target.rsplit(":", 1)
+    s = socket.socket(); s.settimeout(3)
+    try:
+        s.connect((socket.gethostbyname(host), int(port))); result[name] = "connected"
+    except OSError as error:
+        result[name] = type(error).__name__
+    finally:
+        s.close()
+print("PROBE " + json.dumps(result), flush=True)
+"""
+
+
+def targets(other_pod_ip: str) -> dict[str, str]:
+    return {
+        "policy": "policy.rl.svc.cluster.local:8000",
+        "apiserver": "kubernetes.default.svc.cluster.local:443",
+        "other-job-pod": f"{other_pod_ip}:8080",
+    }
+
+
+def harness_env(probe_targets: dict[str, str]) -> dict[str, Any]:
+    return {
+        "apiVersion": "openforge.dev/v1alpha1",
+        "kind": "HarnessEnv",
+        "metadata": {"name": "probe"},
+        "spec": {
+            "api": "openai-chat",
+            "baseUrl": {"env": ["OPENAI_BASE_URL"], "suffix": "/v1"},
+            "template": {"spec": {"containers": [{
+                "name": "harness", "image": IMAGE, "command": ["python", "-c", PROBE],
+                "env": [{"name": "PROBE_TARGETS", "value": json.dumps(probe_targets)}],
+                "resources": {"requests": {"cpu": "20m", "memory": "64Mi"}},
+            }]}},
+        },
+    }  # fmt: skip
+
+
+def rollout_job() -> dict[str, Any]:
+    return {
+        "apiVersion": "openforge.dev/v1alpha1",
+        "kind": "RolloutJob",
+        "metadata": {"name": JOB},
+        "spec": {
+            "harnessEnvRef": {"name": "probe"},
+            "tasks": {"inline": [{"id": "probe"}]},
+            "samplesPerTask": 1,
+            "maxAttemptsPerRollout": 1,
+            "policy": {"endpoint": "http://policy.rl.svc:8000", "model": "tiny-react"},
+            "trainer": {"endpoint": "openforge-collector.openforge.svc:50051"},
+        },
+    }
+
+
+def probe_output(kind: kube_cluster.Kube, pod: str) -> dict[str, str]:
+    logs = kind.kubectl("-n", NAMESPACE, "logs", pod, "-c", "harness").stdout
+    lines = [line for line in logs.splitlines() if line.startswith("PROBE ")]
+    assert lines, f"{pod}: no probe output:\n{logs}"
+    result: dict[str, str] = json.loads(lines[-1].removeprefix("PROBE "))
+    return result
+
+
+@pytest.mark.timeout(900)
+def test_a_rollout_pod_reaches_only_its_upstream(kind: kube_cluster.Kube) -> None:
+    realpods.ensure_platform(kind)
+    realpods.ensure_namespace(kind, NAMESPACE)
+    # "another job's pod": a listener in another namespace
+    realpods.ensure_namespace(kind, "isolation-other")
+    kind.kubectl("-n", "isolation-other", "run", "web", f"--image={IMAGE}", "--image-pull-policy=IfNotPresent",
+                 "--port=8080", "--command", "--", "python", "-m", "http.server", "8080")  # fmt: skip
+    kind.kubectl("-n", "isolation-other", "wait", "pod/web", "--for=condition=Ready", "--timeout=180s", timeout=200)
+    other_ip = kind.get_json("-n", "isolation-other", "pod", "web")["status"]["podIP"]
+    probe_targets = targets(other_ip)
+
+    kind.kubectl("-n", NAMESPACE, "apply", "-f", "-", stdin=yaml.safe_dump_all([harness_env(probe_targets), rollout_job()]))
+    job = realpods.wait_job(kind, NAMESPACE, JOB, timeout=600)
+    assert realpods.condition(job, "Complete"), job.get("status")
+    policy = kind.get_json("-n", NAMESPACE, "networkpolicy", f"{JOB}-rollouts")
+    assert policy["spec"]["policyTypes"] == ["Ingress", "Egress"] or "Egress" in policy["spec"]["policyTypes"]
+    inside = probe_output(kind, f"{JOB}-0-0")
+    assert inside["policy"] == "connected", inside
+    assert inside["apiserver"] != "connected" and inside["other-job-pod"] != "connected", inside
+
+    # the control: the same probes from a pod that no job's policy selects
+    control = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "control"}, "spec": {
+        "restartPolicy": "Never", "containers": [{"name": "harness", "image": IMAGE, "command": ["python", "-c", PROBE],
+        "env": [{"name": "PROBE_TARGETS", "value": json.dumps(probe_targets)}]}]}}  # fmt: skip
+    kind.kubectl("-n", NAMESPACE, "apply", "-f", "-", stdin=json.dumps(control))
+    deadline = time.monotonic() + 180
+    while kind.get_json("-n", NAMESPACE, "pod", "control")["status"].get("phase") not in ("Succeeded", "Failed"):
+        assert time.monotonic() < deadline, "the control pod did not finish"
+        time.sleep(2)
+    outside = probe_output(kind, "control")
+    assert outside == {name: "connected" for name in probe_targets}, outside
+    for namespace in (NAMESPACE, "isolation-other"):
+        kind.kubectl("delete", "namespace", namespace, "--wait=false")
