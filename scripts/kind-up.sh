@@ -173,6 +173,15 @@ up() {
   echo "$kubeconfig"
 }
 
+clients() { # helm and kubectl: $HELM/$KUBECTL, else build_cluster_binaries.sh's, else PATH's
+  local bins
+  bins=$(bash "$root/scripts/build_cluster_binaries.sh" --check 2>/dev/null || true)
+  helm=${HELM:-$(echo "$bins" | sed -n 's/^helm=//p')}
+  kubectl=${KUBECTL:-$(echo "$bins" | sed -n 's/^kubectl=//p')}
+  [ -n "$helm" ] || helm=helm
+  [ -n "$kubectl" ] || kubectl=kubectl
+}
+
 load_() {
   run kind_ load docker-image --name "$name" "$@"
 }
@@ -198,11 +207,7 @@ case "${1:-}" in
     ;;
   demo)
     [ -f "$kubeconfig" ] || die "no kubeconfig at $kubeconfig; run: $0 up"
-    bins=$(bash "$root/scripts/build_cluster_binaries.sh" --check 2>/dev/null || true)
-    helm=${HELM:-$(echo "$bins" | sed -n 's/^helm=//p')}
-    kubectl=${KUBECTL:-$(echo "$bins" | sed -n 's/^kubectl=//p')}
-    [ -n "$helm" ] || helm=helm
-    [ -n "$kubectl" ] || kubectl=kubectl
+    clients
     "$helm" upgrade --install openforge "$root/charts/openforge" --kubeconfig "$kubeconfig" \
       --namespace openforge --create-namespace -f "$root/examples/cluster/helm/values.yaml" --wait --timeout 10m >&2
     "$kubectl" --kubeconfig "$kubeconfig" create namespace rl --dry-run=client -o yaml |
@@ -213,11 +218,7 @@ case "${1:-}" in
   demo-down)
     # what `demo` made: the RolloutJob namespace and the release (CRDs stay)
     [ -f "$kubeconfig" ] || die "no kubeconfig at $kubeconfig; run: $0 up"
-    bins=$(bash "$root/scripts/build_cluster_binaries.sh" --check 2>/dev/null || true)
-    helm=${HELM:-$(echo "$bins" | sed -n 's/^helm=//p')}
-    kubectl=${KUBECTL:-$(echo "$bins" | sed -n 's/^kubectl=//p')}
-    [ -n "$helm" ] || helm=helm
-    [ -n "$kubectl" ] || kubectl=kubectl
+    clients
     "$kubectl" --kubeconfig "$kubeconfig" delete namespace rl --ignore-not-found --wait=true >&2
     if "$helm" status openforge --kubeconfig "$kubeconfig" --namespace openforge >/dev/null 2>&1; then
       "$helm" uninstall openforge --kubeconfig "$kubeconfig" --namespace openforge --wait >&2
