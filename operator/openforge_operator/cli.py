@@ -121,6 +121,7 @@ def main(argv: list[str] | None = None) -> int:
         # kopf logs every handler call at INFO ("Handler ... succeeded"): one line per event
         logging.getLogger("kopf.objects").setLevel(logging.WARNING)
     import kopf
+    from kopf._core.engines import peering
 
     from openforge_operator import handlers, webhook
 
@@ -139,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
         clusterwide=ns.all_namespaces,
         namespaces=namespaces or (),
         liveness_endpoint=ns.liveness,
-        identity=identity(),
+        identity=peering.Identity(identity()),
     )
     return 0
 
