@@ -91,6 +91,31 @@ def ensure_namespace(kind: kube_cluster.Kube, namespace: str) -> None:
     kind.kubectl("create", "namespace", namespace)
 
 
+POLICY_ENDPOINT = "http://policy.rl.svc:8000"
+"""The demo's policy server (``examples/cluster/policy.yaml`` in namespace rl)."""
+COLLECTOR_ENDPOINT = "openforge-collector.openforge.svc:50051"
+"""The chart's collector, release openforge in namespace openforge."""
+
+
+def rollout_job(name: str, *, env: str, tasks: list[dict[str, Any]], **spec: Any) -> dict[str, Any]:
+    """A RolloutJob of one sample per task, one attempt each, against the demo's policy
+    server and the chart's collector; ``spec`` adds or overrides fields."""
+    return {
+        "apiVersion": "openforge.dev/v1alpha1",
+        "kind": "RolloutJob",
+        "metadata": {"name": name},
+        "spec": {
+            "harnessEnvRef": {"name": env},
+            "tasks": {"inline": tasks},
+            "samplesPerTask": 1,
+            "maxAttemptsPerRollout": 1,
+            "policy": {"endpoint": POLICY_ENDPOINT, "model": "tiny-react"},
+            "trainer": {"endpoint": COLLECTOR_ENDPOINT},
+            **spec,
+        },
+    }
+
+
 def helm_path() -> str:
     bin_dir = kube_cluster.built_binaries()
     assert bin_dir is not None, "no helm: run scripts/build_cluster_binaries.sh"

@@ -55,24 +55,6 @@ def harness_env(harness: str, mode: str, variable: str | None, endpoint: str | N
     return env
 
 
-def rollout_job(name: str) -> dict[str, Any]:
-    return {
-        "apiVersion": "openforge.dev/v1alpha1",
-        "kind": "RolloutJob",
-        "metadata": {"name": name},
-        "spec": {
-            "harnessEnvRef": {"name": name},
-            "tasks": {"inline": TWO_TASKS},
-            "samplesPerTask": 1,
-            "parallelism": 2,
-            "maxAttemptsPerRollout": 1,
-            "rolloutTimeoutSeconds": 300,
-            "policy": {"endpoint": "http://policy.rl.svc:8000", "model": "tiny-react"},
-            "trainer": {"endpoint": "openforge-collector.openforge.svc:50051"},
-        },
-    }
-
-
 @pytest.fixture(scope="module")
 def platform(kind: kube_cluster.Kube) -> kube_cluster.Kube:
     realpods.ensure_platform(kind)
@@ -86,7 +68,7 @@ def test_every_call_is_captured(platform: kube_cluster.Kube, harness: str, mode:
     # a new name each run: the collector binds a job's name to the first RolloutJob (uid) that wrote it
     name = f"capture-{harness}-{mode.lower()}-{uuid.uuid4().hex[:6]}"
     realpods.ensure_namespace(kind, name)
-    manifest = yaml.safe_dump_all([harness_env(harness, mode, variable, endpoint, name), rollout_job(name)])
+    manifest = yaml.safe_dump_all([harness_env(harness, mode, variable, endpoint, name), realpods.rollout_job(name, env=name, tasks=TWO_TASKS, parallelism=2, rolloutTimeoutSeconds=300)])
     kind.kubectl("-n", name, "apply", "-f", "-", stdin=manifest)
 
     job = realpods.wait_job(kind, name, name, timeout=900)

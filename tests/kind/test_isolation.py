@@ -67,22 +67,6 @@ def harness_env(probe_targets: dict[str, str]) -> dict[str, Any]:
     }  # fmt: skip
 
 
-def rollout_job() -> dict[str, Any]:
-    return {
-        "apiVersion": "openforge.dev/v1alpha1",
-        "kind": "RolloutJob",
-        "metadata": {"name": JOB},
-        "spec": {
-            "harnessEnvRef": {"name": "probe"},
-            "tasks": {"inline": [{"id": "probe"}]},
-            "samplesPerTask": 1,
-            "maxAttemptsPerRollout": 1,
-            "policy": {"endpoint": "http://policy.rl.svc:8000", "model": "tiny-react"},
-            "trainer": {"endpoint": "openforge-collector.openforge.svc:50051"},
-        },
-    }
-
-
 def probe_output(kind: kube_cluster.Kube, pod: str) -> dict[str, str]:
     logs = kind.kubectl("-n", NAMESPACE, "logs", pod, "-c", "harness").stdout
     lines = [line for line in logs.splitlines() if line.startswith("PROBE ")]
@@ -103,7 +87,7 @@ def test_a_rollout_pod_reaches_only_its_upstream(kind: kube_cluster.Kube) -> Non
     other_ip = kind.get_json("-n", "isolation-other", "pod", "web")["status"]["podIP"]
     probe_targets = targets(other_ip)
 
-    kind.kubectl("-n", NAMESPACE, "apply", "-f", "-", stdin=yaml.safe_dump_all([harness_env(probe_targets), rollout_job()]))
+    kind.kubectl("-n", NAMESPACE, "apply", "-f", "-", stdin=yaml.safe_dump_all([harness_env(probe_targets), realpods.rollout_job(JOB, env="probe", tasks=[{"id": "probe"}])]))
     job = realpods.wait_job(kind, NAMESPACE, JOB, timeout=600)
     assert realpods.condition(job, "Complete"), job.get("status")
     policy = kind.get_json("-n", NAMESPACE, "networkpolicy", f"{JOB}-rollouts")
