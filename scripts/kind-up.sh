@@ -184,6 +184,14 @@ clients() { # helm and kubectl: $HELM/$KUBECTL, else build_cluster_binaries.sh's
 
 load_() {
   run kind_ load docker-image --name "$name" "$@"
+  # Every load also names the image import-<date>@<digest> in the node's
+  # containerd; those names keep each replaced build (a trainer image is 7 GB)
+  # on the node's disk. The tags are what pods use: drop the import names.
+  local node
+  for node in $(kind_ get nodes --name "$name"); do
+    "$real_docker" exec "$node" sh -c \
+      'ctr -n k8s.io images ls -q | grep "^import-" | xargs -r ctr -n k8s.io images rm >/dev/null 2>&1 || true'
+  done
 }
 
 case "${1:-}" in

@@ -17,6 +17,7 @@ policy does not ignore) fails the attempt, any other is graded data.
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import json
 from collections.abc import Mapping
 from typing import Any, Literal
@@ -52,6 +53,8 @@ class PodSummary:
     """The in-pod agent's verdict (the harness container's termination message)."""
     message: str = ""
     deleting: bool = False
+    deleted_unfinished: bool = False
+    """The pod was deleted while its harness still ran (the kubelet then stopped it)."""
     gone: bool = False
     """The pod no longer exists; this is what it last showed."""
     namespace: str = ""
@@ -122,6 +125,7 @@ def summarize(pod: Mapping[str, Any]) -> PodSummary | None:
         verdict=_termination_message(terminated.get("message")),
         message=str(message)[:500],
         deleting=metadata.get("deletionTimestamp") is not None,
+        deleted_unfinished=_deleted_unfinished(metadata, terminated),
         namespace=str(metadata.get("namespace", "")),
     )
 
@@ -136,6 +140,9 @@ def judge(pod: PodSummary, *, failing_exit_codes: frozenset[int]) -> Attempt:
         return dataclasses.replace(base, state="running" if pod.phase == "Running" else "pending")
     if pod.outside_reason is not None:
         return dataclasses.replace(base, state="failed", reason=pod.outside_reason, message=pod.message or pod.outside_reason)
+    if pod.deleted_unfinished and (pod.verdict is None or pod.verdict.get("status") != "succeeded"):
+        # the harness's exit code is the kill's, and its grade that of a half-done rollout
+        return dataclasses.replace(base, state="failed", message="the pod was deleted before it finished")
     if pod.verdict is not None:
         code = pod.verdict.get("exitCode")
         return dataclasses.replace(
@@ -158,6 +165,32 @@ def observe(pod: Mapping[str, Any], *, failing_exit_codes: frozenset[int]) -> At
     """:func:`judge` of :func:`summarize`."""
     summary = summarize(pod)
     return None if summary is None else judge(summary, failing_exit_codes=failing_exit_codes)
+
+
+def _deleted_unfinished(metadata: Mapping[str, Any], terminated: Mapping[str, Any]) -> bool:
+    """Whether deletion of the pod was asked for before its harness finished.
+
+    The deletion was asked ``deletionGracePeriodSeconds`` before ``deletionTimestamp``;
+    a harness that finished in that second or later counts as stopped by it.
+    """
+    deletion = _timestamp(metadata.get("deletionTimestamp"))
+    if deletion is None:
+        return False
+    finished = _timestamp(terminated.get("finishedAt"))
+    if finished is None:
+        return True
+    grace = metadata.get("deletionGracePeriodSeconds")
+    asked = deletion - datetime.timedelta(seconds=grace if isinstance(grace, int) else 0)
+    return finished >= asked
+
+
+def _timestamp(value: Any) -> datetime.datetime | None:
+    if not isinstance(value, str):
+        return None
+    try:
+        return datetime.datetime.fromisoformat(value)
+    except ValueError:
+        return None
 
 
 def _outside_reason(status: Mapping[str, Any]) -> str | None:

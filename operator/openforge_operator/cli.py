@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import logging
 import os
 import socket
@@ -40,6 +41,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--image-pull-policy", choices=("Always", "IfNotPresent", "Never"), help="for the sidecar image")
     parser.add_argument("--sidecar-port", type=int, default=DEFAULTS.sidecar_port, help="sidecar port on the pod's loopback (default %(default)s)")
     parser.add_argument("--sidecar-uid", type=int, default=DEFAULTS.sidecar_uid, help="sidecar user id (default %(default)s)")
+    parser.add_argument(
+        "--sidecar-resources", metavar="JSON",
+        help="the sidecar container's resources, as JSON: {\"requests\": {...}, \"limits\": {...}}"
+        f" (default {json.dumps(DEFAULTS.sidecar_resources, separators=(',', ':'))})",
+    )  # fmt: skip
     parser.add_argument("--harness-uid", type=int, default=DEFAULTS.harness_uid, help="harness user id when the template sets none (default %(default)s)")
     parser.add_argument("--resync-seconds", type=float, default=DEFAULTS.resync_seconds, help="reconcile each job at least this often (default %(default)s)")
     parser.add_argument("--create-concurrency", type=int, default=DEFAULTS.create_concurrency, help="pod creations in flight (default %(default)s)")
@@ -79,8 +85,15 @@ def options(argv: list[str]) -> tuple[argparse.Namespace, settings.Settings]:
             if not sep or not key:
                 parser.error(f"--dns-label: {item!r} is not KEY=VALUE")
             labels[key] = value
+    resources = DEFAULTS.sidecar_resources
+    if ns.sidecar_resources is not None:
+        try:
+            resources = settings.parse_resources(ns.sidecar_resources)
+        except ValueError as error:
+            parser.error(f"--sidecar-resources: {error}")
     config = settings.Settings(
         sidecar_image=ns.sidecar_image,
+        sidecar_resources=resources,
         image_pull_policy=ns.image_pull_policy,
         sidecar_port=ns.sidecar_port,
         sidecar_uid=ns.sidecar_uid,

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import json
+import re
 from typing import Any
 
 DEFAULT_SIDECAR_IMAGE = "ghcr.io/openforge/sidecar:0.1.0"
@@ -50,3 +52,26 @@ class Settings:
         default_factory=lambda: {"k8s-app": "kube-dns"}
     )
     """Where rollout pods may send DNS queries (the cluster DNS pods)."""
+
+
+_QUANTITY = re.compile(r"^[+]?([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][+-]?[0-9]+|[numkMGTPE]i?|Ki)?$")
+
+
+def parse_resources(text: str) -> dict[str, Any]:
+    """A container's ``resources`` from JSON (``requests``/``limits``, each a map of
+    resource name to quantity); ValueError naming the part at fault."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise ValueError(f"not JSON: {error}") from None
+    if not isinstance(value, dict):
+        raise ValueError(f"want an object with requests and/or limits, got {type(value).__name__}")
+    for key, quantities in value.items():
+        if key not in ("requests", "limits"):
+            raise ValueError(f"{key!r}: only requests and limits may be set")
+        if not isinstance(quantities, dict):
+            raise ValueError(f"{key}: want an object of resource: quantity, got {type(quantities).__name__}")
+        for name, quantity in quantities.items():
+            if not isinstance(quantity, str | int | float) or isinstance(quantity, bool) or not _QUANTITY.match(str(quantity)):
+                raise ValueError(f"{key}.{name}: {quantity!r} is not a Kubernetes quantity (e.g. 50m, 256Mi)")
+    return {key: {name: str(q) for name, q in quantities.items()} for key, quantities in value.items()}

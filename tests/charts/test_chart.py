@@ -22,6 +22,7 @@ NON_DEFAULT: dict[str, Any] = {
     "operator": {
         "image": {"digest": "sha256:" + "a" * 64},
         "sidecarImage": {"tag": "0.1.0-rc1"},
+        "sidecarResources": {"requests": {"cpu": "10m", "memory": "64Mi"}},
         "watchNamespaces": ["rl-a", "rl-b"],
         "extraArgs": ["--verbose"],
         "webhook": {"enabled": True},
@@ -267,6 +268,7 @@ def test_operator_arguments_parse_with_the_operators_own_cli(helm: Helm) -> None
         parsed, config = cli.options(operator["args"])
         assert parsed.standalone is True
         assert config.sidecar_image == sidecar
+        assert config.sidecar_resources == (values["operator"]["sidecarResources"] if values else settings.Settings().sidecar_resources)
     assert parsed.namespace == ["rl-a", "rl-b"] and not parsed.all_namespaces
     assert parsed.webhook is True
 

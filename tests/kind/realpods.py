@@ -1,16 +1,21 @@
 """Helpers of the kind tier: the chart and demo installed by ``scripts/kind-up.sh``, jobs
-waited for, pods' container statuses, and the collector's store read inside its pod."""
+waited for, pods' container statuses, the collector's store read inside its pod,
+containers SIGKILLed inside the node, the stepped harness (a call, then a gate file the
+test writes, then the next call) and the test engine for harnesses with long prompts."""
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
 import kube_cluster
+import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
 KIND_UP = ROOT / "scripts" / "kind-up.sh"
@@ -134,3 +139,165 @@ def ensure_platform(kind: kube_cluster.Kube) -> None:
     kind.kubectl("create", "namespace", "rl", check=False)
     kind.kubectl("-n", "rl", "apply", "-f", str(EXAMPLES / "policy.yaml"))
     kind.kubectl("-n", "rl", "rollout", "status", "deployment/policy", "--timeout=600s", timeout=660)
+
+
+def operator_pod(kind: kube_cluster.Kube) -> dict[str, Any]:
+    pods = kind.get_json("-n", "openforge", "pods", "-l", "app.kubernetes.io/component=operator")["items"]
+    running = [p for p in pods if p["status"].get("phase") == "Running" and not p["metadata"].get("deletionTimestamp")]
+    assert len(running) == 1, f"operator pods: {[(p['metadata']['name'], p['status'].get('phase')) for p in pods]}"
+    return running[0]
+
+
+def container_status(pod: dict[str, Any], container: str) -> dict[str, Any]:
+    """The status of one container (native sidecars are init containers) of a pod."""
+    for status in (*pod["status"].get("initContainerStatuses", []), *pod["status"].get("containerStatuses", [])):
+        if status["name"] == container:
+            return dict(status)
+    raise AssertionError(f"{pod['metadata']['name']}: no status of container {container}")
+
+
+def node_exec(node: str, *args: str, timeout: float = 60) -> str:
+    """Run a command inside a kind node (its container has the node's name)."""
+    docker = shutil.which("docker")
+    assert docker is not None, "no docker"
+    result = subprocess.run([docker, "exec", node, *args], capture_output=True, text=True, timeout=timeout, check=False)
+    assert result.returncode == 0, f"{node}: {' '.join(args)} exited {result.returncode}: {result.stderr}"
+    return result.stdout
+
+
+def kill_container(pod: dict[str, Any], container: str) -> None:
+    """SIGKILL the processes of one running container of a pod, as a crash would: its
+    first process is killed inside the node, which takes its whole PID namespace down."""
+    node, uid = pod["spec"]["nodeName"], pod["metadata"]["uid"]
+    ids = node_exec(node, "crictl", "ps", "-q", "--state", "running", "--label", f"io.kubernetes.pod.uid={uid}", "--name", f"^{container}$").split()
+    assert len(ids) == 1, f"{pod['metadata']['name']}/{container}: running containers {ids}"
+    pid = json.loads(node_exec(node, "crictl", "inspect", ids[0]))["info"]["pid"]
+    node_exec(node, "kill", "-9", str(pid))
+
+
+SIDECAR = "openforge-sidecar"
+HARNESS_IMAGE = "ghcr.io/openforge/react-harness:0.1.0"
+STEPPED = """
+import json, os, sys, time, urllib.request
+base, calls = os.environ["OPENAI_BASE_URL"], int(os.environ["STEP_CALLS"])
+hog = bytearray(int(os.environ.get("STEP_ALLOCATE_MB", "0")) * 1024 * 1024)  # touched: counted by the cgroup
+for offset in range(0, len(hog), 4096):
+    hog[offset] = 1
+for step in range(calls):
+    gate, deadline = f"/work/go-{step}", time.monotonic() + 600
+    while step and not os.path.exists(gate):
+        if time.monotonic() > deadline:
+            sys.exit(3)
+        time.sleep(0.2)
+    body = json.dumps({"model": "tiny-react", "max_tokens": 8,
+                       "messages": [{"role": "user", "content": f"Step {step}: say hello."}]}).encode()
+    for attempt in range(60):  # the sidecar may be restarting: connection refused until it is back
+        try:
+            request = urllib.request.Request(base + "/chat/completions", body, {"Content-Type": "application/json"})
+            with urllib.request.urlopen(request, timeout=120) as response:
+                json.load(response)
+            break
+        except OSError as error:
+            print(f"call {step} try {attempt}: {error}", flush=True)
+            time.sleep(1)
+    else:
+        sys.exit(4)
+    print(f"answered {step}", flush=True)
+"""
+
+
+def stepped_env(name: str, calls: int, *, allocate_mb: int = 0, memory_limit: str = "256Mi") -> dict[str, Any]:
+    """A HarnessEnv whose harness makes ``calls`` calls, waiting before call N > 0 for
+    ``/work/go-N`` (:func:`release`), after allocating ``allocate_mb`` MiB."""
+    return {
+        "apiVersion": "openforge.dev/v1alpha1",
+        "kind": "HarnessEnv",
+        "metadata": {"name": name},
+        "spec": {
+            "api": "openai-chat",
+            "baseUrl": {"env": ["OPENAI_BASE_URL"], "suffix": "/v1"},
+            "template": {"spec": {
+                "containers": [{
+                    "name": "harness", "image": HARNESS_IMAGE, "command": ["python3", "-c", STEPPED],
+                    "env": [{"name": "STEP_CALLS", "value": str(calls)}, {"name": "STEP_ALLOCATE_MB", "value": str(allocate_mb)}],
+                    "resources": {"requests": {"cpu": "20m", "memory": "64Mi"}, "limits": {"memory": memory_limit}},
+                    "volumeMounts": [{"name": "work", "mountPath": "/work"}],
+                }],
+                "volumes": [{"name": "work", "emptyDir": {}}],
+            }},
+            "grader": {"command": ["sh", "-c", 'echo \'{"reward": 1.0}\''], "rewardFrom": "stdout-json", "timeoutSeconds": 30},
+            "timeoutSeconds": 600,
+        },
+    }  # fmt: skip
+
+
+def start(kind: kube_cluster.Kube, prefix: str, *, calls: int, rollouts: int, allocate_mb: int = 0, memory_limit: str = "256Mi", **spec: Any) -> str:
+    """A new namespace and job (named alike) of ``rollouts`` stepped rollouts; ``spec``
+    adds to or overrides the job's spec."""
+    name = f"{prefix}-{uuid.uuid4().hex[:6]}"  # the collector binds a job's name to its first RolloutJob
+    ensure_namespace(kind, name)
+    tasks = [{"id": f"t{i}"} for i in range(rollouts)]
+    job = rollout_job(name, env=name, tasks=tasks, **{"parallelism": rollouts, "rolloutTimeoutSeconds": 900, **spec})
+    kind.kubectl("-n", name, "apply", "-f", "-", stdin=yaml.safe_dump_all([stepped_env(name, calls, allocate_mb=allocate_mb, memory_limit=memory_limit), job]))
+    return name
+
+
+def pod(kind: kube_cluster.Kube, namespace: str, name: str) -> dict[str, Any]:
+    return kind.get_json("-n", namespace, "pod", name)
+
+
+def harness_log(kind: kube_cluster.Kube, namespace: str, name: str) -> str:
+    return kind.kubectl("-n", namespace, "logs", name, "-c", "harness", check=False).stdout
+
+
+def wait_answered(kind: kube_cluster.Kube, namespace: str, name: str, step: int, timeout: float = 300) -> None:
+    """Until the harness of pod ``name`` printed that call ``step`` was answered."""
+    kube_cluster.wait_for(lambda: f"answered {step}" in harness_log(kind, namespace, name), what=f"{name}: call {step} answered", timeout=timeout, interval=1)
+
+
+def release(kind: kube_cluster.Kube, namespace: str, name: str, step: int) -> None:
+    """Let pod ``name``'s harness make call ``step``."""
+    kind.kubectl("-n", namespace, "exec", name, "-c", "harness", "--", "touch", f"/work/go-{step}")
+
+
+def wait_restarted(kind: kube_cluster.Kube, namespace: str, name: str, container: str, restarts: int) -> dict[str, Any]:
+    """Until ``container`` of pod ``name`` restarted ``restarts`` times and is running (started) again."""
+
+    def back() -> bool:
+        status = container_status(pod(kind, namespace, name), container)
+        return status["restartCount"] >= restarts and bool(status.get("started")) and "running" in status["state"]
+
+    kube_cluster.wait_for(back, what=f"{name}/{container} restarted", timeout=300, interval=1)
+    return container_status(pod(kind, namespace, name), container)
+
+
+
+
+ENGINE_ENDPOINT = "http://engine.rl.svc:8000"
+"""``openforge test-engine`` (deterministic, token-in/token-out, 32k context) in namespace rl:
+for harnesses whose own prompt does not fit the tiny policy's 4,096 tokens."""
+
+
+def ensure_engine(kind: kube_cluster.Kube) -> None:
+    """The test engine as Deployment and Service ``engine`` in namespace rl, from the trainer image."""
+    labels = {"app.kubernetes.io/name": "engine"}
+    service = {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "engine", "labels": labels},
+               "spec": {"selector": labels, "ports": [{"name": "http", "port": 8000, "targetPort": 8000}]}}  # fmt: skip
+    deployment = {
+        "apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "engine", "labels": labels},
+        "spec": {"replicas": 1, "selector": {"matchLabels": labels}, "template": {"metadata": {"labels": labels}, "spec": {
+            "automountServiceAccountToken": False,
+            "securityContext": {"runAsNonRoot": True, "runAsUser": 65532, "runAsGroup": 65532},
+            "containers": [{
+                "name": "engine", "image": "ghcr.io/openforge/trainer:0.1.0",
+                "command": ["openforge", "test-engine", "--host=0.0.0.0", "--port=8000", "--model=tiny-react",
+                            "--tokenizer=/opt/openforge/models/tiny-react", "--max-model-len=32768"],
+                "env": [{"name": "HOME", "value": "/tmp"}],
+                "readinessProbe": {"httpGet": {"path": "/health", "port": 8000}, "periodSeconds": 2},
+                "resources": {"requests": {"cpu": "50m", "memory": "256Mi"}, "limits": {"memory": "1Gi"}},
+            }],
+        }}},
+    }  # fmt: skip
+    kind.kubectl("create", "namespace", "rl", check=False)
+    kind.kubectl("-n", "rl", "apply", "-f", "-", stdin=yaml.safe_dump_all([service, deployment]))
+    kind.kubectl("-n", "rl", "rollout", "status", "deployment/engine", "--timeout=300s", timeout=330)

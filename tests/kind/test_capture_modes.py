@@ -35,10 +35,14 @@ CASES = [
     ("react", "Proxy", "OPENAI_BASE_URL", f"{NOWHERE}/v1", "WIRE_API_OPENAI_CHAT"),
     ("react", "Transparent", "OPENAI_BASE_URL", f"{POLICY_TLS}/v1", "WIRE_API_OPENAI_CHAT"),
     ("codex", "BaseURL", None, None, "WIRE_API_OPENAI_RESPONSES"),
+    ("claude-code", "Proxy", "ANTHROPIC_BASE_URL", NOWHERE, "WIRE_API_ANTHROPIC_MESSAGES"),
 ]
 # Codex's own 17 KB system prompt does not fit the tiny policy's 4,096 tokens: the demo's
 # short instructions replace it, as examples/codex-toy.yaml does locally.
 EXTRA_ARGS = {"codex": " --instructions /opt/openforge/harnesses/codex/instructions.md"}
+# Claude Code's own system prompt and tool schemas do not fit either: it runs against the
+# test engine (token-exact like the policy server, with a 32k context) instead.
+ENGINES = {"claude-code": realpods.ENGINE_ENDPOINT}
 TWO_TASKS = [json.loads(line) for line in yaml.safe_load(TASKS.read_text())["data"]["tasks.jsonl"].splitlines()[:2]]
 
 
@@ -55,9 +59,15 @@ def harness_env(harness: str, mode: str, variable: str | None, endpoint: str | N
     return env
 
 
+def policy(harness: str) -> dict[str, Any]:
+    """The job's policy: the demo's policy server, or the test engine for a harness that needs more context."""
+    return {"policy": {"endpoint": ENGINES[harness], "model": "tiny-react"}} if harness in ENGINES else {}
+
+
 @pytest.fixture(scope="module")
 def platform(kind: kube_cluster.Kube) -> kube_cluster.Kube:
     realpods.ensure_platform(kind)
+    realpods.ensure_engine(kind)
     return kind
 
 
@@ -68,7 +78,7 @@ def test_every_call_is_captured(platform: kube_cluster.Kube, harness: str, mode:
     # a new name each run: the collector binds a job's name to the first RolloutJob (uid) that wrote it
     name = f"capture-{harness}-{mode.lower()}-{uuid.uuid4().hex[:6]}"
     realpods.ensure_namespace(kind, name)
-    manifest = yaml.safe_dump_all([harness_env(harness, mode, variable, endpoint, name), realpods.rollout_job(name, env=name, tasks=TWO_TASKS, parallelism=2, rolloutTimeoutSeconds=300)])
+    manifest = yaml.safe_dump_all([harness_env(harness, mode, variable, endpoint, name), realpods.rollout_job(name, env=name, tasks=TWO_TASKS, parallelism=2, rolloutTimeoutSeconds=300, **policy(harness))])
     kind.kubectl("-n", name, "apply", "-f", "-", stdin=manifest)
 
     job = realpods.wait_job(kind, name, name, timeout=900)

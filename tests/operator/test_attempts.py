@@ -103,6 +103,28 @@ def test_a_live_pod_deleted_before_it_finished_failed() -> None:
     assert (gone.state, gone.reason) == ("failed", None)
 
 
+def _stopped(exit_code: int, finished_at: str, message: str | None = None) -> dict:
+    harness = terminated(exit_code, message=message)
+    harness["state"]["terminated"]["finishedAt"] = finished_at
+    return {"containerStatuses": [harness]}
+
+
+def test_a_pod_deleted_while_its_harness_ran_failed_whatever_its_exit_code() -> None:
+    # kubectl delete at 10:00:00 with 30 s grace; the kubelet stopped the harness (SIGKILL at 10:00:30)
+    deleted = {"deletionTimestamp": "2026-01-01T10:00:30Z", "deletionGracePeriodSeconds": 30}
+    found = judge(pod(0, 0, phase="Failed", status=_stopped(137, "2026-01-01T10:00:30Z"), **deleted))
+    assert (found.state, found.reason, found.message) == ("failed", None, "the pod was deleted before it finished")
+    # the same with a harness that caught SIGTERM and exited 0, and the agent's failed verdict
+    verdict = json.dumps({"status": "failed", "exitCode": -1, "reason": ""})
+    assert judge(pod(0, 0, phase="Succeeded", status=_stopped(0, "2026-01-01T10:00:01Z", verdict), **deleted)).state == "failed"
+    # a harness that finished before the deletion was asked keeps its result
+    assert judge(pod(0, 0, phase="Succeeded", status=_stopped(0, "2026-01-01T09:59:59Z"), **deleted)).state == "succeeded"
+    # and so does a rollout the agent reported finished (its records acknowledged) before it was stopped
+    verdict = json.dumps({"status": "succeeded", "exitCode": 0, "reason": "", "acknowledged": True})
+    found = judge(pod(0, 0, phase="Failed", status=_stopped(137, "2026-01-01T10:00:30Z", verdict), **deleted))
+    assert (found.state, found.acknowledged) == ("succeeded", True)
+
+
 def _gone(summary: attempts.PodSummary) -> attempts.PodSummary:
     return dataclasses.replace(summary, gone=True)
 

@@ -22,14 +22,32 @@ def test_every_setting_flag() -> None:
         "-A", "--standalone", "--sidecar-image", "img:2", "--image-pull-policy", "Always", "--sidecar-port", "16000",
         "--sidecar-uid", "2000", "--harness-uid", "3000", "--resync-seconds", "5", "--create-concurrency", "8",
         "--finish-wait-seconds", "9", "--dns-namespace", "dns", "--dns-label", "app=coredns", "--dns-label", "tier=x",
-        "--liveness", "http://0.0.0.0:8080/healthz",
+        "--liveness", "http://0.0.0.0:8080/healthz", "--sidecar-resources", '{"requests": {"cpu": "10m", "memory": 64}}',
     ])  # fmt: skip
     assert ns.all_namespaces and ns.standalone and ns.liveness == "http://0.0.0.0:8080/healthz"
     assert config == settings.Settings(
         sidecar_image="img:2", image_pull_policy="Always", sidecar_port=16000, sidecar_uid=2000, harness_uid=3000,
         resync_seconds=5, create_concurrency=8, finish_wait_seconds=9, dns_namespace="dns",
-        dns_pod_labels={"app": "coredns", "tier": "x"},
+        dns_pod_labels={"app": "coredns", "tier": "x"}, sidecar_resources={"requests": {"cpu": "10m", "memory": "64"}},
     )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("value", "fault"),
+    [
+        ("{nope", "not JSON"),
+        ("[1]", "want an object"),
+        ('{"request": {}}', "'request'"),
+        ('{"limits": "1Gi"}', "limits: want an object"),
+        ('{"limits": {"memory": "lots"}}', "limits.memory: 'lots' is not a Kubernetes quantity"),
+        ('{"requests": {"cpu": true}}', "requests.cpu"),
+    ],
+)
+def test_bad_sidecar_resources_name_the_part_at_fault(value: str, fault: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        cli.options(["-n", "rl", "--sidecar-resources", value])
+    err = capsys.readouterr().err
+    assert "--sidecar-resources" in err and fault in err, err
 
 
 def test_the_collector_master_key_is_read_from_its_file_and_kept_out_of_repr(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

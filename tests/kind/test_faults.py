@@ -1,0 +1,153 @@
+"""Faults in real pods: a sidecar killed mid-rollout, a running pod deleted, the
+operator killed mid-job, the collector down and back. Each time every call the sidecar
+saw reaches the collector's store exactly once and nothing is reported lost.
+
+Kills are SIGKILLs of a container's processes, sent inside the kind node (``crictl
+inspect`` gives the pid), so nothing shuts down cleanly; the kubelet restarts the
+container as it would after a crash. The harness is a stepped client of the policy
+server: it makes a call, then waits for a gate file the test writes into the pod
+(``/work/go-N``) before the next one, so each fault lands between two known calls.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import kube_cluster
+import pytest
+import realpods
+
+pytestmark = [pytest.mark.kind, pytest.mark.slow]
+
+SIDECAR = realpods.SIDECAR
+
+
+@pytest.fixture(scope="module")
+def platform(kind: kube_cluster.Kube) -> kube_cluster.Kube:
+    realpods.ensure_platform(kind)
+    return kind
+
+
+def calls_by_rollout(summary: dict[str, Any]) -> dict[tuple[str, int], list[int]]:
+    return {(r["task"], r["attempt"]): sorted(c["index"] for c in r["calls"]) for r in summary["rollouts"]}
+
+
+def check_exactly_once(summary: dict[str, Any], expected: dict[tuple[str, int], list[int]]) -> None:
+    """The store holds these rollouts (task, attempt) with these call indexes, each once, and lost nothing."""
+    assert summary["lost"] == [], summary["lost"]
+    assert calls_by_rollout(summary) == expected, summary["rollouts"]
+    for rollout in summary["rollouts"]:
+        assert rollout["finished"] and rollout["complete"], rollout
+        for call in rollout["calls"]:
+            assert call["status"] == 200 and call["exact"] and call["completion_tokens"] == call["logprobs"] > 0, (rollout["id"], call)
+
+
+def finish(kind: kube_cluster.Kube, name: str) -> dict[str, Any]:
+    job = realpods.wait_job(kind, name, name, timeout=600)
+    assert realpods.condition(job, "Complete"), f"{name}: {job.get('status')}\nevents:\n{realpods.events(kind, name)[-4000:]}"
+    return job
+
+
+@pytest.mark.timeout(900)
+def test_a_killed_sidecar_restarts_and_the_rollout_goes_on(platform: kube_cluster.Kube) -> None:
+    kind = platform
+    name = realpods.start(kind, "fault-sidecar", calls=3, rollouts=1)
+    first = f"{name}-0-0"
+    realpods.wait_answered(kind, name, first, 0)
+    realpods.release(kind, name, first, 1)
+    realpods.wait_answered(kind, name, first, 1)
+    realpods.kill_container(realpods.pod(kind, name, first), SIDECAR)
+    status = realpods.wait_restarted(kind, name, first, SIDECAR, 1)
+    assert status["lastState"]["terminated"]["exitCode"] == 137, status["lastState"]  # SIGKILL, not a clean stop
+    realpods.release(kind, name, first, 2)  # through the restarted sidecar
+    job = finish(kind, name)
+    assert job["status"]["counts"]["succeeded"] == 1, job["status"]["counts"]
+    assert [p["metadata"]["name"] for p in realpods.pods_of(kind, name, name)] == [first]
+    check_exactly_once(realpods.store_summary(kind, name), {("t0", 0): [0, 1, 2]})
+    kind.kubectl("delete", "namespace", name, "--wait=false")
+
+
+@pytest.mark.timeout(900)
+def test_a_deleted_pod_is_run_again_as_a_new_attempt(platform: kube_cluster.Kube) -> None:
+    kind = platform
+    name = realpods.start(kind, "fault-delete", calls=2, rollouts=1, maxAttemptsPerRollout=2)
+    first, second = f"{name}-0-0", f"{name}-0-1"
+    realpods.wait_answered(kind, name, first, 0)
+    kind.kubectl("-n", name, "delete", "pod", first, "--wait=true", timeout=180)
+    kube_cluster.wait_for(lambda: bool(kind.kubectl("-n", name, "get", "pod", second, check=False).stdout), what=f"{second} created", timeout=120, interval=1)
+    kind.kubectl("-n", name, "wait", f"pod/{second}", "--for=condition=Ready", "--timeout=180s", timeout=200)
+    realpods.wait_answered(kind, name, second, 0)
+    realpods.release(kind, name, second, 1)
+    job = finish(kind, name)
+    assert job["status"]["counts"]["succeeded"] == 1 and job["status"]["counts"]["retried"] == 1, job["status"]["counts"]
+    assert [p["metadata"]["name"] for p in realpods.pods_of(kind, name, name)] == [second]
+    summary = realpods.store_summary(kind, name)
+    # the deleted attempt is kept as what it was (failed, its one call), never merged into the new one
+    check_exactly_once(summary, {("t0", 0): [0], ("t0", 1): [0, 1]})
+    statuses = {r["attempt"]: r["status"] for r in summary["rollouts"]}
+    assert statuses == {0: "failed", 1: "succeeded"}, statuses
+    kind.kubectl("delete", "namespace", name, "--wait=false")
+
+
+@pytest.mark.timeout(1200)
+def test_a_killed_operator_makes_no_duplicate_pods(platform: kube_cluster.Kube) -> None:
+    kind = platform
+    name = realpods.start(kind, "fault-operator", calls=2, rollouts=4, parallelism=2)
+    running = [f"{name}-0-0", f"{name}-1-0"]
+    for each in running:
+        realpods.wait_answered(kind, name, each, 0)
+    operator = realpods.operator_pod(kind)
+    realpods.kill_container(operator, "operator")
+    for each in running:  # these finish while the operator is down
+        realpods.release(kind, name, each, 1)
+    realpods.wait_restarted(kind, "openforge", operator["metadata"]["name"], "operator", realpods.container_status(operator, "operator")["restartCount"] + 1)
+    later = [f"{name}-2-0", f"{name}-3-0"]
+    for each in later:
+        realpods.wait_answered(kind, name, each, 0)
+        realpods.release(kind, name, each, 1)
+    job = finish(kind, name)
+    assert job["status"]["counts"]["succeeded"] == 4 and job["status"]["counts"]["retried"] == 0, job["status"]["counts"]
+    assert sorted(p["metadata"]["name"] for p in realpods.pods_of(kind, name, name)) == sorted(running + later)
+    check_exactly_once(realpods.store_summary(kind, name), {(f"t{i}", 0): [0, 1] for i in range(4)})
+    kind.kubectl("delete", "namespace", name, "--wait=false")
+
+
+@contextlib.contextmanager
+def collector_unreachable(kind: kube_cluster.Kube) -> Iterator[None]:
+    """The collector's Service selects no pod while inside (new connections fail)."""
+    service = ["-n", "openforge", "patch", "service", "openforge-collector", "--type=merge", "-p"]
+    kind.kubectl(*service, '{"spec": {"selector": {"openforge.dev/unreachable": "true"}}}')
+    try:
+        yield
+    finally:
+        kind.kubectl(*service, '{"spec": {"selector": {"openforge.dev/unreachable": null}}}')
+
+
+@pytest.mark.timeout(900)
+def test_records_wait_in_the_spool_while_the_collector_is_down(platform: kube_cluster.Kube) -> None:
+    kind = platform
+    name = realpods.start(kind, "fault-collector", calls=2, rollouts=1)
+    first = f"{name}-0-0"
+    realpods.wait_answered(kind, name, first, 0)
+    kube_cluster.wait_for(lambda: bool(realpods.store_summary(kind, name)["rollouts"]), what="call 0 stored", timeout=120, interval=2)
+    collector = realpods.pod(kind, "openforge", realpods.collector_pod(kind))
+    restarts = realpods.container_status(collector, "collector")["restartCount"]
+    with collector_unreachable(kind):
+        realpods.kill_container(collector, "collector")  # its open streams die with it
+        realpods.wait_restarted(kind, "openforge", collector["metadata"]["name"], "collector", restarts + 1)
+        realpods.release(kind, name, first, 1)
+        realpods.wait_answered(kind, name, first, 1)
+        time.sleep(10)  # time enough for a delivery, were the collector reachable
+        held = realpods.store_summary(kind, name)
+        assert calls_by_rollout(held) == {("t0", 0): [0]}, f"call 1 reached the store with the collector down: {held['rollouts']}"
+        assert not held["rollouts"][0]["finished"], held["rollouts"]
+        # and the sidecar, holding unacknowledged records, crashes too: its spool is what it resumes from
+        realpods.kill_container(realpods.pod(kind, name, first), SIDECAR)
+        realpods.wait_restarted(kind, name, first, SIDECAR, 1)
+    job = finish(kind, name)
+    assert job["status"]["counts"]["succeeded"] == 1, job["status"]["counts"]
+    check_exactly_once(realpods.store_summary(kind, name), {("t0", 0): [0, 1]})
+    kind.kubectl("delete", "namespace", name, "--wait=false")
