@@ -183,15 +183,42 @@ clients() { # helm and kubectl: $HELM/$KUBECTL, else build_cluster_binaries.sh's
 }
 
 load_() {
-  run kind_ load docker-image --name "$name" "$@"
+  local node image changed="" before
+  node=$(kind_ get nodes --name "$name" | head -n 1)
+  for image in "$@"; do
+    before=$("$real_docker" exec "$node" crictl inspecti -o go-template --template '{{.status.id}}' "$image" 2>/dev/null || true)
+    run kind_ load docker-image --name "$name" "$image"
+    [ "$before" = "$("$real_docker" image inspect -f '{{.Id}}' "$image")" ] || changed="$changed $image"
+  done
   # Every load also names the image import-<date>@<digest> in the node's
   # containerd; those names keep each replaced build (a trainer image is 7 GB)
   # on the node's disk. The tags are what pods use: drop the import names.
-  local node
   for node in $(kind_ get nodes --name "$name"); do
     "$real_docker" exec "$node" sh -c \
       'ctr -n k8s.io images ls -q | grep "^import-" | xargs -r ctr -n k8s.io images rm >/dev/null 2>&1 || true'
   done
+  [ -n "$changed" ] && restart_users $changed
+  return 0
+}
+
+# Deployments keep running the image their pods started with, and a rebuilt
+# image keeps its tag: restart those that use a replaced one.
+restart_users() { # <image>...
+  [ -f "$kubeconfig" ] || return 0
+  clients
+  local line deployment images image
+  "$kubectl" --kubeconfig "$kubeconfig" get deployments -A -o \
+    jsonpath='{range .items[*]}{.metadata.namespace}/{.metadata.name} {.spec.template.spec.containers[*].image} {.spec.template.spec.initContainers[*].image}{"\n"}{end}' 2>/dev/null |
+    while read -r deployment images; do
+      for image in "$@"; do
+        case " $images " in *" $image "*)
+          say "restarting deployment $deployment (image $image replaced)"
+          run "$kubectl" --kubeconfig "$kubeconfig" -n "${deployment%%/*}" rollout restart "deployment/${deployment#*/}"
+          run "$kubectl" --kubeconfig "$kubeconfig" -n "${deployment%%/*}" rollout status "deployment/${deployment#*/}" --timeout=600s
+          break ;;
+        esac
+      done
+    done
 }
 
 case "${1:-}" in

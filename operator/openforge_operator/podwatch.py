@@ -7,7 +7,9 @@ lists and then watches the pods carrying the operator's labels
 (``objects.POD_SELECTOR``), keeps a :class:`attempts.PodSummary` of each, and
 sets the owning job's wake-up event, on which that job's reconcile loop waits.
 
-A pod deleted while unfinished stays in the cache as ``gone``, so the
+A pod seen deleted while its harness still ran stays marked so
+(``deleted_unfinished``) whatever its later states say. A pod deleted while
+unfinished stays in the cache as ``gone``, so the
 planner counts its attempt as failed rather than running it again under the
 same name. After an expired watch (410 Gone) the namespace is listed again,
 and pods missing from the new list are marked gone too.
@@ -46,7 +48,13 @@ class PodCache:
             return
         if event_type == "DELETED":
             summary = dataclasses.replace(summary, gone=True)
-        self._jobs.setdefault(summary.job_uid, {})[summary.name] = summary
+        by_name = self._jobs.setdefault(summary.job_uid, {})
+        previous = by_name.get(summary.name)
+        if previous is not None and previous.deleted_unfinished and not summary.deleted_unfinished:
+            # the kubelet's last delete (grace 0) moves deletionTimestamp past the
+            # harness's end: what was seen while it ran stands
+            summary = dataclasses.replace(summary, deleted_unfinished=True)
+        by_name[summary.name] = summary
         self.wake(summary.job_uid)
 
     def relisted(self, namespace: str | None, pods: list[dict[str, Any]]) -> None:

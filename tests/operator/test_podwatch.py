@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from openforge_operator import podwatch
+from openforge_operator import attempts, podwatch
 from operator_fixtures import UID, pod, terminated
 
 
@@ -23,6 +23,23 @@ def test_events_update_summaries_and_wake_the_job() -> None:
         assert cache.pods(UID)[0].gone, "a deleted pod is remembered as gone"
 
     asyncio.run(scenario())
+
+
+def test_a_pod_seen_deleted_while_its_harness_ran_stays_so() -> None:
+    cache = podwatch.PodCache()
+    cache.apply("ADDED", pod(0, 0, phase="Running"))
+    asked = {"deletionTimestamp": "2026-01-01T10:00:30Z", "deletionGracePeriodSeconds": 30}
+    cache.apply("MODIFIED", pod(0, 0, phase="Running", **asked))
+    assert cache.pods(UID)[0].deleted_unfinished
+    # the kubelet stopped the harness (SIGKILL after the grace), then deleted the pod with
+    # grace 0: its last state's deletionTimestamp is after the harness's end
+    harness = terminated(137)
+    harness["state"]["terminated"]["finishedAt"] = "2026-01-01T10:00:30Z"
+    last = {"deletionTimestamp": "2026-01-01T10:00:32Z", "deletionGracePeriodSeconds": 0}
+    cache.apply("DELETED", pod(0, 0, phase="Failed", status={"containerStatuses": [harness]}, **last))
+    [summary] = cache.pods(UID)
+    assert summary.gone and summary.deleted_unfinished
+    assert attempts.judge(summary, failing_exit_codes=frozenset()).state == "failed"
 
 
 def test_pods_without_rollout_labels_are_ignored() -> None:
