@@ -289,15 +289,19 @@ def startup(cluster: Cluster, count: int, parallelism: int) -> dict[str, Any]:
 
 
 def cgroup_memory(node: str, uid: str) -> dict[str, int]:
-    """The sidecar container's memory cgroup (v1) of pod ``uid``, read inside its kind node."""
+    """The sidecar container's memory cgroup (v1) of pod ``uid``, read inside its kind node:
+    usage and peak (``max_usage_in_bytes``) in bytes, and the rss and page cache in them."""
     docker = shutil.which("docker") or "docker"
 
     def node_exec(*args: str) -> str:
         return subprocess.run([docker, "exec", node, *args], capture_output=True, text=True, check=True, timeout=60).stdout
 
     [cid] = node_exec("crictl", "ps", "-q", "--state", "running", "--label", f"io.kubernetes.pod.uid={uid}", "--name", f"^{SIDECAR}$").split()
-    cgroup = json.loads(node_exec("crictl", "inspect", cid))["info"]["runtimeSpec"]["linux"]["cgroupsPath"]
-    base = f"/sys/fs/cgroup/memory/{cgroup.strip('/')}"
+    # the kubelet's systemd driver nests the container as .../kubelet-kubepods-...-pod<uid>.slice/cri-containerd-<id>.scope
+    found = node_exec("find", "/sys/fs/cgroup/memory", "-maxdepth", "6", "-type", "d", "-name", f"*{cid}*").split()
+    if len(found) != 1:
+        raise RuntimeError(f"{node}: memory cgroup of container {cid}: {found}")
+    base = found[0]
     stat = dict(line.split() for line in node_exec("cat", f"{base}/memory.stat").splitlines())
     return {
         "usage": int(node_exec("cat", f"{base}/memory.usage_in_bytes")),
