@@ -2,11 +2,13 @@
 start-up latency, the sidecar's memory, and rollouts per minute.
 
 The harness is the same in every pod: the ReAct harness image running a one-call
-client (one Chat Completions call, ``max_tokens`` 8, then exit; it retries a refused
-connection once a second). Through the operator it runs in a RolloutJob (BaseURL mode:
-the call goes through the sidecar, which takes tokens and logprobs from the policy
-server and streams the record to the collector); in the bare Indexed Job it calls the
-policy Service (``http://policy.rl.svc:8000``) directly, with no sidecar.
+client (one call, ``max_tokens`` 8, then exit; it retries a refused connection once a
+second). Through the operator it runs in a RolloutJob (BaseURL mode: a Chat Completions
+call to the sidecar, which renders it into tokens, takes the completion's tokens and
+logprobs from the policy server and streams the record to the collector); in the bare
+Indexed Job it calls the policy Service (``http://policy.rl.svc:8000``) directly, with
+no sidecar, as a token-ID completion of a prompt of the same length (the policy server
+speaks only that).
 
 1. **Start-up.** ``--rollouts`` rollouts at ``--parallelism``, then as many
    completions of the Job. A watch on each namespace's pods notes when each pod was
@@ -33,7 +35,6 @@ demo's RolloutJob), with sidecar requests small enough for 50 pods on a 2-core n
 from __future__ import annotations
 
 import argparse
-import glob
 import json
 import os
 import platform
@@ -58,14 +59,23 @@ IMAGE = "ghcr.io/openforge/react-harness:0.1.0"
 POLICY = "http://policy.rl.svc:8000"
 COLLECTOR = "openforge-collector.openforge.svc:50051"
 SIDECAR = "openforge-sidecar"
+BARE_PROMPT = list(range(10, 34))
+"""The bare Job's prompt: 24 token IDs, about what the chat template makes of the
+operator side's one message (the policy server speaks only token-ID completions;
+rendering chat into tokens is the sidecar's work, part of what is measured)."""
 HARNESS_RESOURCES = {"requests": {"cpu": "1m", "memory": "16Mi"}, "limits": {"memory": "256Mi"}}
 SIDECAR_RESOURCES = {"requests": {"cpu": "10m", "memory": "64Mi"}, "limits": {"memory": "1Gi"}}
 CLIENT = """
 import json, os, sys, time, urllib.request
-body = json.dumps({"model": "tiny-react", "max_tokens": 8, "messages": [{"role": "user", "content": "Say hello."}]}).encode()
+ids = os.environ.get("PROMPT_IDS")  # the bare Job: the engine's own token-ID completions
+if ids:
+    path, body = "/completions", {"model": "tiny-react", "max_tokens": 8, "prompt": json.loads(ids)}
+else:
+    path, body = "/chat/completions", {"model": "tiny-react", "max_tokens": 8, "messages": [{"role": "user", "content": "Say hello."}]}
+body = json.dumps(body).encode()
 for attempt in range(120):
     try:
-        request = urllib.request.Request(os.environ["OPENAI_BASE_URL"] + "/chat/completions", body, {"Content-Type": "application/json"})
+        request = urllib.request.Request(os.environ["OPENAI_BASE_URL"] + path, body, {"Content-Type": "application/json"})
         with urllib.request.urlopen(request, timeout=120) as response:
             json.load(response)
         break
@@ -116,20 +126,34 @@ class Watch:
     failed: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        path = f"/api/v1/namespaces/{self.namespace}/pods?watch=1"
-        self._process = subprocess.Popen([self.cluster.kubectl_path, "--kubeconfig", self.cluster.kubeconfig, "get", "--raw", path], stdout=subprocess.PIPE, text=True)
-        self._thread = threading.Thread(target=self._read, daemon=True)
+        self._stopped = threading.Event()
+        self._process: subprocess.Popen[str] | None = None
+        self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
 
-    def _read(self) -> None:
-        assert self._process.stdout is not None
-        for line in self._process.stdout:
+    def _run(self) -> None:
+        """Watch from a list's resourceVersion; whenever the API server ends the watch
+        (it does, and sooner on a loaded node), list again and watch on."""
+        base = f"/api/v1/namespaces/{self.namespace}/pods"
+        while not self._stopped.is_set():
+            listed = json.loads(self.cluster.kubectl("get", "--raw", base))
             now = time.time()
-            try:
-                pod = json.loads(line)["object"]
-            except (ValueError, KeyError):
-                continue
-            self._see(pod, now)
+            for pod in listed["items"]:
+                self._see(pod, now)
+            path = f"{base}?watch=1&resourceVersion={listed['metadata']['resourceVersion']}"
+            self._process = subprocess.Popen([self.cluster.kubectl_path, "--kubeconfig", self.cluster.kubeconfig, "get", "--raw", path], stdout=subprocess.PIPE, text=True)
+            assert self._process.stdout is not None
+            for line in self._process.stdout:
+                now = time.time()
+                try:
+                    event = json.loads(line)
+                except ValueError:
+                    continue
+                if event.get("type") == "ERROR":  # 410 Gone: list again
+                    break
+                self._see(event["object"], now)
+            self._process.terminate()
+            self._process.wait(timeout=10)
 
     def _see(self, pod: dict[str, Any], now: float) -> None:
         name = pod["metadata"]["name"]
@@ -152,8 +176,10 @@ class Watch:
         return sum(1 for t in self.pods.values() if t.succeeded is not None) >= count
 
     def stop(self) -> None:
-        self._process.terminate()
-        self._process.wait(timeout=10)
+        self._stopped.set()
+        if self._process is not None:
+            self._process.terminate()
+        self._thread.join(timeout=30)
 
     def fetch_answers(self) -> None:
         """Each pod's first-call-answered time, from its harness log's runtime timestamps."""
@@ -173,7 +199,7 @@ def parse_time(stamp: str) -> float:
 
 
 def percentile(values: list[float], q: float) -> float | None:
-    """Nearest-rank percentile (p99 of 50 values is the largest but none)."""
+    """Nearest-rank percentile (p99 of 50 values is the largest)."""
     if not values:
         return None
     ordered = sorted(values)
@@ -225,7 +251,8 @@ def bare_job(name: str, count: int, parallelism: int) -> dict[str, Any]:
                 "restartPolicy": "Never", "enableServiceLinks": False, "automountServiceAccountToken": False,
                 "containers": [{
                     "name": "harness", "image": IMAGE, "command": ["python3", "-c", CLIENT],
-                    "env": [{"name": "OPENAI_BASE_URL", "value": f"{POLICY}/v1"}], "resources": HARNESS_RESOURCES,
+                    "env": [{"name": "OPENAI_BASE_URL", "value": f"{POLICY}/v1"}, {"name": "PROMPT_IDS", "value": json.dumps(BARE_PROMPT)}],
+                    "resources": HARNESS_RESOURCES,
                 }],
             }},
         },
@@ -366,11 +393,14 @@ def platform_up(cluster: Cluster, sidecar_resources: str) -> None:
 
 
 def tools() -> tuple[str, str]:
-    found = sorted(glob.glob(str(Path.home() / ".cache" / "openforge" / "bin" / "*" / "kubectl")))
-    kubectl = shutil.which("kubectl") or (found[-1] if found else None)
-    if kubectl is None:
-        sys.exit("no kubectl: run scripts/build_cluster_binaries.sh")
-    helm = shutil.which("helm") or str(Path(kubectl).with_name("helm"))
+    """kubectl and helm as scripts/kind-up.sh finds them: $KUBECTL/$HELM, else the ones
+    scripts/build_cluster_binaries.sh built, else PATH's."""
+    check = subprocess.run(["bash", str(ROOT / "scripts" / "build_cluster_binaries.sh"), "--check"], capture_output=True, text=True, check=False)
+    built = dict(line.split("=", 1) for line in check.stdout.splitlines() if "=" in line)
+    kubectl = os.environ.get("KUBECTL") or built.get("kubectl") or shutil.which("kubectl")
+    helm = os.environ.get("HELM") or built.get("helm") or shutil.which("helm")
+    if kubectl is None or helm is None:
+        sys.exit("no kubectl or helm: run scripts/build_cluster_binaries.sh")
     return kubectl, helm
 
 
@@ -394,9 +424,15 @@ def main(argv: list[str] | None = None) -> int:
     started = time.time()
     platform_up(cluster, ns.sidecar_resources)
     results: dict[str, Any] = {"machine": f"{platform.node()} {os.cpu_count()} CPUs", "sidecar_resources": json.loads(ns.sidecar_resources)}
+    # each phase's figures as soon as it ends: a run cut short still tells
     results["startup"] = startup(cluster, ns.rollouts, ns.parallelism)
+    print("startup:", json.dumps(results["startup"]), flush=True)
     results["memory"] = memory(cluster, ns.memory_pods)
-    results["throughput"] = [throughput(cluster, ns.throughput_rollouts, p) for p in ns.throughput_parallelism]
+    print("memory:", json.dumps(results["memory"]), flush=True)
+    results["throughput"] = []
+    for parallelism in ns.throughput_parallelism:
+        results["throughput"].append(throughput(cluster, ns.throughput_rollouts, parallelism))
+        print("throughput:", json.dumps(results["throughput"][-1]), flush=True)
     results["wall_s"] = round(time.time() - started, 1)
 
     s = results["startup"]

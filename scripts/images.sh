@@ -133,6 +133,23 @@ node_base() { # <node version>
 }
 npm_version=10.9.9
 
+# A stand-in for the Rust image: the Debian base with install_zeroclaw.sh's build
+# (crates.io; cached) at /opt/zeroclaw/bin, which the ZeroClaw Dockerfile keeps.
+zeroclaw_base() {
+  local bin dir image
+  bin=$(bash "$root/scripts/install_zeroclaw.sh" 2>/dev/null | sed -n "s/^ZEROCLAW_BIN=//p") || { echo "images.sh: scripts/install_zeroclaw.sh failed" >&2; exit 1; }
+  [ -x "$bin" ] || { echo "images.sh: no ZeroClaw binary ($bin)" >&2; exit 1; }
+  image="openforge/zeroclaw-build:$(sha256sum "$bin" | cut -c1-12)"
+  if ! "$docker" image inspect "$image" >/dev/null 2>&1; then
+    dir=$(mktemp -d)
+    cp "$bin" "$dir/zeroclaw"
+    printf 'ARG BASE_IMAGE\nFROM ${BASE_IMAGE}\nCOPY zeroclaw /opt/zeroclaw/bin/zeroclaw\n' > "$dir/Dockerfile"
+    run "$docker" build --build-arg "BASE_IMAGE=$python_image" -t "$image" "$dir"
+    rm -rf "$dir"
+  fi
+  echo "$image"
+}
+
 for build in "${builds[@]}"; do
   image="ghcr.io/openforge/${build%%|*}:$version"
   dockerfile="$root/${build#*|}"
@@ -140,6 +157,10 @@ for build in "${builds[@]}"; do
   args=(--build-arg "PYTHON_IMAGE=$python_image" --label dev.openforge.build=1)
   node=$(sed -n 's/^ARG NODE_IMAGE=node:\([0-9.]*\)-.*/\1/p' "$dockerfile")
   if [ -n "$node" ]; then args+=(--build-arg "NODE_IMAGE=$(node_base "$node")"); fi
+  if grep -q '^ARG RUST_IMAGE=' "$dockerfile"; then
+    rust_image=$(zeroclaw_base)
+    args+=(--build-arg "RUST_IMAGE=$rust_image" --build-arg "RUNTIME_IMAGE=$python_image")
+  fi
   if grep -q '^FROM .* AS deps$' "$dockerfile"; then
     # the dependency stage tagged, so that pruning never takes the layer cache of torch
     run "$docker" build --network host "${args[@]}" --target deps -t "openforge/deps-${build%%|*}:$version" -f "$dockerfile" "$root"

@@ -332,6 +332,9 @@ def sidecar_container(
         "startupProbe": {
             "exec": {"command": probe.command(config.sidecar_port)},
             "periodSeconds": 1,
+            # a Python probe on a node starting many sidecars at once can take
+            # over the default 1 s, which would count as a failure (bench/kind_startup.py)
+            "timeoutSeconds": 5,
             "failureThreshold": 120,
         },
         "resources": copy.deepcopy(config.sidecar_resources),

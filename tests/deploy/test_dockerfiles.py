@@ -98,6 +98,7 @@ def test_dependencies_come_before_the_sources_with_only_the_components_extras(co
     assert copied == [["pyproject.toml", "constraints.txt", "docker/requirements.py"]], "only what the dependencies are read from"
     (project,) = [i for i, (word, args) in enumerate(steps) if word == "RUN" and "--no-deps" in args]
     assert project > install
+    assert "--no-compile" not in steps[project][1], "the project is byte-compiled in the image, not at every start"
 
 
 def test_requirements_are_the_dependencies_and_the_named_extras() -> None:
