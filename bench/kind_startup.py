@@ -265,12 +265,12 @@ def fresh_namespace(cluster: Cluster, prefix: str) -> str:
     return name
 
 
-def run_side(cluster: Cluster, kind: str, count: int, parallelism: int, *, hold: float = 0, timeout: float = 1800) -> tuple[str, Watch, float, float]:
+def run_side(cluster: Cluster, kind: str, count: int, parallelism: int, *, timeout: float = 1800) -> tuple[str, Watch, float, float]:
     """One RolloutJob (kind "operator") or Indexed Job ("job") run to its end: (namespace, watch, t0, t_end)."""
     namespace = fresh_namespace(cluster, f"bench-{kind}")
     watch = Watch(cluster, namespace)
     time.sleep(1)  # the watch is open before the first pod
-    manifests = [harness_env(namespace, hold), rollout_job(namespace, count, parallelism)] if kind == "operator" else [bare_job(namespace, count, parallelism)]
+    manifests = [harness_env(namespace, 0), rollout_job(namespace, count, parallelism)] if kind == "operator" else [bare_job(namespace, count, parallelism)]
     t0 = time.time()
     cluster.kubectl("-n", namespace, "apply", "-f", "-", stdin=yaml.safe_dump_all(manifests))
     deadline = time.monotonic() + timeout

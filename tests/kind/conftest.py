@@ -33,6 +33,7 @@ for _helpers in (str(ROOT / "tests" / "cluster"), str(Path(__file__).parent)):
         sys.path.insert(0, _helpers)
 
 import kube_cluster  # noqa: E402
+import realpods  # noqa: E402
 
 _STATE = pytest.StashKey[dict[str, str]]()
 REUSE_ENV = "OPENFORGE_KIND_REUSE"
@@ -94,3 +95,11 @@ def kind(request: pytest.FixtureRequest) -> kube_cluster.Kube:
     cluster.kubectl("get", "--raw", "/readyz")
     assert not cluster.simulated(), "the kind tier runs on real nodes, not kwok fakes"
     return cluster
+
+
+@pytest.fixture(scope="module")
+def platform(kind: kube_cluster.Kube) -> kube_cluster.Kube:
+    """The cluster with the chart and the demo's policy server installed (once per module:
+    an earlier module may have changed them)."""
+    realpods.ensure_platform(kind)
+    return kind

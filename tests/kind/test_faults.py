@@ -25,12 +25,6 @@ pytestmark = [pytest.mark.kind, pytest.mark.slow]
 SIDECAR = realpods.SIDECAR
 
 
-@pytest.fixture(scope="module")
-def platform(kind: kube_cluster.Kube) -> kube_cluster.Kube:
-    realpods.ensure_platform(kind)
-    return kind
-
-
 def calls_by_rollout(summary: dict[str, Any]) -> dict[tuple[str, int], list[int]]:
     return {(r["task"], r["attempt"]): sorted(c["index"] for c in r["calls"]) for r in summary["rollouts"]}
 

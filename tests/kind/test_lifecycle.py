@@ -16,12 +16,6 @@ import realpods
 pytestmark = [pytest.mark.kind, pytest.mark.slow]
 
 
-@pytest.fixture(scope="module")
-def platform(kind: kube_cluster.Kube) -> kube_cluster.Kube:
-    realpods.ensure_platform(kind)
-    return kind
-
-
 def job_of(kind: kube_cluster.Kube, name: str) -> dict:
     return kind.get_json("-n", name, "rolloutjob", name)
 
