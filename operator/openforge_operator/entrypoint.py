@@ -4,6 +4,12 @@ A rollout pod runs the harness's own command under a short POSIX ``sh``
 script (so the harness image needs ``/bin/sh``; nothing else of ours). The
 script
 
+0. with ``OPENFORGE_SIDECAR_WAIT`` set (a rollout pod), waits at most that many
+   seconds for the sidecar's ``sidecar-ready`` in the run directory (created
+   once it listens: the harness container starts beside the sidecar, not
+   after it, and its start overlaps the sidecar's); if it never comes, writes
+   a SidecarFailed termination message and exits with
+   :data:`SIDECAR_NOT_READY_EXIT_CODE` without running the harness;
 1. runs the harness command unchanged and keeps its exit code;
 2. runs the grader, if the HarnessEnv has one, in the same container (the
    harness's filesystem and environment, ``OPENFORGE_HARNESS_EXIT_CODE`` set),
@@ -18,7 +24,8 @@ script
    termination message, where the operator reads it from the pod status, and
    exits with the harness's exit code.
 
-The harness and grader argv are passed as arguments, never spliced into the
+Waits look every 50 ms where ``sleep`` takes fractions of a second (GNU,
+busybox), else every second. The harness and grader argv are passed as arguments, never spliced into the
 script: ``sh -c SCRIPT openforge-rollout N GRADER... HARNESS...`` with ``N``
 the grader's argument count. The script avoids ``$$`` and ``$(NAME)``, which
 the kubelet would expand in a container's command.
@@ -35,10 +42,19 @@ GRADER_STDOUT = "grader-stdout"
 GRADER_STDERR = "grader-stderr"
 GRADER_EXIT_CODE = "grader-exit-code"
 FINISHED = "finished"
+SIDECAR_READY = "sidecar-ready"
 ARGV0 = "openforge-rollout"
+SIDECAR_NOT_READY_EXIT_CODE = 125
+"""The harness container's exit code when the sidecar never listened (the harness never ran)."""
 
 SCRIPT = r"""set -u
 run="${OPENFORGE_RUN_DIR:-/openforge/run}"
+termination="${OPENFORGE_TERMINATION_LOG:-/dev/termination-log}"
+if sleep 0.01 2> /dev/null; then
+  tick=0.05 ticks=20
+else
+  tick=1 ticks=1
+fi
 grader_argc="$1"
 shift
 i=0
@@ -46,6 +62,16 @@ while [ "$i" -lt "$grader_argc" ]; do
   i=$((i + 1))
   eval "openforge_grader_$i=\"\$1\""
   shift
+done
+sidecar_wait="${OPENFORGE_SIDECAR_WAIT:-0}"
+n=0
+while [ "$sidecar_wait" -gt 0 ] && [ ! -e "$run/sidecar-ready" ]; do
+  if [ "$n" -ge $((sidecar_wait * ticks)) ]; then
+    printf '{"exitCode":125,"status":"failed","reason":"SidecarFailed","reward":null,"acknowledged":false,"calls":0,"message":"the capture sidecar did not listen within %s s: the harness never ran"}' "$sidecar_wait" > "$termination" 2> /dev/null
+    exit 125
+  fi
+  sleep "$tick"
+  n=$((n + 1))
 done
 "$@"
 code=$?
@@ -64,13 +90,13 @@ if [ "$grader_argc" -gt 0 ]; then
   printf '%s\n' "$?" > "$run/grader-exit-code"
 fi
 : > "$run/harness-done"
-waited=0
-while [ ! -e "$run/finished" ] && [ "$waited" -lt "${OPENFORGE_FINISH_WAIT:-90}" ]; do
-  sleep 1
-  waited=$((waited + 1))
+n=0
+while [ ! -e "$run/finished" ] && [ "$n" -lt $((${OPENFORGE_FINISH_WAIT:-90} * ticks)) ]; do
+  sleep "$tick"
+  n=$((n + 1))
 done
 if [ -e "$run/finished" ]; then
-  cat "$run/finished" > "${OPENFORGE_TERMINATION_LOG:-/dev/termination-log}" 2> /dev/null
+  cat "$run/finished" > "$termination" 2> /dev/null
 fi
 exit "$code"
 """

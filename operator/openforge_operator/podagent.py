@@ -1,22 +1,27 @@
 """The in-pod agent: main process of a rollout pod's sidecar container.
 
-Run as ``python -m openforge_operator.podagent [options] -- SIDECAR-ARGS``. It
+Run as ``python -m openforge_operator.podagent [options] -- SIDECAR-ARGS``. In
+one Python process (a pod's start-up pays for one interpreter and one set of
+imports, not two) it
 
 - copies the job's CA (Proxy and Transparent modes) from its read-only Secret
   mount into the sidecar's writable mitmproxy confdir;
-- runs ``openforge sidecar SIDECAR-ARGS`` as its child, and exits with the
-  child's code if the child dies (the kubelet restarts the container, and the
-  sidecar resumes from its spool);
-- when the harness container's entrypoint (:mod:`openforge_operator.entrypoint`)
-  writes ``harness-done`` into the shared run directory, turns the harness's
-  exit code and the grader's output into a reward and a verdict exactly as
-  ``openforge run`` does, reports the rollout to the sidecar
-  (``POST /openforge/v1/rollout/finish``, which records it and waits for the
-  collector's acknowledgement) and writes the verdict to ``finished``, which
-  the entrypoint copies into its termination message for the operator;
-- on SIGTERM (the kubelet stops sidecars after the harness container exits,
-  or the whole pod at its deadline) reports a rollout that never finished as
-  failed, then stops the sidecar, which flushes its spool to the collector.
+- runs ``openforge sidecar SIDECAR-ARGS`` in its main thread, with
+  ``--ready-file`` (the sidecar creates ``sidecar-ready`` in the shared run
+  directory once it listens; the harness container's entrypoint waits for it
+  before it starts the harness) and ``--finish-on-stop`` (a sidecar stopped
+  before the rollout was reported, e.g. the pod deleted or past its deadline,
+  records it as failed, then flushes its spool to the collector); if the
+  sidecar fails, the process exits with its code, the kubelet restarts the
+  container, and the sidecar resumes from its spool;
+- in a second thread, when the harness container's entrypoint
+  (:mod:`openforge_operator.entrypoint`) writes ``harness-done`` into the run
+  directory, turns the harness's exit code and the grader's output into a
+  reward and a verdict exactly as ``openforge run`` does, reports the rollout
+  to the sidecar (``POST /openforge/v1/rollout/finish``, which records it and
+  waits for the collector's acknowledgement) and writes the verdict to
+  ``finished``, which the entrypoint copies into its termination message for
+  the operator.
 
 Every step is keyed on files in the run directory, so a restarted agent
 neither loses nor repeats a report.
@@ -29,16 +34,15 @@ import dataclasses
 import json
 import os
 import shutil
-import signal
-import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
 from pathlib import Path
-from types import FrameType
 from typing import Any
 
+from openforge import cli
 from openforge.api import grading, rollouts
 
 from openforge_operator import entrypoint
@@ -105,12 +109,6 @@ def judge(run_dir: Path, *, reward_from: str, failing_exit_codes: frozenset[int]
     return Verdict(exit_code, value, grader_output, "succeeded", "")
 
 
-def stopped_verdict() -> Verdict:
-    """The verdict of a rollout whose pod was stopped before its harness finished."""
-    message = "the pod was stopped before the harness finished"
-    return Verdict(STOPPED_EXIT_CODE, None, "", "failed", "DeadlineExceeded", message)
-
-
 def post_finish(listen: str, verdict: Verdict, *, wait_seconds: float, deadline: float) -> dict[str, Any]:
     """Report the rollout to the sidecar, retrying until ``deadline`` while it is not up."""
     body = json.dumps(verdict.finish_body(wait_seconds)).encode()
@@ -152,30 +150,23 @@ def termination_message(verdict: Verdict, result: dict[str, Any]) -> dict[str, A
 
 
 class Agent:
-    """The supervisor loop around one ``openforge sidecar`` child."""
+    """The sidecar, in this process, and the thread that reports the rollout when the harness is done."""
 
-    def __init__(self, options: argparse.Namespace, sidecar_argv: list[str]) -> None:
+    def __init__(self, options: argparse.Namespace, sidecar_args: list[str]) -> None:
         self.options = options
-        self.sidecar_argv = sidecar_argv
         self.run_dir = Path(options.run_dir)
-        self.terminating = False
-        self.child: subprocess.Popen[bytes] | None = None
+        self.sidecar_args = [
+            *sidecar_args,
+            "--ready-file", str(self.run_dir / entrypoint.SIDECAR_READY),
+            "--finish-on-stop",
+        ]  # fmt: skip
 
     def run(self) -> int:
         self._prepare()
-        signal.signal(signal.SIGTERM, self._on_term)
-        signal.signal(signal.SIGINT, self._on_term)
-        self.child = subprocess.Popen(self.sidecar_argv)
-        while not self.terminating:
-            code = self.child.poll()
-            if code is not None:
-                return code
-            if (self.run_dir / entrypoint.HARNESS_DONE).exists() and not self._reported():
-                self._report(self._judge(), wait=self.options.finish_wait)
-            time.sleep(self.options.poll)
-        if not self._reported():
-            self._report(stopped_verdict(), wait=min(5.0, self.options.finish_wait))
-        return self._stop_child()
+        threading.Thread(target=self._watch, name="openforge-podagent", daemon=True).start()
+        # SIGTERM and SIGINT stop the sidecar (its own handlers): it records a
+        # rollout nobody reported as failed, flushes its spool and returns
+        return cli.main(["sidecar", *self.sidecar_args])
 
     def _prepare(self) -> None:
         self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -184,6 +175,13 @@ class Agent:
             confdir.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(self.options.ca_file, confdir / CA_FILE)
             os.chmod(confdir / CA_FILE, 0o600)
+
+    def _watch(self) -> None:
+        done = self.run_dir / entrypoint.HARNESS_DONE
+        while not done.exists():
+            time.sleep(self.options.poll)
+        if not self._reported():
+            self._report(self._judge(), wait=self.options.finish_wait)
 
     def _judge(self) -> Verdict:
         failing = frozenset(rollouts.parse_indexes(self.options.failing_exit_codes))
@@ -199,20 +197,6 @@ class Agent:
         partial = self.run_dir / (entrypoint.FINISHED + ".partial")
         partial.write_text(json.dumps(message, separators=(",", ":")))
         partial.replace(self.run_dir / entrypoint.FINISHED)
-
-    def _stop_child(self) -> int:
-        assert self.child is not None
-        if self.child.poll() is None:
-            self.child.terminate()
-            try:
-                self.child.wait(self.options.stop_timeout)
-            except subprocess.TimeoutExpired:
-                self.child.kill()
-                self.child.wait()
-        return 0
-
-    def _on_term(self, signum: int, frame: FrameType | None) -> None:
-        self.terminating = True
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -233,9 +217,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="harness exit codes that fail the rollout, compact ('1-255'); others are graded data",
     )  # fmt: skip
     parser.add_argument("--finish-wait", type=float, default=60.0, help="seconds to wait for the collector's ack")
-    parser.add_argument("--stop-timeout", type=float, default=25.0, help="seconds the sidecar gets to flush on SIGTERM")
-    parser.add_argument("--poll", type=float, default=0.2, help="seconds between looks at the run directory")
-    parser.add_argument("--sidecar-command", default="", help="the sidecar's argv0 (default: this python -m openforge.cli sidecar)")
+    parser.add_argument("--poll", type=float, default=0.05, help="seconds between looks at the run directory")
     return parser
 
 
@@ -251,8 +233,7 @@ def main(argv: list[str] | None = None) -> int:
         rollouts.parse_indexes(options.failing_exit_codes)
     except ValueError as error:
         raise SystemExit(f"podagent: --failing-exit-codes: {error}") from None
-    command = options.sidecar_command.split() or [sys.executable, "-m", "openforge.cli", "sidecar"]
-    return Agent(options, [*command, *args[split + 1 :]]).run()
+    return Agent(options, args[split + 1 :]).run()
 
 
 def _read_text(path: Path) -> str:

@@ -5,9 +5,12 @@ Anatomy of ``<job>-<index>-<attempt>``:
 - ``initContainers``: in Transparent mode first ``openforge-redirect``
   (iptables, the only container with a capability: NET_ADMIN), then the
   capture sidecar ``openforge-sidecar`` as a native sidecar
-  (``restartPolicy: Always``, an ``exec`` ``startupProbe`` run inside it that
-  connects to its loopback port, so the harness starts only once it listens),
-  then the template's own init containers.
+  (``restartPolicy: Always``), then the template's own init containers. The
+  harness container starts beside the sidecar and its entrypoint waits for the
+  sidecar's ``sidecar-ready`` file before it runs the harness; a pod with
+  containers of the template's own (init or not) gets instead an ``exec``
+  ``startupProbe`` inside the sidecar, connecting to its loopback port, which
+  holds every later container back until it listens.
 - ``containers``: the template's, the ``harness`` container's command wrapped
   by :mod:`openforge_operator.entrypoint` (harness, then grader, then report),
   its env carrying the task and pointing it at the sidecar.
@@ -60,6 +63,8 @@ PROXY_ENV = ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy")
 NO_PROXY_ENV = ("NO_PROXY", "no_proxy")
 
 AGENT_COMMAND = ["python", "-m", "openforge_operator.podagent"]
+SIDECAR_START_SECONDS = 120
+"""How long the harness (or, with a startup probe, the kubelet) waits for the sidecar to listen."""
 SIDECAR_COMMAND = ["python", "-m", "openforge.cli", "sidecar"]
 MODES = {"BaseURL": "reverse", "Proxy": "regular", "Transparent": "transparent"}
 """Capture mode -> the sidecar's network mode."""
@@ -135,7 +140,10 @@ def build_pod(
         if i != position:
             containers[i] = _hardened(container)
     init = [_hardened(c) for c in spec.get("initContainers", [])]
-    sidecar = _sidecar(job, env, rollout, attempt, name, config)
+    # The harness waits for the sidecar itself (its entrypoint); containers of the
+    # template's own are held back by a startup probe, as in an injected pod.
+    probed = bool(init) or len(containers) > 1
+    sidecar = _sidecar(job, env, rollout, attempt, name, config, startup_probe=probed)
     spec["initContainers"] = [*_redirect(job, env, config), sidecar, *init]
     spec["volumes"] = [*spec.get("volumes", []), *_volumes(job, env, config)]
     if env.spec.task.file is not None:
@@ -245,6 +253,7 @@ def _base_env(
         "OPENFORGE_WORKDIR": workdir or ".",
         "OPENFORGE_RUN_DIR": entrypoint.RUN_DIR,
         "OPENFORGE_FINISH_WAIT": str(config.finish_wait_seconds + 30),
+        "OPENFORGE_SIDECAR_WAIT": str(SIDECAR_START_SECONDS),
         "OPENFORGE_GRADER_TIMEOUT": str(grader.timeout_seconds if grader is not None else 0),
     }
 
@@ -271,6 +280,8 @@ def _sidecar(
     attempt: int,
     name: str,
     config: settings.Settings,
+    *,
+    startup_probe: bool,
 ) -> dict[str, Any]:
     listen = f"127.0.0.1:{config.sidecar_port}"
     confdir = posixpath.join(SIDECAR_DIR, "confdir")
@@ -310,14 +321,26 @@ def _sidecar(
             sidecar += ["--collector-token-file", posixpath.join(TOKEN_DIR, TOKEN_FILE)]
             mounts.append({"name": TOKEN_VOLUME, "mountPath": TOKEN_DIR, "readOnly": True})
     image = env.spec.capture.sidecar_image or config.sidecar_image
-    return sidecar_container(image, AGENT_COMMAND, [*agent, "--", *sidecar], mounts, config)
+    return sidecar_container(image, AGENT_COMMAND, [*agent, "--", *sidecar], mounts, config, startup_probe=startup_probe)
 
 
 def sidecar_container(
-    image: str, command: list[str], args: list[str], mounts: list[dict[str, Any]], config: settings.Settings
+    image: str,
+    command: list[str],
+    args: list[str],
+    mounts: list[dict[str, Any]],
+    config: settings.Settings,
+    *,
+    startup_probe: bool = True,
 ) -> dict[str, Any]:
-    """The capture sidecar as a native sidecar: an init container that keeps running, whose
-    startup probe holds the later containers back until it listens."""
+    """The capture sidecar as a native sidecar: an init container that keeps running.
+
+    With ``startup_probe``, its startup probe holds the later containers back until it
+    listens. Without one they start beside it: a rollout pod's harness entrypoint waits
+    for the sidecar's ready file instead, and the two containers' starts overlap (an exec
+    probe also costs a process in the container every second, and up to a second's wait
+    after the sidecar listens before the kubelet sees it).
+    """
     container: dict[str, Any] = {
         "name": SIDECAR,
         "image": image,
@@ -329,14 +352,6 @@ def sidecar_container(
             {"name": "TMPDIR", "value": SIDECAR_DIR},
             {"name": "PYTHONDONTWRITEBYTECODE", "value": "1"},
         ],
-        "startupProbe": {
-            "exec": {"command": probe.command(config.sidecar_port)},
-            "periodSeconds": 1,
-            # a Python probe on a node starting many sidecars at once can take
-            # over the default 1 s, which would count as a failure (bench/kind_startup.py)
-            "timeoutSeconds": 5,
-            "failureThreshold": 120,
-        },
         "resources": copy.deepcopy(config.sidecar_resources),
         "volumeMounts": mounts,
         "securityContext": {
@@ -348,6 +363,15 @@ def sidecar_container(
             "capabilities": {"drop": ["ALL"]},
         },
     }
+    if startup_probe:
+        container["startupProbe"] = {
+            "exec": {"command": probe.command(config.sidecar_port)},
+            "periodSeconds": 1,
+            # a Python probe on a node starting many sidecars at once can take
+            # over the default 1 s, which would count as a failure (bench/kind_startup.py)
+            "timeoutSeconds": 5,
+            "failureThreshold": SIDECAR_START_SECONDS,
+        }
     if config.image_pull_policy:
         container["imagePullPolicy"] = config.image_pull_policy
     return container

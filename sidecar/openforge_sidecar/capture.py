@@ -61,6 +61,8 @@ MODES = ("tokens", "passthrough")
 INFLIGHT_JOURNAL = "inflight.journal"
 # `openforge serve` names the policy version whose weights produced a call.
 POLICY_VERSION_HEADER = "x-openforge-policy-version"
+STOPPED_EXIT_CODE = -1
+"""The exit code recorded for a rollout stopped before it was finished (``openforge_finish_on_stop``)."""
 
 
 @dataclass(slots=True)
@@ -171,6 +173,8 @@ class Capture:
         loader.add_option("openforge_harness", str, "", "Harness name, for the record.")
         loader.add_option("openforge_policy_version", int, 0, "Policy version when the engine does not report one.")
         loader.add_option("openforge_max_body", int, 32 * 1024 * 1024, "Largest LLM request body accepted, in bytes.")
+        loader.add_option("openforge_ready_file", str, "", "File created once the proxy listens and the spool is open (e.g. for a rollout pod's harness to wait on).")
+        loader.add_option("openforge_finish_on_stop", bool, False, "On shutdown, record a rollout that was never finished as failed (no reward), as a stopped pod's is.")
 
     def configure(self, updated: set[str]) -> None:
         opts = ctx.options
@@ -214,6 +218,9 @@ class Capture:
                     labels={},
                 )
             )
+        if opts.openforge_ready_file:
+            # the servers listen before any addon's `running` hook is called
+            _create_file(Path(opts.openforge_ready_file))
         if opts.openforge_mode == "tokens":
             try:
                 await asyncio.to_thread(self._ensure_tokenizer)
@@ -223,6 +230,10 @@ class Capture:
             log.warning("sidecar restarted: resuming at call %d; token history starts a new segment", resume.next_call)
 
     async def done(self) -> None:
+        if ctx.options.openforge_finish_on_stop and not self._finished and self._writer is not None:
+            self._finished = True
+            log.warning("stopped before the rollout was finished: recording it as failed")
+            self._put(self._finished_record(exit_code=STOPPED_EXIT_CODE, reward=None, grader_output="", status="failed"))
         if self._writer is not None:
             await asyncio.to_thread(self._writer.close)
         if self._exporter is not None:
@@ -641,26 +652,27 @@ class Capture:
         flow.response = _json_response(404, {"error": f"no control endpoint {path}"})
 
     async def _finish_rollout(self, flow: http.HTTPFlow, exit_code: int, reward: float | None, grader_output: str, status: str, wait: float) -> None:
-        opts = ctx.options
         if not self._finished:
             self._finished = True
-            ticket = self._put(
-                records.finished(
-                    job=opts.openforge_job,
-                    rollout_id=opts.openforge_rollout_id,
-                    exit_code=exit_code,
-                    reward=reward,
-                    grader_output=grader_output,
-                    call_count=self._next_call,
-                    status=status,
-                )
-            )
+            ticket = self._put(self._finished_record(exit_code=exit_code, reward=reward, grader_output=grader_output, status=status))
             assert self._writer is not None
             await asyncio.to_thread(self._writer.wait, ticket)
         acked = True
         if wait > 0 and self._exporter is not None:
             acked = await self._exporter.flush(wait)
         flow.response = _json_response(200, {**self.snapshot(), "acknowledged": acked})
+
+    def _finished_record(self, *, exit_code: int, reward: float | None, grader_output: str, status: str) -> pb.Record:
+        opts = ctx.options
+        return records.finished(
+            job=opts.openforge_job,
+            rollout_id=opts.openforge_rollout_id,
+            exit_code=exit_code,
+            reward=reward,
+            grader_output=grader_output,
+            call_count=self._next_call,
+            status=status,
+        )
 
     def snapshot(self) -> dict[str, Any]:
         merge_rate = self._history.merge_rate if self._history else 0.0
@@ -678,6 +690,14 @@ class Capture:
         self.stats[f"rejected_{status}"] += 1
         log.warning("answering %d to %s %s: %s", status, flow.request.method, redact.path(flow.request.path), message)
         flow.response = _json_response(status, codec.error_body(status, message))
+
+
+def _create_file(path: Path) -> None:
+    """Create ``path`` (empty) whole or not at all, its directory too."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(path.name + ".partial")
+    partial.write_bytes(b"")
+    partial.replace(path)
 
 
 def _to_control_host(request: http.Request) -> bool:

@@ -48,6 +48,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--harness", default="")
     parser.add_argument("--policy-version", type=int, default=0)
     parser.add_argument("--confdir", default="", help="mitmproxy confdir holding the CA (regular/transparent modes)")
+    parser.add_argument("--ready-file", default="", help="file to create once the sidecar listens (a rollout pod's harness waits on it)")
+    parser.add_argument("--finish-on-stop", action="store_true", help="on SIGTERM, record a rollout nobody finished as failed (a stopped pod)")
     parser.add_argument("--verbose", action="store_true", help="log every flow")
     return parser
 
@@ -86,6 +88,8 @@ def settings(ns: argparse.Namespace) -> list[str]:
         f"openforge_attempt={ns.attempt}",
         f"openforge_harness={ns.harness}",
         f"openforge_policy_version={ns.policy_version}",
+        f"openforge_ready_file={ns.ready_file}",
+        f"openforge_finish_on_stop={'true' if ns.finish_on_stop else 'false'}",
         # Connect upstream only when a request is forwarded. (Eager connects in
         # reverse mode were tried for latency and reverted after a rare engine
         # 404 in the end-to-end tests. That 404 was a call racing the tokenizer

@@ -76,7 +76,7 @@ def started_at(status: dict[str, Any]) -> str:
 
 
 def check_sidecar_first(pod: dict[str, Any]) -> None:
-    """The native sidecar started (its probe passed) before the harness, and never restarted."""
+    """The native sidecar started before the harness (which waited for it to listen), and never restarted."""
     name = pod["metadata"]["name"]
     init = {s["name"]: s for s in pod["status"].get("initContainerStatuses", [])}
     main = {s["name"]: s for s in pod["status"].get("containerStatuses", [])}

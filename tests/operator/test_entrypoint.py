@@ -17,13 +17,26 @@ from openforge_operator import entrypoint
 PY = sys.executable
 
 
-def run(tmp_path: Path, harness: list[str], grader: list[str] | None, *, verdict: str | None = '{"status": "succeeded"}', wait: int = 10) -> tuple[subprocess.CompletedProcess[str], Path]:
-    """Run the entrypoint; a thread plays the in-pod agent (writes ``finished`` once ``harness-done`` appears)."""
+def run(
+    tmp_path: Path,
+    harness: list[str],
+    grader: list[str] | None,
+    *,
+    verdict: str | None = '{"status": "succeeded"}',
+    wait: int = 10,
+    sidecar_wait: int = 0,
+    ready_after: float | None = None,
+) -> tuple[subprocess.CompletedProcess[str], Path]:
+    """Run the entrypoint; a thread plays the in-pod agent (creates ``sidecar-ready``
+    ``ready_after`` seconds in, writes ``finished`` once ``harness-done`` appears)."""
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     termination = tmp_path / "termination-log"
 
     def agent() -> None:
+        if ready_after is not None:
+            time.sleep(ready_after)
+            (run_dir / entrypoint.SIDECAR_READY).touch()
         deadline = time.monotonic() + wait
         while time.monotonic() < deadline:
             if (run_dir / entrypoint.HARNESS_DONE).exists():
@@ -40,6 +53,7 @@ def run(tmp_path: Path, harness: list[str], grader: list[str] | None, *, verdict
         "OPENFORGE_TERMINATION_LOG": str(termination),
         "OPENFORGE_FINISH_WAIT": str(wait),
         "OPENFORGE_GRADER_TIMEOUT": "20",
+        "OPENFORGE_SIDECAR_WAIT": str(sidecar_wait),
     }
     done = subprocess.run([*entrypoint.COMMAND, *entrypoint.arguments(harness, grader)], env=env, capture_output=True, text=True, timeout=60, check=False)
     thread.join()
@@ -101,3 +115,23 @@ def test_the_script_survives_the_kubelets_variable_expansion() -> None:
     """The kubelet rewrites ``$$`` to ``$`` and ``$(NAME)`` to NAME's value in a container's command."""
     assert "$$" not in entrypoint.SCRIPT
     assert not re.search(r"\$\([A-Za-z_]", entrypoint.SCRIPT)
+
+
+def test_the_harness_starts_only_once_the_sidecar_is_ready(tmp_path: Path) -> None:
+    started = tmp_path / "harness-started"
+    done, run_dir = run(tmp_path, [PY, "-c", f"import time; open({str(started)!r}, 'w').write(repr(time.time()))"], None, sidecar_wait=20, ready_after=1.0)
+    assert done.returncode == 0
+    ready = (run_dir / entrypoint.SIDECAR_READY).stat().st_mtime
+    assert float(started.read_text()) >= ready, "the harness ran before the sidecar listened"
+
+
+def test_a_sidecar_that_never_listens_fails_the_attempt_without_running_the_harness(tmp_path: Path) -> None:
+    started = time.monotonic()
+    done, run_dir = run(tmp_path, ["sh", "-c", "echo ran > harness-ran"], None, sidecar_wait=1, verdict=None)
+    assert done.returncode == entrypoint.SIDECAR_NOT_READY_EXIT_CODE
+    assert 0.9 < time.monotonic() - started < 20
+    assert not (run_dir / entrypoint.HARNESS_DONE).exists() and not (tmp_path / "harness-ran").exists()
+    message = json.loads((tmp_path / "termination-log").read_text())
+    assert (message["status"], message["reason"], message["exitCode"]) == ("failed", "SidecarFailed", entrypoint.SIDECAR_NOT_READY_EXIT_CODE)
+    assert "did not listen within 1 s" in message["message"]
+

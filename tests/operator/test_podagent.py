@@ -15,9 +15,11 @@ import time
 from pathlib import Path
 
 import pytest
+from mitmproxy import certs
 from openforge.run.processes import free_port
 from openforge.trajectory import auth
 from openforge_operator import entrypoint, podagent
+from openforge_sidecar import spool
 
 FAILING = frozenset(range(1, 256))
 
@@ -32,6 +34,19 @@ def wait_port(port: int, process: subprocess.Popen[bytes], timeout: float) -> No
         except OSError:
             time.sleep(0.1)
     raise TimeoutError(f"nothing listens on {port}")
+
+
+def children(pid: int) -> list[int]:
+    """The processes whose parent is ``pid``."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if int(fields[1]) == pid:
+            found.append(int(stat.parent.name))
+    return found
 
 
 def files(run_dir: Path, *, harness: int | None, grader_stdout: str | None = None, grader_exit: int = 0) -> Path:
@@ -95,17 +110,16 @@ def test_the_termination_message_turns_an_unacknowledged_rollout_into_a_sidecar_
 class Agent:
     """``python -m openforge_operator.podagent`` around a real passthrough ``openforge sidecar``."""
 
-    def __init__(self, tmp_path: Path, *extra: str, sidecar_command: str | None = None, sidecar_extra: tuple[str, ...] = ()) -> None:
+    def __init__(self, tmp_path: Path, *extra: str, sidecar_extra: tuple[str, ...] = ()) -> None:
         self.run_dir = tmp_path / "run"
         self.port = free_port()
         self.log = tmp_path / "agent.log"
         listen = f"127.0.0.1:{self.port}"
         args = [sys.executable, "-m", "openforge_operator.podagent", "--run-dir", str(self.run_dir), "--listen", listen,
                 "--reward-from", "stdout-json", "--failing-exit-codes", "1-255", "--finish-wait", "5", "--poll", "0.05", *extra]  # fmt: skip
-        if sidecar_command:
-            args += ["--sidecar-command", sidecar_command]
         args += ["--", "--listen", listen, "--capture", "passthrough", "--upstream", "http://127.0.0.1:9",
                  "--spool", str(tmp_path / "spool"), "--confdir", str(tmp_path / "confdir"), "--job", "job", "--rollout-id", "job-0-0", *sidecar_extra]  # fmt: skip
+        self.spool = tmp_path / "spool"
         self.process = subprocess.Popen(args, stdout=self.log.open("wb"), stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
 
     def stop(self) -> int:
@@ -167,29 +181,50 @@ def test_a_rollout_is_acknowledged_only_when_the_collector_stored_it(tmp_path: P
         assert stored == 0
 
 
-def test_a_pod_stopped_before_the_harness_finished_reports_the_rollout_failed(tmp_path: Path) -> None:
+def test_the_sidecar_runs_in_the_agents_process_and_says_when_it_listens(tmp_path: Path) -> None:
+    agent = Agent(tmp_path)
+    try:
+        wait_port(agent.port, agent.process, timeout=60)
+        ready = agent.run_dir / entrypoint.SIDECAR_READY
+        deadline = time.monotonic() + 10
+        while not ready.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert ready.exists(), "the sidecar listens but created no ready file"
+        assert children(agent.process.pid) == [], "the sidecar runs in the agent's own process"
+    finally:
+        assert agent.stop() == 0
+
+
+def test_a_pod_stopped_before_the_harness_finished_records_the_rollout_failed(tmp_path: Path) -> None:
     agent = Agent(tmp_path)
     try:
         wait_port(agent.port, agent.process, timeout=60)
     finally:
         assert agent.stop() == 0
-    message = json.loads((agent.run_dir / entrypoint.FINISHED).read_text())
-    assert (message["status"], message["reason"], message["exitCode"], message["acknowledged"]) == ("failed", "DeadlineExceeded", -1, True)
+    assert not (agent.run_dir / entrypoint.FINISHED).exists(), "no harness is left to read a verdict"
+    stored = list(spool.Spool(agent.spool).records_after(0))
+    assert [record.WhichOneof("body") for record in stored] == ["started", "finished"]
+    finished = stored[-1].finished
+    assert (finished.status, finished.exit_code, finished.has_reward) == ("failed", podagent.STOPPED_EXIT_CODE, False)
 
 
 def test_the_agent_exits_with_its_sidecars_code_so_the_kubelet_restarts_it(tmp_path: Path) -> None:
-    agent = Agent(tmp_path, sidecar_command="false")
-    assert agent.process.wait(timeout=30) == 1
+    agent = Agent(tmp_path, sidecar_extra=("--capture", "tokens"))  # tokens mode without an engine is refused
+    assert agent.process.wait(timeout=60) == 1
+    assert "--engine is required" in agent.log.read_text()
     assert not (agent.run_dir / entrypoint.FINISHED).exists()
 
 
-def test_the_jobs_ca_is_copied_into_the_writable_confdir(tmp_path: Path) -> None:
-    ca = tmp_path / "secret" / "mitmproxy-ca.pem"
-    ca.parent.mkdir()
-    ca.write_text("-----BEGIN PRIVATE KEY-----\n")
-    agent = Agent(tmp_path, "--ca-file", str(ca), "--confdir", str(tmp_path / "copy"), sidecar_command="true")
-    assert agent.process.wait(timeout=30) == 0
-    copied = tmp_path / "copy" / "mitmproxy-ca.pem"
+def test_the_jobs_ca_is_copied_into_the_writable_confdir_and_used(tmp_path: Path) -> None:
+    secret = tmp_path / "secret"
+    certs.CertStore.from_store(secret, "mitmproxy", 2048)
+    ca = secret / "mitmproxy-ca.pem"
+    agent = Agent(tmp_path, "--ca-file", str(ca), "--confdir", str(tmp_path / "confdir"), sidecar_extra=("--mode", "regular"))
+    try:
+        wait_port(agent.port, agent.process, timeout=60)
+    finally:
+        assert agent.stop() == 0
+    copied = tmp_path / "confdir" / "mitmproxy-ca.pem"
     assert copied.read_text() == ca.read_text() and (copied.stat().st_mode & 0o777) == 0o600
 
 
@@ -200,16 +235,19 @@ def test_bad_arguments_are_refused(argv: list[str]) -> None:
 
 
 def test_a_restarted_agent_does_not_report_twice(tmp_path: Path) -> None:
-    """With ``finished`` already there, the agent posts nothing (nothing listens: a post
-    would end, seconds later, in a new unacknowledged verdict)."""
+    """With ``finished`` already there, the agent posts nothing: the only finish its
+    sidecar records is the one of its stop (a post would have recorded reward 1)."""
     run_dir = files(tmp_path / "run", harness=0, grader_stdout='{"reward": 1}')
     (run_dir / entrypoint.HARNESS_DONE).touch()
     (run_dir / entrypoint.FINISHED).write_text('{"status": "succeeded"}')
+    listen = f"127.0.0.1:{free_port()}"
     process = subprocess.Popen(
-        [sys.executable, "-m", "openforge_operator.podagent", "--run-dir", str(run_dir), "--listen", f"127.0.0.1:{free_port()}",
-         "--poll", "0.05", "--sidecar-command", "sleep 30", "--"],
+        [sys.executable, "-m", "openforge_operator.podagent", "--run-dir", str(run_dir), "--listen", listen, "--poll", "0.05",
+         "--", "--listen", listen, "--capture", "passthrough", "--upstream", "http://127.0.0.1:9", "--spool", str(tmp_path / "spool")],
     )  # fmt: skip
-    time.sleep(1.5)
+    time.sleep(3)
     process.send_signal(signal.SIGTERM)
     assert process.wait(timeout=30) == 0
     assert (run_dir / entrypoint.FINISHED).read_text() == '{"status": "succeeded"}'
+    finished = [record.finished for record in spool.Spool(tmp_path / "spool").records_after(0) if record.HasField("finished")]
+    assert [(f.status, f.has_reward) for f in finished] == [("failed", False)]

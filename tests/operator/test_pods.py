@@ -106,21 +106,35 @@ def test_the_jobs_rollout_timeout_wins_over_the_harness_envs() -> None:
 # -- the sidecar -----------------------------------------------------------------------------
 
 
-def test_the_sidecar_is_a_native_sidecar_with_a_startup_probe() -> None:
+def test_the_sidecar_is_a_native_sidecar_the_harness_waits_for() -> None:
     pod = build()
     init = pod["spec"]["initContainers"]
     assert [c["name"] for c in init] == ["openforge-sidecar"]
     sidecar = init[0]
     assert sidecar["restartPolicy"] == "Always"
-    # the kubelet dials tcpSocket/httpGet probes from the node, where 127.0.0.1 is not the pod's loopback
-    assert sidecar["startupProbe"]["exec"]["command"] == ["python", "-m", "openforge_operator.probe", str(CONFIG.sidecar_port)]
-    assert "tcpSocket" not in sidecar["startupProbe"] and "httpGet" not in sidecar["startupProbe"]
-    assert sidecar["startupProbe"]["timeoutSeconds"] == 5, "a slow probe on a busy node is not a failed one"
+    # the harness starts beside it and its entrypoint waits for the sidecar's ready file
+    assert "startupProbe" not in sidecar
+    assert env_of(container(pod, "harness"))["OPENFORGE_SIDECAR_WAIT"] == str(pods.SIDECAR_START_SECONDS)
     assert sidecar["image"] == CONFIG.sidecar_image
     assert sidecar["command"] == ["python", "-m", "openforge_operator.podagent"]
     security = sidecar["securityContext"]
     assert security["runAsUser"] == CONFIG.sidecar_uid and security["readOnlyRootFilesystem"] is True
     assert security["capabilities"] == {"drop": ["ALL"]} and security["allowPrivilegeEscalation"] is False
+
+
+@pytest.mark.parametrize("own", [
+    {"initContainers": [{"name": "prepare", "image": "p"}]},
+    {"containers": [{"name": "harness", "image": "i", "command": ["c"]}, {"name": "browser", "image": "b"}]},
+])  # fmt: skip
+def test_containers_of_the_templates_own_are_held_back_by_a_startup_probe(own: dict[str, Any]) -> None:
+    """Those do not run under the entrypoint: only the kubelet can hold them back until the sidecar listens."""
+    template = {"containers": [{"name": "harness", "image": "i", "command": ["c"]}], **own}
+    sidecar = container(build(env_spec={"template": {"spec": template}}), "openforge-sidecar")
+    # the kubelet dials tcpSocket/httpGet probes from the node, where 127.0.0.1 is not the pod's loopback
+    assert sidecar["startupProbe"]["exec"]["command"] == ["python", "-m", "openforge_operator.probe", str(CONFIG.sidecar_port)]
+    assert "tcpSocket" not in sidecar["startupProbe"] and "httpGet" not in sidecar["startupProbe"]
+    assert sidecar["startupProbe"]["timeoutSeconds"] == 5, "a slow probe on a busy node is not a failed one"
+    assert sidecar["startupProbe"]["failureThreshold"] == pods.SIDECAR_START_SECONDS
 
 
 def sidecar_args(pod: dict[str, Any]) -> tuple[list[str], dict[str, str]]:

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 from mitmproxy.test import taddons
-from openforge_sidecar import capture
+from openforge_sidecar import capture, spool
 
 TINY = Path(__file__).parents[2] / "trainer" / "openforge_trainer" / "assets" / "tiny-tokenizer"
 
@@ -103,3 +103,38 @@ def test_freed_memory_goes_back_to_the_os() -> None:
     capture.return_freed_memory()
     assert before - _rss_mb() > 20, "nothing was returned"
     del pin
+
+
+@pytest.mark.parametrize("finish_on_stop", [True, False])
+def test_the_ready_file_is_created_once_running_and_a_stop_finishes_an_unfinished_rollout(
+    tmp_path: Path, finish_on_stop: bool
+) -> None:
+    """What a rollout pod's agent relies on: ``openforge_ready_file`` appears once the
+    addon runs (the servers already listen then), and with ``openforge_finish_on_stop`` a
+    shutdown before anyone finished the rollout records it as failed, without a reward."""
+    ready = tmp_path / "run" / "sidecar-ready"
+
+    async def main() -> None:
+        addon = capture.Capture()
+        with taddons.context(addon) as tctx:
+            tctx.configure(
+                addon,
+                openforge_mode="passthrough",
+                openforge_spool=str(tmp_path / "spool"),
+                openforge_rollout_id="r-0-0",
+                openforge_ready_file=str(ready),
+                openforge_finish_on_stop=finish_on_stop,
+            )
+            assert not ready.exists()
+            await addon.running()
+            assert ready.exists() and ready.read_bytes() == b""
+            await addon.done()
+
+    asyncio.run(main())
+    kinds = [record.WhichOneof("body") for record in spool.Spool(tmp_path / "spool").records_after(0)]
+    if not finish_on_stop:
+        assert kinds == ["started"]
+        return
+    assert kinds == ["started", "finished"]
+    finished = list(spool.Spool(tmp_path / "spool").records_after(0))[-1].finished
+    assert (finished.status, finished.exit_code, finished.has_reward) == ("failed", capture.STOPPED_EXIT_CODE, False)
