@@ -43,6 +43,8 @@ GRADER_STDERR = "grader-stderr"
 GRADER_EXIT_CODE = "grader-exit-code"
 FINISHED = "finished"
 SIDECAR_READY = "sidecar-ready"
+SIDECAR_SERVING = "sidecar-serving"
+SIDECAR_START_FAILED = "sidecar-start-failed"
 ARGV0 = "openforge-rollout"
 SIDECAR_NOT_READY_EXIT_CODE = 125
 """The harness container's exit code when the sidecar never listened (the harness never ran)."""

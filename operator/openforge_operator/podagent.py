@@ -6,14 +6,23 @@ imports, not two) it
 
 - copies the job's CA (Proxy and Transparent modes) from its read-only Secret
   mount into the sidecar's writable mitmproxy confdir;
+- binds the sidecar's port (``--listen``) first thing, before the sidecar's
+  imports, and creates ``sidecar-ready`` in the shared run directory: the
+  harness container's entrypoint waits for that file, then starts the
+  harness, whose first connections wait in the socket's backlog until the
+  sidecar serves them (the harness's start-up overlaps the sidecar's);
 - runs ``openforge sidecar SIDECAR-ARGS`` in its main thread, with
-  ``--ready-file`` (the sidecar creates ``sidecar-ready`` in the shared run
-  directory once it listens; the harness container's entrypoint waits for it
-  before it starts the harness) and ``--finish-on-stop`` (a sidecar stopped
-  before the rollout was reported, e.g. the pod deleted or past its deadline,
-  records it as failed, then flushes its spool to the collector); if the
-  sidecar fails, the process exits with its code, the kubelet restarts the
-  container, and the sidecar resumes from its spool;
+  ``--listen-fd`` (that socket), ``--ready-file`` (the sidecar creates
+  ``sidecar-serving`` once it serves) and ``--finish-on-stop`` (a sidecar
+  stopped before the rollout was reported, e.g. the pod deleted or past its
+  deadline, records it as failed, then flushes its spool to the collector);
+  if the sidecar fails, the process exits with its code, the kubelet restarts
+  the container, and the sidecar resumes from its spool;
+- a sidecar that died after ``sidecar-ready`` but before it served may have
+  refused the harness's first calls unrecorded: a restarted agent that finds
+  ``sidecar-ready`` without ``sidecar-serving`` marks the attempt
+  (``sidecar-start-failed``), and its verdict is SidecarFailed whatever the
+  harness did;
 - in a second thread, when the harness container's entrypoint
   (:mod:`openforge_operator.entrypoint`) writes ``harness-done`` into the run
   directory, turns the harness's exit code and the grader's output into a
@@ -31,15 +40,17 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import gc
 import json
 import os
 import shutil
+import signal
+import socket
 import sys
 import threading
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 from openforge import cli
@@ -48,6 +59,8 @@ from openforge.api import grading, rollouts
 from openforge_operator import entrypoint
 
 CA_FILE = "mitmproxy-ca.pem"
+BACKLOG = 128
+"""Connections the sidecar's socket queues before the sidecar serves them."""
 STOPPED_EXIT_CODE = -1
 """The exit code reported for a harness that never finished (the pod was stopped)."""
 
@@ -89,6 +102,9 @@ def judge(run_dir: Path, *, reward_from: str, failing_exit_codes: frozenset[int]
     whatever the harness's exit code.
     """
     exit_code = _read_int(run_dir / entrypoint.HARNESS_EXIT_CODE, default=STOPPED_EXIT_CODE)
+    if (run_dir / entrypoint.SIDECAR_START_FAILED).exists():
+        message = "the sidecar failed before it served: the harness's first calls may have been refused unrecorded"
+        return Verdict(exit_code, None, "", "failed", "SidecarFailed", message)
     grader_output = ""
     if reward_from == "none":
         value: float | None = 1.0 if exit_code == 0 else 0.0
@@ -111,6 +127,8 @@ def judge(run_dir: Path, *, reward_from: str, failing_exit_codes: frozenset[int]
 
 def post_finish(listen: str, verdict: Verdict, *, wait_seconds: float, deadline: float) -> dict[str, Any]:
     """Report the rollout to the sidecar, retrying until ``deadline`` while it is not up."""
+    import urllib.request  # here, not at the top: it would be 30 ms before the agent binds the port
+
     body = json.dumps(verdict.finish_body(wait_seconds)).encode()
     url = f"http://{listen}/openforge/v1/rollout/finish"
     while True:
@@ -155,30 +173,51 @@ class Agent:
     def __init__(self, options: argparse.Namespace, sidecar_args: list[str]) -> None:
         self.options = options
         self.run_dir = Path(options.run_dir)
-        self.sidecar_args = [
-            *sidecar_args,
-            "--ready-file", str(self.run_dir / entrypoint.SIDECAR_READY),
-            "--finish-on-stop",
-        ]  # fmt: skip
+        self.sidecar_args = sidecar_args
+        self.stop_asked: int | None = None
 
     def run(self) -> int:
+        # the collector off while the sidecar imports (a tenth of a second of every
+        # pod's start); the sidecar turns it on once it is built
+        gc.disable()
+        # until the sidecar's own handlers are in, a stop is kept and passed on to them
+        signal.signal(signal.SIGTERM, self._keep_stop)
+        signal.signal(signal.SIGINT, self._keep_stop)
         self._prepare()
+        fd = listen(self.options.listen).detach()  # the sidecar's socket from now on
+        _create(self.run_dir / entrypoint.SIDECAR_READY)
         threading.Thread(target=self._watch, name="openforge-podagent", daemon=True).start()
         # SIGTERM and SIGINT stop the sidecar (its own handlers): it records a
         # rollout nobody reported as failed, flushes its spool and returns
-        return cli.main(["sidecar", *self.sidecar_args])
+        return cli.main([
+            "sidecar", *self.sidecar_args,
+            "--listen-fd", str(fd),
+            "--ready-file", str(self.run_dir / entrypoint.SIDECAR_SERVING),
+            "--finish-on-stop",
+        ])  # fmt: skip
 
     def _prepare(self) -> None:
         self.run_dir.mkdir(parents=True, exist_ok=True)
+        ready, serving = self.run_dir / entrypoint.SIDECAR_READY, self.run_dir / entrypoint.SIDECAR_SERVING
+        if ready.exists() and not serving.exists():
+            _create(self.run_dir / entrypoint.SIDECAR_START_FAILED)
         if self.options.ca_file:
             confdir = Path(self.options.confdir)
             confdir.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(self.options.ca_file, confdir / CA_FILE)
             os.chmod(confdir / CA_FILE, 0o600)
 
+    def _keep_stop(self, signum: int, frame: FrameType | None) -> None:
+        self.stop_asked = signum
+
     def _watch(self) -> None:
-        done = self.run_dir / entrypoint.HARNESS_DONE
+        done, serving = self.run_dir / entrypoint.HARNESS_DONE, self.run_dir / entrypoint.SIDECAR_SERVING
+        passed_on = False
         while not done.exists():
+            if self.stop_asked is not None and not passed_on and serving.exists():
+                # the sidecar serves, so its handlers are in: a stop asked earlier reaches it now
+                passed_on = True
+                os.kill(os.getpid(), self.stop_asked)
             time.sleep(self.options.poll)
         if not self._reported():
             self._report(self._judge(), wait=self.options.finish_wait)
@@ -194,9 +233,29 @@ class Agent:
         deadline = time.monotonic() + wait + 10
         result = post_finish(self.options.listen, verdict, wait_seconds=wait, deadline=deadline)
         message = termination_message(verdict, result)
-        partial = self.run_dir / (entrypoint.FINISHED + ".partial")
-        partial.write_text(json.dumps(message, separators=(",", ":")))
-        partial.replace(self.run_dir / entrypoint.FINISHED)
+        _create(self.run_dir / entrypoint.FINISHED, json.dumps(message, separators=(",", ":")))
+
+
+def listen(address: str) -> socket.socket:
+    """A TCP socket listening on ``host:port`` (the sidecar's ``--listen``)."""
+    host, _, port = address.rpartition(":")
+    host = host.strip("[]")
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, int(port)))
+        sock.listen(BACKLOG)
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+def _create(path: Path, text: str = "") -> None:
+    """Write ``path`` whole or not at all."""
+    partial = path.with_name(path.name + ".partial")
+    partial.write_text(text)
+    partial.replace(path)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -229,6 +288,9 @@ def main(argv: list[str] | None = None) -> int:
     options = build_parser().parse_args(args[:split])
     if options.ca_file and not options.confdir:
         raise SystemExit("podagent: --ca-file needs --confdir")
+    host, _, port = options.listen.rpartition(":")
+    if not host or not port.isdigit():
+        raise SystemExit(f"podagent: --listen must be host:port, not {options.listen!r}")
     try:
         rollouts.parse_indexes(options.failing_exit_codes)
     except ValueError as error:

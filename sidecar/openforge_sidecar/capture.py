@@ -148,6 +148,9 @@ class Capture:
         self._next_call = 0
         self._next_lost = 0
         self._finished = False
+        # set once `running` has opened the spool: a connection the proxy accepted
+        # before (one queued on an inherited socket) waits for it
+        self._serving = asyncio.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._journal: int | None = None
         self._engine_model = ""
@@ -173,7 +176,7 @@ class Capture:
         loader.add_option("openforge_harness", str, "", "Harness name, for the record.")
         loader.add_option("openforge_policy_version", int, 0, "Policy version when the engine does not report one.")
         loader.add_option("openforge_max_body", int, 32 * 1024 * 1024, "Largest LLM request body accepted, in bytes.")
-        loader.add_option("openforge_ready_file", str, "", "File created once the proxy listens and the spool is open (e.g. for a rollout pod's harness to wait on).")
+        loader.add_option("openforge_ready_file", str, "", "File created once the sidecar serves: its proxy listens and its spool is open.")
         loader.add_option("openforge_finish_on_stop", bool, False, "On shutdown, record a rollout that was never finished as failed (no reward), as a stopped pod's is.")
 
     def configure(self, updated: set[str]) -> None:
@@ -218,6 +221,7 @@ class Capture:
                     labels={},
                 )
             )
+        self._serving.set()
         if opts.openforge_ready_file:
             # the servers listen before any addon's `running` hook is called
             _create_file(Path(opts.openforge_ready_file))
@@ -255,6 +259,8 @@ class Capture:
 
     async def request(self, flow: http.HTTPFlow) -> None:
         received_ns, started = time.time_ns(), time.monotonic()
+        if not self._serving.is_set():
+            await self._serving.wait()
         path = flow.request.path
         if path.startswith(CONTROL_PREFIX) or _to_control_host(flow.request):
             await self._control(flow)

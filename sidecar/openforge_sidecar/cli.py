@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import socket
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -48,7 +49,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--harness", default="")
     parser.add_argument("--policy-version", type=int, default=0)
     parser.add_argument("--confdir", default="", help="mitmproxy confdir holding the CA (regular/transparent modes)")
-    parser.add_argument("--ready-file", default="", help="file to create once the sidecar listens (a rollout pod's harness waits on it)")
+    parser.add_argument("--listen-fd", type=int, default=-1, help="serve this inherited socket, already listening on --listen, instead of binding one")
+    parser.add_argument("--ready-file", default="", help="file to create once the sidecar serves (its spool open)")
     parser.add_argument("--finish-on-stop", action="store_true", help="on SIGTERM, record a rollout nobody finished as failed (a stopped pod)")
     parser.add_argument("--verbose", action="store_true", help="log every flow")
     return parser
@@ -113,11 +115,29 @@ def run(ns: argparse.Namespace, *, extra_addons: Sequence[Any] = ()) -> int:
     ns.spool.mkdir(parents=True, exist_ok=True)
     # The policy tokenizer encodes one text at a time: no thread pool for it.
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    listening = inherited(ns.listen_fd, ns.listen)
     try:
-        master.run(options, verbose=ns.verbose, extra_addons=extra_addons)
+        master.run(options, verbose=ns.verbose, extra_addons=extra_addons, listening=listening)
     except master.StartupError as exc:
         raise SystemExit(f"openforge sidecar: {exc}") from exc
     return 0
+
+
+def inherited(fd: int, listen: str) -> socket.socket | None:
+    """The listening TCP socket ``--listen-fd`` names (checked against ``--listen``), or None for -1."""
+    if fd < 0:
+        return None
+    try:
+        sock = socket.socket(fileno=fd)
+    except OSError as exc:
+        raise SystemExit(f"openforge sidecar: --listen-fd {fd}: {exc.strerror}") from None
+    host, _, port = listen.rpartition(":")
+    bound = sock.getsockname()[:2]
+    listening = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN)
+    if sock.type != socket.SOCK_STREAM or not listening or bound != (host.strip("[]"), int(port)):
+        sock.detach()
+        raise SystemExit(f"openforge sidecar: --listen-fd {fd} is not a TCP socket listening on --listen {listen} (it is bound to {bound})")
+    return sock
 
 
 if __name__ == "__main__":

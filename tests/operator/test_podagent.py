@@ -122,13 +122,16 @@ class Agent:
         self.spool = tmp_path / "spool"
         self.process = subprocess.Popen(args, stdout=self.log.open("wb"), stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
 
+    def wait_serving(self, timeout: float = 60) -> None:
+        wait_file(self.run_dir / entrypoint.SIDECAR_SERVING, self.process, timeout)
+
     def stop(self) -> int:
         self.process.send_signal(signal.SIGTERM)
         return self.process.wait(timeout=40)
 
 
 def entrypoint_run(run_dir: Path, termination: Path, harness: list[str], grader: list[str] | None) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "OPENFORGE_RUN_DIR": str(run_dir), "OPENFORGE_TERMINATION_LOG": str(termination), "OPENFORGE_FINISH_WAIT": "30"}
+    env = {**os.environ, "OPENFORGE_RUN_DIR": str(run_dir), "OPENFORGE_TERMINATION_LOG": str(termination), "OPENFORGE_FINISH_WAIT": "30", "OPENFORGE_SIDECAR_WAIT": "30"}
     return subprocess.run([*entrypoint.COMMAND, *entrypoint.arguments(harness, grader)], env=env, capture_output=True, text=True, timeout=60, check=False)
 
 
@@ -181,24 +184,61 @@ def test_a_rollout_is_acknowledged_only_when_the_collector_stored_it(tmp_path: P
         assert stored == 0
 
 
-def test_the_sidecar_runs_in_the_agents_process_and_says_when_it_listens(tmp_path: Path) -> None:
+def wait_file(path: Path, process: subprocess.Popen[bytes], timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        assert process.poll() is None, f"the agent exited with {process.returncode}"
+        assert time.monotonic() < deadline, f"no {path.name} after {timeout} s"
+        time.sleep(0.005)
+
+
+def test_the_harness_may_call_before_the_sidecar_serves_and_is_answered(tmp_path: Path) -> None:
+    """The agent binds the port and says so (``sidecar-ready``) before the sidecar's imports;
+    a call made then waits in the socket's backlog and is answered once the sidecar serves,
+    by the sidecar running in the agent's own process."""
     agent = Agent(tmp_path)
     try:
-        wait_port(agent.port, agent.process, timeout=60)
-        ready = agent.run_dir / entrypoint.SIDECAR_READY
-        deadline = time.monotonic() + 10
-        while not ready.exists() and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert ready.exists(), "the sidecar listens but created no ready file"
+        wait_file(agent.run_dir / entrypoint.SIDECAR_READY, agent.process, timeout=30)
+        serving_before = (agent.run_dir / entrypoint.SIDECAR_SERVING).exists()
+        with socket.create_connection(("127.0.0.1", agent.port), timeout=60) as connection:
+            connection.sendall(b"GET /openforge/v1/stats HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
+            answer = b""
+            while chunk := connection.recv(65536):
+                answer += chunk
+        assert not serving_before, "the sidecar already served when the port was bound: nothing was shown"
+        assert answer.startswith(b"HTTP/1.1 200"), answer[:200]
+        assert json.loads(answer.split(b"\r\n\r\n", 1)[1])["rollout_id"] == "job-0-0"
+        assert (agent.run_dir / entrypoint.SIDECAR_SERVING).exists()
         assert children(agent.process.pid) == [], "the sidecar runs in the agent's own process"
     finally:
         assert agent.stop() == 0
 
 
-def test_a_pod_stopped_before_the_harness_finished_records_the_rollout_failed(tmp_path: Path) -> None:
+def test_a_sidecar_that_died_before_it_served_fails_the_attempt(tmp_path: Path) -> None:
+    """``sidecar-ready`` without ``sidecar-serving`` at start: an earlier start of the
+    container bound the port and died before serving, and the harness's first calls may
+    have been refused unrecorded. The rollout is not graded data, whatever its grade."""
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / entrypoint.SIDECAR_READY).touch()
     agent = Agent(tmp_path)
     try:
         wait_port(agent.port, agent.process, timeout=60)
+        entrypoint_run(agent.run_dir, tmp_path / "term", ["true"], [sys.executable, "-c", "print('{\"reward\": 1}')"])
+        message = json.loads((tmp_path / "term").read_text())
+    finally:
+        agent.stop()
+    assert (message["status"], message["reason"], message["reward"]) == ("failed", "SidecarFailed", None)
+    assert "failed before it served" in message["message"]
+
+
+@pytest.mark.parametrize("when", ["serving", "bound"])
+def test_a_pod_stopped_before_the_harness_finished_records_the_rollout_failed(tmp_path: Path, when: str) -> None:
+    """Stopped once the sidecar serves, or as early as the port is bound (the stop waits
+    for the sidecar, which records the rollout stopped and flushes)."""
+    agent = Agent(tmp_path)
+    try:
+        wait_file(agent.run_dir / (entrypoint.SIDECAR_SERVING if when == "serving" else entrypoint.SIDECAR_READY), agent.process, 60)
     finally:
         assert agent.stop() == 0
     assert not (agent.run_dir / entrypoint.FINISHED).exists(), "no harness is left to read a verdict"
@@ -221,7 +261,7 @@ def test_the_jobs_ca_is_copied_into_the_writable_confdir_and_used(tmp_path: Path
     ca = secret / "mitmproxy-ca.pem"
     agent = Agent(tmp_path, "--ca-file", str(ca), "--confdir", str(tmp_path / "confdir"), sidecar_extra=("--mode", "regular"))
     try:
-        wait_port(agent.port, agent.process, timeout=60)
+        agent.wait_serving()
     finally:
         assert agent.stop() == 0
     copied = tmp_path / "confdir" / "mitmproxy-ca.pem"

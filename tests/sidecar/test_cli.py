@@ -1,3 +1,5 @@
+import socket
+
 import pytest
 from openforge_sidecar import cli
 
@@ -42,3 +44,19 @@ def test_the_sidecar_connects_upstream_lazily_in_every_mode():
     assert "connection_strategy=lazy" in settings(
         "--engine", "http://127.0.0.1:8000", "--mode", "regular"
     )
+
+
+def test_an_inherited_socket_must_listen_on_the_listen_address() -> None:
+    with socket.socket() as listening, socket.socket() as idle:
+        listening.bind(("127.0.0.1", 0))
+        listening.listen()
+        port = listening.getsockname()[1]
+        adopted = cli.inherited(listening.fileno(), f"127.0.0.1:{port}")
+        assert adopted is not None and adopted.getsockname() == ("127.0.0.1", port)
+        adopted.detach()
+        assert cli.inherited(-1, "127.0.0.1:1") is None
+        with pytest.raises(SystemExit, match=r"--listen-fd \d+ is not a TCP socket listening on --listen 127.0.0.1:1 "):
+            cli.inherited(listening.fileno(), "127.0.0.1:1")
+        idle.bind(("127.0.0.1", 0))
+        with pytest.raises(SystemExit, match=r"--listen-fd \d+ is not a TCP socket listening"):
+            cli.inherited(idle.fileno(), f"127.0.0.1:{idle.getsockname()[1]}")
