@@ -127,12 +127,14 @@ def helm_path() -> str:
     return str(bin_dir / "helm")
 
 
-def ensure_platform(kind: kube_cluster.Kube) -> None:
+def ensure_platform(kind: kube_cluster.Kube, *values: str) -> None:
     """The chart (operator, collector + trainer) and the demo's policy server, as
-    ``kind-up.sh demo`` installs them, without the demo's RolloutJob."""
+    ``kind-up.sh demo`` installs them, without the demo's RolloutJob; ``values`` are
+    more ``--set`` settings of the chart (none: back to the demo's own)."""
+    sets = [arg for value in values for arg in ("--set", value)]
     result = subprocess.run(
         [helm_path(), "--kubeconfig", str(kind.kubeconfig), "upgrade", "--install", "openforge", str(ROOT / "charts" / "openforge"),
-         "--namespace", "openforge", "--create-namespace", "-f", str(EXAMPLES / "helm" / "values.yaml"), "--wait", "--timeout", "10m"],
+         "--namespace", "openforge", "--create-namespace", "-f", str(EXAMPLES / "helm" / "values.yaml"), *sets, "--wait", "--timeout", "10m"],
         capture_output=True, text=True, timeout=900, check=False,
     )  # fmt: skip
     assert result.returncode == 0, f"helm upgrade --install: {result.stderr[-4000:]}"

@@ -1,6 +1,7 @@
 """Faults in real pods: a sidecar killed mid-rollout, a running pod deleted, the
-operator killed mid-job, the collector down and back. Each time every call the sidecar
-saw reaches the collector's store exactly once and nothing is reported lost.
+operator killed mid-job, the collector down and back, the whole collector/trainer pod
+replaced. Each time every call the sidecar saw reaches the collector's store exactly
+once and nothing is reported lost.
 
 Kills are SIGKILLs of a container's processes, sent inside the kind node (``crictl
 inspect`` gives the pid), so nothing shuts down cleanly; the kubelet restarts the
@@ -13,12 +14,14 @@ from __future__ import annotations
 
 import contextlib
 import time
+import uuid
 from collections.abc import Iterator
 from typing import Any
 
 import kube_cluster
 import pytest
 import realpods
+import yaml
 
 pytestmark = [pytest.mark.kind, pytest.mark.slow]
 
@@ -145,3 +148,69 @@ def test_records_wait_in_the_spool_while_the_collector_is_down(platform: kube_cl
     assert job["status"]["counts"]["succeeded"] == 1, job["status"]["counts"]
     check_exactly_once(realpods.store_summary(kind, name), {("t0", 0): [0, 1]})
     kind.kubectl("delete", "namespace", name, "--wait=false")
+
+
+@contextlib.contextmanager
+def store_on_a_volume(kind: kube_cluster.Kube) -> Iterator[None]:
+    """The trainer's store on a PersistentVolumeClaim while inside (the chart's default;
+    the demo's values keep it in an emptyDir, which goes with the pod). kind's node has
+    no provisioner here: the claim is bound to a hostPath volume made for the test,
+    owned by the trainer's user (a hostPath volume gets no ``fsGroup``)."""
+    node = realpods.pod(kind, "openforge", realpods.collector_pod(kind))["spec"]["nodeName"]
+    name = f"store-{uuid.uuid4().hex[:6]}"
+    path = f"/var/lib/openforge-test/{name}"
+    realpods.node_exec(node, "sh", "-c", f"mkdir -p {path} && chown 65532:65532 {path}")
+    volume = {
+        "apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": f"openforge-{name}"},
+        "spec": {"capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteOnce"], "storageClassName": "",
+                 "persistentVolumeReclaimPolicy": "Retain", "hostPath": {"path": path, "type": "Directory"},
+                 "claimRef": {"namespace": "openforge", "name": name}},
+    }  # fmt: skip
+    claim = {
+        "apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": name, "namespace": "openforge"},
+        "spec": {"accessModes": ["ReadWriteOnce"], "storageClassName": "", "volumeName": f"openforge-{name}",
+                 "resources": {"requests": {"storage": "1Gi"}}},
+    }  # fmt: skip
+    kind.kubectl("apply", "-f", "-", stdin=yaml.safe_dump_all([volume, claim]))
+    try:
+        realpods.ensure_platform(kind, "trainer.persistence.enabled=true", f"trainer.persistence.existingClaim={name}")
+        yield
+    finally:
+        realpods.ensure_platform(kind)
+        kind.kubectl("-n", "openforge", "delete", "pvc", name, "--wait=true", check=False, timeout=300)
+        kind.kubectl("delete", "pv", f"openforge-{name}", "--wait=true", check=False, timeout=300)
+        realpods.node_exec(node, "rm", "-rf", path)
+
+
+@pytest.mark.timeout(1500)
+def test_a_replaced_collector_pod_loses_nothing(platform: kube_cluster.Kube) -> None:
+    """The trainer pod (collector and trainer) deleted mid-rollout: its Deployment makes a
+    new one on the same store. What was stored stays; the call made while no collector
+    ran waits in the spool and reaches the new pod (a new address behind the Service)."""
+    kind = platform
+    with store_on_a_volume(kind):
+        name = realpods.start(kind, "fault-store", calls=3, rollouts=1)
+        first = f"{name}-0-0"
+        realpods.wait_answered(kind, name, first, 0)
+        kube_cluster.wait_for(lambda: bool(realpods.store_summary(kind, name)["rollouts"]), what="call 0 stored", timeout=120, interval=2)
+        old = realpods.collector_pod(kind)
+        kind.kubectl("-n", "openforge", "delete", "pod", old, "--wait=false")
+        realpods.release(kind, name, first, 1)  # answered by the policy server, held by the sidecar
+        realpods.wait_answered(kind, name, first, 1)
+        kind.kubectl("-n", "openforge", "wait", "--for=delete", f"pod/{old}", "--timeout=300s", timeout=330)
+        kube_cluster.wait_for(lambda: replacement_ready(kind, old), what="a new trainer pod ready", timeout=600, interval=2)
+        realpods.release(kind, name, first, 2)
+        job = finish(kind, name)
+        assert job["status"]["counts"]["succeeded"] == 1, job["status"]["counts"]
+        check_exactly_once(realpods.store_summary(kind, name), {("t0", 0): [0, 1, 2]})
+        kind.kubectl("delete", "namespace", name, "--wait=false")
+
+
+def replacement_ready(kind: kube_cluster.Kube, old: str) -> bool:
+    pods = kind.get_json("-n", "openforge", "pods", "-l", "app.kubernetes.io/component=trainer")["items"]
+    return any(
+        p["metadata"]["name"] != old
+        and p["status"].get("phase") == "Running"
+        and all(c.get("ready") for c in p["status"].get("containerStatuses", []))
+        for p in pods
+    )
