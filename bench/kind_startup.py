@@ -12,8 +12,8 @@ speaks only that).
 
 1. **Start-up.** ``--rollouts`` rollouts at ``--parallelism``, then as many
    completions of the Job. A watch on each namespace's pods notes when each pod was
-   seen created and scheduled, when its sidecar had started (its startup probe
-   passed) and when its harness was running; the harness's log line ``answered``,
+   seen created and scheduled, when its sidecar container had started (the kubelet's
+   ``started``) and when its harness was running; the harness's log line ``answered``,
    timestamped by the container runtime (``kubectl logs --timestamps``), says when
    its first call was answered. Images are present on the node before the run.
 2. **Memory.** ``--memory-pods`` rollouts whose client waits after its call; the

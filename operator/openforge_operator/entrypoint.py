@@ -10,7 +10,12 @@ script
    after it, and its start overlaps the sidecar's); if it never comes, writes
    a SidecarFailed termination message and exits with
    :data:`SIDECAR_NOT_READY_EXIT_CODE` without running the harness;
-1. runs the harness command unchanged and keeps its exit code;
+1. runs the harness command unchanged and keeps its exit code (in the background,
+   so that a TERM is passed on to it: as the container's PID 1, ``sh`` ignores
+   one it has no trap for, and the pod's deletion would wait out the kubelet's
+   whole grace period; a stopped harness exits the script with 143, ungraded and
+   unreported: the sidecar records the rollout as stopped); like any background
+   command of a non-interactive shell, its stdin is ``/dev/null``;
 2. runs the grader, if the HarnessEnv has one, in the same container (the
    harness's filesystem and environment, ``OPENFORGE_HARNESS_EXIT_CODE`` set),
    under ``timeout`` when the image has it, its stdout and exit code to files;
@@ -57,6 +62,22 @@ if sleep 0.01 2> /dev/null; then
 else
   tick=1 ticks=1
 fi
+# A TERM (the pod deleted, or past its deadline) is passed on to the harness or the
+# grader running; as the container's PID 1, sh would otherwise ignore it until the
+# kubelet's SIGKILL at the end of the grace period. A stopped harness is not graded.
+stopped=0
+child=
+trap 'stopped=1; if [ -n "$child" ]; then kill -TERM "$child" 2> /dev/null; fi' TERM
+run_child() {
+  "$@" &
+  child=$!
+  while :; do
+    wait "$child"
+    code=$?
+    kill -0 "$child" 2> /dev/null || break
+  done
+  child=
+}
 grader_argc="$1"
 shift
 i=0
@@ -68,6 +89,9 @@ done
 sidecar_wait="${OPENFORGE_SIDECAR_WAIT:-0}"
 n=0
 while [ "$sidecar_wait" -gt 0 ] && [ ! -e "$run/sidecar-ready" ]; do
+  if [ "$stopped" = 1 ]; then
+    exit 143
+  fi
   if [ "$n" -ge $((sidecar_wait * ticks)) ]; then
     printf '{"exitCode":125,"status":"failed","reason":"SidecarFailed","reward":null,"acknowledged":false,"calls":0,"message":"the capture sidecar did not listen within %s s: the harness never ran"}' "$sidecar_wait" > "$termination" 2> /dev/null
     exit 125
@@ -75,8 +99,10 @@ while [ "$sidecar_wait" -gt 0 ] && [ ! -e "$run/sidecar-ready" ]; do
   sleep "$tick"
   n=$((n + 1))
 done
-"$@"
-code=$?
+run_child "$@"
+if [ "$stopped" = 1 ]; then
+  exit 143
+fi
 printf '%s\n' "$code" > "$run/harness-exit-code"
 if [ "$grader_argc" -gt 0 ]; then
   set --
@@ -88,12 +114,19 @@ if [ "$grader_argc" -gt 0 ]; then
     i=$((i + 1))
     eval "set -- \"\$@\" \"\$openforge_grader_$i\""
   done
-  OPENFORGE_HARNESS_EXIT_CODE="$code" "$@" < /dev/null > "$run/grader-stdout" 2> "$run/grader-stderr"
-  printf '%s\n' "$?" > "$run/grader-exit-code"
+  harness_code="$code"
+  OPENFORGE_HARNESS_EXIT_CODE="$harness_code"
+  export OPENFORGE_HARNESS_EXIT_CODE
+  run_child "$@" < /dev/null > "$run/grader-stdout" 2> "$run/grader-stderr"
+  if [ "$stopped" = 1 ]; then
+    exit 143
+  fi
+  printf '%s\n' "$code" > "$run/grader-exit-code"
+  code="$harness_code"
 fi
 : > "$run/harness-done"
 n=0
-while [ ! -e "$run/finished" ] && [ "$n" -lt $((${OPENFORGE_FINISH_WAIT:-90} * ticks)) ]; do
+while [ ! -e "$run/finished" ] && [ "$stopped" = 0 ] && [ "$n" -lt $((${OPENFORGE_FINISH_WAIT:-90} * ticks)) ]; do
   sleep "$tick"
   n=$((n + 1))
 done

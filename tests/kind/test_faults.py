@@ -73,7 +73,11 @@ def test_a_deleted_pod_is_run_again_as_a_new_attempt(platform: kube_cluster.Kube
     name = realpods.start(kind, "fault-delete", calls=2, rollouts=1, maxAttemptsPerRollout=2)
     first, second = f"{name}-0-0", f"{name}-0-1"
     realpods.wait_answered(kind, name, first, 0)
+    asked = time.monotonic()
     kind.kubectl("-n", name, "delete", "pod", first, "--wait=true", timeout=180)
+    # the harness's entrypoint passes the TERM on (as PID 1 it would ignore it, and the
+    # deletion would wait out the 30 s grace period before the kubelet's SIGKILL)
+    assert time.monotonic() - asked < 20, f"deleting a running pod took {time.monotonic() - asked:.0f} s"
     kube_cluster.wait_for(lambda: bool(kind.kubectl("-n", name, "get", "pod", second, check=False).stdout), what=f"{second} created", timeout=120, interval=1)
     kind.kubectl("-n", name, "wait", f"pod/{second}", "--for=condition=Ready", "--timeout=180s", timeout=200)
     realpods.wait_answered(kind, name, second, 0)

@@ -6,12 +6,14 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import threading
 import time
 from pathlib import Path
 
+import pytest
 from openforge_operator import entrypoint
 
 PY = sys.executable
@@ -135,3 +137,38 @@ def test_a_sidecar_that_never_listens_fails_the_attempt_without_running_the_harn
     assert (message["status"], message["reason"], message["exitCode"]) == ("failed", "SidecarFailed", entrypoint.SIDECAR_NOT_READY_EXIT_CODE)
     assert "did not listen within 1 s" in message["message"]
 
+
+
+TERMINATED = """
+import signal, sys, time
+def stop(signum, frame):
+    open(sys.argv[1], "w").write("terminated")
+    sys.exit(143)
+signal.signal(signal.SIGTERM, stop)
+open(sys.argv[2], "w").write("started")
+time.sleep(60)
+"""
+
+
+@pytest.mark.parametrize("stage", ["harness", "grader"])
+def test_a_term_is_passed_on_and_a_stopped_rollout_is_neither_graded_nor_reported(tmp_path: Path, stage: str) -> None:
+    """The pod deleted or past its deadline: the kubelet's TERM reaches the script, which as
+    PID 1 of the container would otherwise ignore it for the whole grace period."""
+    run_dir, termination = tmp_path / "run", tmp_path / "termination-log"
+    run_dir.mkdir()
+    got, started = tmp_path / "got-term", tmp_path / "started"
+    slow = [PY, "-c", TERMINATED, str(got), str(started)]
+    harness, grader = (slow, [PY, "-c", "print('{\"reward\": 1}')"]) if stage == "harness" else (["true"], slow)
+    env = {**os.environ, "OPENFORGE_RUN_DIR": str(run_dir), "OPENFORGE_TERMINATION_LOG": str(termination), "OPENFORGE_FINISH_WAIT": "30"}
+    script = subprocess.Popen([*entrypoint.COMMAND, *entrypoint.arguments(harness, grader)], env=env)
+    deadline = time.monotonic() + 30
+    while not started.exists():
+        assert script.poll() is None and time.monotonic() < deadline, "the child never started"
+        time.sleep(0.05)
+    stopped_at = time.monotonic()
+    script.send_signal(signal.SIGTERM)
+    assert script.wait(timeout=20) == 143
+    assert time.monotonic() - stopped_at < 10, "the script waited for its child instead of stopping it"
+    assert got.read_text() == "terminated", f"the {stage} never got the TERM"
+    assert not (run_dir / entrypoint.HARNESS_DONE).exists() and not termination.exists()
+    assert (run_dir / entrypoint.HARNESS_EXIT_CODE).exists() == (stage == "grader")
