@@ -186,6 +186,7 @@ class Agent:
         self._prepare()
         fd = listen(self.options.listen).detach()  # the sidecar's socket from now on
         _create(self.run_dir / entrypoint.SIDECAR_READY)
+        threading.Thread(target=self._pass_on_stop, name="openforge-podagent-stop", daemon=True).start()
         threading.Thread(target=self._watch, name="openforge-podagent", daemon=True).start()
         # SIGTERM and SIGINT stop the sidecar (its own handlers): it records a
         # rollout nobody reported as failed, flushes its spool and returns
@@ -201,6 +202,7 @@ class Agent:
         ready, serving = self.run_dir / entrypoint.SIDECAR_READY, self.run_dir / entrypoint.SIDECAR_SERVING
         if ready.exists() and not serving.exists():
             _create(self.run_dir / entrypoint.SIDECAR_START_FAILED)
+        serving.unlink(missing_ok=True)  # an earlier start's: this one creates its own
         if self.options.ca_file:
             confdir = Path(self.options.confdir)
             confdir.mkdir(parents=True, exist_ok=True)
@@ -210,14 +212,18 @@ class Agent:
     def _keep_stop(self, signum: int, frame: FrameType | None) -> None:
         self.stop_asked = signum
 
+    def _pass_on_stop(self) -> None:
+        # The sidecar's handlers replace ours before it serves: a stop asked
+        # until then was kept (and any later one is the sidecar's own).
+        serving = self.run_dir / entrypoint.SIDECAR_SERVING
+        while not serving.exists():
+            time.sleep(self.options.poll)
+        if self.stop_asked is not None:
+            os.kill(os.getpid(), self.stop_asked)
+
     def _watch(self) -> None:
-        done, serving = self.run_dir / entrypoint.HARNESS_DONE, self.run_dir / entrypoint.SIDECAR_SERVING
-        passed_on = False
+        done = self.run_dir / entrypoint.HARNESS_DONE
         while not done.exists():
-            if self.stop_asked is not None and not passed_on and serving.exists():
-                # the sidecar serves, so its handlers are in: a stop asked earlier reaches it now
-                passed_on = True
-                os.kill(os.getpid(), self.stop_asked)
             time.sleep(self.options.poll)
         if not self._reported():
             self._report(self._judge(), wait=self.options.finish_wait)

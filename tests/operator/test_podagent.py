@@ -291,3 +291,22 @@ def test_a_restarted_agent_does_not_report_twice(tmp_path: Path) -> None:
     assert (run_dir / entrypoint.FINISHED).read_text() == '{"status": "succeeded"}'
     finished = [record.finished for record in spool.Spool(tmp_path / "spool").records_after(0) if record.HasField("finished")]
     assert [(f.status, f.has_reward) for f in finished] == [("failed", False)]
+
+
+def test_a_stop_early_in_a_restarted_agent_still_reaches_its_sidecar(tmp_path: Path) -> None:
+    """A restarted container finds the earlier start's ``sidecar-serving``: the agent
+    removes it, so a stop asked before this start's sidecar serves is still passed on
+    (and not to the agent's own handler, which would keep it for good)."""
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / entrypoint.SIDECAR_READY).touch()
+    (run_dir / entrypoint.SIDECAR_SERVING).touch()
+    agent = Agent(tmp_path)
+    deadline = time.monotonic() + 30
+    while (run_dir / entrypoint.SIDECAR_SERVING).exists():
+        assert agent.process.poll() is None and time.monotonic() < deadline, "the earlier start's sidecar-serving stayed"
+        time.sleep(0.005)
+    assert agent.stop() == 0
+    assert not (run_dir / entrypoint.SIDECAR_START_FAILED).exists(), "the earlier start served: nothing to fail"
+    finished = [record.finished for record in spool.Spool(agent.spool).records_after(0) if record.HasField("finished")]
+    assert [(f.status, f.has_reward) for f in finished] == [("failed", False)]
