@@ -185,7 +185,7 @@ class Agent:
         signal.signal(signal.SIGINT, self._keep_stop)
         self._prepare()
         fd = listen(self.options.listen).detach()  # the sidecar's socket from now on
-        _create(self.run_dir / entrypoint.SIDECAR_READY)
+        (self.run_dir / entrypoint.SIDECAR_READY).touch()
         threading.Thread(target=self._pass_on_stop, name="openforge-podagent-stop", daemon=True).start()
         threading.Thread(target=self._watch, name="openforge-podagent", daemon=True).start()
         # SIGTERM and SIGINT stop the sidecar (its own handlers): it records a
@@ -201,7 +201,7 @@ class Agent:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         ready, serving = self.run_dir / entrypoint.SIDECAR_READY, self.run_dir / entrypoint.SIDECAR_SERVING
         if ready.exists() and not serving.exists():
-            _create(self.run_dir / entrypoint.SIDECAR_START_FAILED)
+            (self.run_dir / entrypoint.SIDECAR_START_FAILED).touch()
         serving.unlink(missing_ok=True)  # an earlier start's: this one creates its own
         if self.options.ca_file:
             confdir = Path(self.options.confdir)
@@ -257,7 +257,7 @@ def listen(address: str) -> socket.socket:
     return sock
 
 
-def _create(path: Path, text: str = "") -> None:
+def _create(path: Path, text: str) -> None:
     """Write ``path`` whole or not at all."""
     partial = path.with_name(path.name + ".partial")
     partial.write_text(text)

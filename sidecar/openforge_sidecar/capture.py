@@ -224,7 +224,9 @@ class Capture:
         self._serving.set()
         if opts.openforge_ready_file:
             # the servers listen before any addon's `running` hook is called
-            _create_file(Path(opts.openforge_ready_file))
+            ready = Path(opts.openforge_ready_file)
+            ready.parent.mkdir(parents=True, exist_ok=True)
+            ready.touch()
         if opts.openforge_mode == "tokens":
             try:
                 await asyncio.to_thread(self._ensure_tokenizer)
@@ -696,14 +698,6 @@ class Capture:
         self.stats[f"rejected_{status}"] += 1
         log.warning("answering %d to %s %s: %s", status, flow.request.method, redact.path(flow.request.path), message)
         flow.response = _json_response(status, codec.error_body(status, message))
-
-
-def _create_file(path: Path) -> None:
-    """Create ``path`` (empty) whole or not at all, its directory too."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(path.name + ".partial")
-    partial.write_bytes(b"")
-    partial.replace(path)
 
 
 def _to_control_host(request: http.Request) -> bool:
