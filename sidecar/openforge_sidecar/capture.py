@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import ctypes
+import importlib
 import json
 import logging
 import os
@@ -50,7 +51,7 @@ from openforge_sidecar import (
 from openforge_sidecar.codecs import Codec
 from openforge_sidecar.codecs.errors import CodecError
 
-if TYPE_CHECKING:  # imported in `running` only when there is a collector: gRPC is ~8 MB resident
+if TYPE_CHECKING:  # imported once the proxy serves, and only with a collector: gRPC is ~8 MB resident
     from openforge_sidecar import exporter as exporting
 
 log = logging.getLogger("openforge.sidecar")
@@ -145,6 +146,7 @@ class Capture:
         self._writer: _Writer | None = None
         self._exporter: exporting.Exporter | None = None
         self._exporter_task: asyncio.Task[None] | None = None
+        self._collector_token: str | None = None
         self._next_call = 0
         self._next_lost = 0
         self._finished = False
@@ -199,12 +201,8 @@ class Capture:
         self._next_call, self._next_lost, self._finished = resume.next_call, resume.next_lost, resume.finished
         self._restarted = resume.next_call > 0
         self._journal = os.open(directory / INFLIGHT_JOURNAL, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-        if opts.openforge_collector:
-            from openforge_sidecar import exporter as exporting
-
-            token = Path(opts.openforge_collector_token_file).read_text().strip() if opts.openforge_collector_token_file else None
-            self._exporter = exporting.Exporter(self._spool, opts.openforge_collector, token=token)
-            self._exporter_task = asyncio.create_task(self._exporter.run())
+        if opts.openforge_collector_token_file:
+            self._collector_token = Path(opts.openforge_collector_token_file).read_text().strip()
         self._writer = _Writer(self._spool)
         for index in resume.vanished_calls:
             self._lose(f"the sidecar stopped while call {index} was in flight", whole=False, call_index=index)
@@ -232,14 +230,33 @@ class Capture:
                 await asyncio.to_thread(self._ensure_tokenizer)
             except OSError as exc:  # engine not up yet: retried on the first call
                 log.warning("tokenizer not loaded yet (%s); will retry on the first call", exc)
+        await self._export()
         if self._restarted:
             log.warning("sidecar restarted: resuming at call %d; token history starts a new segment", resume.next_call)
+
+    async def _export(self) -> None:
+        """Start streaming the spool to the collector (``openforge_collector``), once.
+
+        Not before the proxy serves: importing gRPC is 50 ms of CPU, which a
+        rollout pod's first call would wait for. It is imported in a worker
+        thread after the tokenizer, while the first calls wait on the engine.
+        Until then records wait, fsync'd, in the spool; a stop or a finish
+        that comes first starts the exporter itself, so it is never skipped.
+        """
+        opts = ctx.options
+        if not opts.openforge_collector or self._spool is None or self._exporter is not None:
+            return
+        module = await asyncio.to_thread(importlib.import_module, "openforge_sidecar.exporter")
+        if self._exporter is None:  # a stop may have started it meanwhile
+            self._exporter = module.Exporter(self._spool, opts.openforge_collector, token=self._collector_token)
+            self._exporter_task = asyncio.create_task(self._exporter.run())
 
     async def done(self) -> None:
         if ctx.options.openforge_finish_on_stop and not self._finished and self._writer is not None:
             self._finished = True
             log.warning("stopped before the rollout was finished: recording it as failed")
             self._put(self._finished_record(exit_code=STOPPED_EXIT_CODE, reward=None, grader_output="", status="failed"))
+        await self._export()
         if self._writer is not None:
             await asyncio.to_thread(self._writer.close)
         if self._exporter is not None:
@@ -666,6 +683,8 @@ class Capture:
             assert self._writer is not None
             await asyncio.to_thread(self._writer.wait, ticket)
         acked = True
+        if wait > 0:
+            await self._export()
         if wait > 0 and self._exporter is not None:
             acked = await self._exporter.flush(wait)
         flow.response = _json_response(200, {**self.snapshot(), "acknowledged": acked})

@@ -14,7 +14,8 @@ these, in mitmdump's order (the capture addon where mitmdump runs scripts):
 ``proxyserver``    the listening servers and their connection handlers
 (capture addon)    :class:`openforge_sidecar.capture.Capture`, then any extras
 ``next_layer``     which protocol layer each connection gets
-``tlsconfig``      certificates for intercepted TLS (the CA in ``confdir``)
+``tlsconfig``      certificates for intercepted TLS (the CA in ``confdir``), as
+                   :mod:`openforge_sidecar.tlsstore`: the CA loaded once, when used
 ``update_alt_svc`` rewrites ``Alt-Svc`` headers in reverse mode
 ``dumper``         prints each flow, with ``--verbose`` only
 ``errorcheck``     exits with status 1 when an error was logged during startup
@@ -64,7 +65,6 @@ ADDON_MODULES = (
     "disable_h2c",
     "proxyserver",
     "next_layer",
-    "tlsconfig",
     "update_alt_svc",
     "errorcheck",
 )
@@ -198,7 +198,7 @@ def build(settings: Sequence[str], *, verbose: bool, extra_addons: Sequence[Any]
             parts["proxyserver"].Proxyserver(),
             *ours,
             parts["next_layer"].NextLayer(),
-            parts["tlsconfig"].TlsConfig(),
+            importlib.import_module("openforge_sidecar.tlsstore").TlsConfig(),
             parts["update_alt_svc"].UpdateAltSvc(),
         )
         if verbose:
@@ -209,8 +209,8 @@ def build(settings: Sequence[str], *, verbose: bool, extra_addons: Sequence[Any]
                 f"unknown mitmproxy options: {', '.join(sorted(built.options.deferred))}"
             )
         # What mitmdump does once its addons are in: every addon configured
-        # with the options given on the command line (this creates the CA in
-        # the confdir, checks the proxy modes and sets up transparent mode),
+        # with the options given on the command line (this checks the proxy
+        # modes and sets up transparent mode; see tlsstore for the CA),
         # then, as its script loader does, our addons with every option.
         given = {setting.split("=", 1)[0] for setting in settings}
         manager.trigger(hooks.ConfigureHook(given))
