@@ -62,6 +62,11 @@ def build_parser() -> argparse.ArgumentParser:
     webhook.add_argument("--webhook-addr", default="0.0.0.0", help="listen address (default %(default)s)")
     webhook.add_argument("--webhook-port", type=int, default=9443, help="listen port (default %(default)s)")
     webhook.add_argument("--webhook-host", help="the name the API server reaches the webhook by (a Service DNS name)")
+    webhook.add_argument(
+        "--webhook-service", metavar="NAMESPACE/NAME",
+        help="the Service in front of the webhook (port --webhook-port): the API server calls it through the Service,"
+        " not a URL (its resolver knows no cluster DNS names); --webhook-host is then NAME.NAMESPACE.svc",
+    )  # fmt: skip
     webhook.add_argument("--webhook-cert", help="TLS certificate file (default: self-signed for --webhook-host)")
     webhook.add_argument("--webhook-key", help="TLS key file")
     webhook.add_argument("--webhook-configuration", default="openforge-capture", help="MutatingWebhookConfiguration name (default %(default)s)")
@@ -77,6 +82,12 @@ def options(argv: list[str]) -> tuple[argparse.Namespace, settings.Settings]:
         parser.error("--peering and --standalone exclude each other")
     if bool(ns.webhook_cert) != bool(ns.webhook_key):
         parser.error("--webhook-cert and --webhook-key go together")
+    if ns.webhook_service is not None:
+        namespace, sep, name = ns.webhook_service.partition("/")
+        if not sep or not namespace or not name or "/" in name:
+            parser.error(f"--webhook-service: {ns.webhook_service!r} is not NAMESPACE/NAME")
+        ns.webhook_service = (namespace, name)
+        ns.webhook_host = ns.webhook_host or f"{name}.{namespace}.svc"
     labels = dict(DEFAULTS.dns_pod_labels)
     if ns.dns_label:
         labels = {}
@@ -143,6 +154,7 @@ def main(argv: list[str] | None = None) -> int:
         hook = webhook.WebhookOptions(
             addr=ns.webhook_addr, port=ns.webhook_port, host=ns.webhook_host,
             certfile=ns.webhook_cert, pkeyfile=ns.webhook_key, configuration_name=ns.webhook_configuration,
+            service=ns.webhook_service,
         )  # fmt: skip
     namespaces = None if ns.all_namespaces else list(ns.namespace)
     runtime = handlers.Runtime(config=config, namespaces=namespaces, webhook=hook, kubeconfig=ns.kubeconfig)

@@ -39,6 +39,7 @@ import datetime
 import ipaddress
 import re
 import tempfile
+import urllib.parse
 from pathlib import Path
 from typing import Any
 
@@ -74,6 +75,9 @@ class WebhookOptions:
     pkeyfile: str | None = None
     configuration_name: str = "openforge-capture"
     """The MutatingWebhookConfiguration kopf creates and keeps up to date."""
+    service: tuple[str, str] | None = None
+    """(namespace, name) of the Service in front of the webhook server: the API server
+    is told to call it through that Service (``clientConfig.service``), not a URL."""
 
     def server(self) -> Any:
         """A kopf WebhookServer; with no certificate given, a self-signed one for ``host``."""
@@ -82,9 +86,41 @@ class WebhookOptions:
         certfile, pkeyfile = self.certfile, self.pkeyfile
         if certfile is None or pkeyfile is None:
             certfile, pkeyfile = self_signed(self.host or "localhost")
-        return kopf.WebhookServer(
+        server = kopf.WebhookServer(
             addr=self.addr, port=self.port, host=self.host, certfile=certfile, pkeyfile=pkeyfile, cafile=certfile
         )
+        if self.service is None:
+            return server
+        namespace, name = self.service
+        return _ThroughService(server, namespace=namespace, name=name, port=self.port)
+
+
+class _ThroughService:
+    """A kopf webhook server whose configuration names a Service instead of a URL.
+
+    kopf's ``WebhookServer`` tells the API server a URL (``https://HOST:PORT/...``),
+    which the API server resolves with its own resolver: on kind, kubeadm and managed
+    clusters alike that is the node's, which knows no ``*.svc`` name, so every call
+    failed (and ``failurePolicy: Ignore`` let every labelled pod through uncaptured).
+    With ``clientConfig.service`` the API server finds the Service's endpoints itself.
+    The certificate is still the one for ``HOST``, ``NAME.NAMESPACE.svc``, which is the
+    name the API server checks it against.
+    """
+
+    def __init__(self, server: Any, *, namespace: str, name: str, port: int) -> None:
+        self.server, self.namespace, self.name, self.port = server, namespace, name, port
+
+    async def __call__(self, fn: Any) -> Any:
+        async for config in self.server(fn):
+            yield service_config(config, namespace=self.namespace, name=self.name, port=self.port)
+
+
+def service_config(config: dict[str, Any], *, namespace: str, name: str, port: int) -> dict[str, Any]:
+    """kopf's client config with its URL replaced by the Service (same path); pure."""
+    path = urllib.parse.urlsplit(str(config.get("url", ""))).path
+    out = {key: value for key, value in config.items() if key != "url"}
+    out["service"] = {"namespace": namespace, "name": name, "port": port, "path": path}
+    return out
 
 
 def inject(pod: dict[str, Any], config: settings.Settings) -> dict[str, Any]:

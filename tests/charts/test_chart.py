@@ -280,6 +280,8 @@ def test_webhook_gets_a_service_and_a_configuration_the_operator_fills(helm: Hel
     parsed, _ = cli.options(operator["args"])
     service = one(objects, "Service", "of-openforge-operator-webhook")
     assert parsed.webhook_host == "of-openforge-operator-webhook.openforge.svc"
+    # the API server reaches it through the Service (its resolver knows no *.svc names)
+    assert parsed.webhook_service == ("openforge", "of-openforge-operator-webhook")
     assert service["spec"]["ports"] == [{"name": "webhook", "port": parsed.webhook_port, "targetPort": "webhook", "protocol": "TCP", "appProtocol": "https"}]
     assert {"name": "webhook", "containerPort": parsed.webhook_port, "protocol": "TCP"} in operator["ports"]
     assert service["spec"]["selector"] == operator_deployment["spec"]["selector"]["matchLabels"]

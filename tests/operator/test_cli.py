@@ -68,11 +68,21 @@ def test_the_collector_master_key_is_read_from_its_file_and_kept_out_of_repr(tmp
 
 @pytest.mark.parametrize(
     "argv",
-    [[], ["-n", "a", "-A"], ["-n", "a", "--standalone", "--peering", "p"], ["-n", "a", "--webhook-cert", "c"], ["-n", "a", "--dns-label", "novalue"]],
+    [
+        [], ["-n", "a", "-A"], ["-n", "a", "--standalone", "--peering", "p"], ["-n", "a", "--webhook-cert", "c"],
+        ["-n", "a", "--dns-label", "novalue"], ["-n", "a", "--webhook-service", "svc"], ["-n", "a", "--webhook-service", "ns/a/b"],
+    ],
 )
 def test_bad_flags(argv: list[str]) -> None:
     with pytest.raises(SystemExit):
         cli.options(argv)
+
+
+def test_the_webhook_service_names_the_host_unless_given() -> None:
+    ns, _ = cli.options(["-n", "a", "--webhook", "--webhook-service", "openforge/hook"])
+    assert ns.webhook_service == ("openforge", "hook") and ns.webhook_host == "hook.openforge.svc"
+    ns, _ = cli.options(["-n", "a", "--webhook-service", "openforge/hook", "--webhook-host", "hook.example"])
+    assert ns.webhook_host == "hook.example"
 
 
 def test_the_openforge_command_knows_it() -> None:

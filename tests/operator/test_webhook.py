@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import copy
 from pathlib import Path
 from typing import Any
@@ -91,3 +92,35 @@ def test_self_signed_certificate_for_the_webhook_host() -> None:
     names = certificate.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
     assert "openforge-webhook.openforge.svc" in names.get_values_for_type(x509.DNSName)
     assert "PRIVATE KEY" in Path(keyfile).read_text()
+
+
+def test_the_api_server_is_told_to_call_the_service_not_a_url() -> None:
+    """kopf's server yields a URL config; through a Service the URL becomes the Service,
+    with kopf's path (kopf then appends each handler's id to it)."""
+    kopf_config = {"url": "https://of-webhook.openforge.svc:9443", "caBundle": "Q0E="}
+    assert webhook.service_config(kopf_config, namespace="openforge", name="of-webhook", port=9443) == {
+        "caBundle": "Q0E=",
+        "service": {"namespace": "openforge", "name": "of-webhook", "port": 9443, "path": ""},
+    }
+    with_path = {"url": "https://h:9443/hooks"}
+    assert webhook.service_config(with_path, namespace="n", name="s", port=9443)["service"]["path"] == "/hooks"
+
+
+def test_a_server_through_a_service_yields_kopfs_configs_as_service_configs() -> None:
+    options = webhook.WebhookOptions(addr="127.0.0.1", port=0, host="of-webhook.openforge.svc", service=("openforge", "of-webhook"))
+    server = options.server()
+
+    async def first() -> dict[str, object]:
+        async def review(*_: object, **__: object) -> dict[str, object]:
+            return {}
+
+        generator = server(review)
+        try:
+            return dict(await generator.__anext__())
+        finally:
+            await generator.aclose()
+
+    config = asyncio.run(first())
+    assert "url" not in config and config["caBundle"]
+    assert config["service"] == {"namespace": "openforge", "name": "of-webhook", "port": 0, "path": ""}
+    assert type(webhook.WebhookOptions(host="h").server()).__name__ == "WebhookServer"  # no Service: kopf's own

@@ -118,6 +118,7 @@ mutating and a validating one of the same name); one per release.
 - --webhook
 - --webhook-port={{ .Values.operator.webhook.port }}
 - --webhook-host={{ include "openforge.webhook.fullname" . }}.{{ .Release.Namespace }}.svc
+- --webhook-service={{ .Release.Namespace }}/{{ include "openforge.webhook.fullname" . }}
 - --webhook-configuration={{ include "openforge.webhook.configuration" . }}
 {{- end }}
 
