@@ -1,0 +1,143 @@
+"""What happens to a rollout pod from outside, judged as docs/operator.md says (attempts.py),
+in real pods: evicted by the kubelet, evicted through the Eviction API, and an image that
+cannot be pulled.
+
+Each job allows two attempts and fails the rollout at once on the reason under test
+(``failurePolicy``: that reason -> FailRollout). Judged as that reason, the rollout fails
+with no second pod; judged as anything else, the default Retry would start attempt 1.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from typing import Any
+
+import kube_cluster
+import pytest
+import realpods
+import yaml
+
+pytestmark = [pytest.mark.kind, pytest.mark.slow]
+
+FILLER = """
+import json, os, time, urllib.request
+body = json.dumps({"model": "tiny-react", "max_tokens": 8, "messages": [{"role": "user", "content": "Say hello."}]}).encode()
+request = urllib.request.Request(os.environ["OPENAI_BASE_URL"] + "/chat/completions", body, {"Content-Type": "application/json"})
+with urllib.request.urlopen(request, timeout=120) as response:
+    json.load(response)
+print("answered 0", flush=True)
+if os.environ.get("FILL_MB"):
+    with open("/scratch/fill", "wb") as out:  # past the volume's sizeLimit: the kubelet evicts the pod
+        out.write(b"x" * int(os.environ["FILL_MB"]) * 1024 * 1024)
+time.sleep(600)
+"""
+
+
+def harness_env(name: str, *, image: str = realpods.HARNESS_IMAGE, fill_mb: int = 0, timeout: int = 600) -> dict[str, Any]:
+    """A harness that makes one call, then (``fill_mb``) overfills its 2 MiB scratch volume, then waits."""
+    return {
+        "apiVersion": "openforge.dev/v1alpha1", "kind": "HarnessEnv", "metadata": {"name": name},
+        "spec": {
+            "api": "openai-chat",
+            "baseUrl": {"env": ["OPENAI_BASE_URL"], "suffix": "/v1"},
+            "template": {"spec": {
+                "containers": [{
+                    "name": "harness", "image": image, "command": ["python3", "-c", FILLER],
+                    "env": [{"name": "FILL_MB", "value": str(fill_mb or "")}],
+                    "resources": {"requests": {"cpu": "20m", "memory": "64Mi"}, "limits": {"memory": "256Mi"}},
+                    "volumeMounts": [{"name": "scratch", "mountPath": "/scratch"}],
+                }],
+                "volumes": [{"name": "scratch", "emptyDir": {"sizeLimit": "2Mi"}}],
+            }},
+            "timeoutSeconds": timeout,
+        },
+    }  # fmt: skip
+
+
+def start(kind: kube_cluster.Kube, prefix: str, reason: str, env: dict[str, Any], **spec: Any) -> str:
+    name = f"{prefix}-{uuid.uuid4().hex[:6]}"
+    realpods.ensure_namespace(kind, name)
+    env["metadata"]["name"] = name
+    job = realpods.rollout_job(
+        name, env=name, tasks=[{"id": "t0"}], maxAttemptsPerRollout=2,
+        failurePolicy={"rules": [{"action": "FailRollout", "onReasons": [reason]}]}, **spec,
+    )  # fmt: skip
+    kind.kubectl("-n", name, "apply", "-f", "-", stdin=yaml.safe_dump_all([env, job]))
+    return name
+
+
+def status_of(kind: kube_cluster.Kube, namespace: str, pod: str) -> dict[str, Any]:
+    """The pod's status; empty while the pod does not exist yet."""
+    found = kind.kubectl("-n", namespace, "get", "pod", pod, "-o", "json", check=False)
+    return dict(json.loads(found.stdout)["status"]) if found.returncode == 0 else {}
+
+
+def failed_as(kind: kube_cluster.Kube, name: str, reason: str, *, timeout: float) -> dict[str, Any]:
+    """The job once Failed: its one rollout failed on the first attempt, for ``reason``."""
+    job = realpods.wait_job(kind, name, name, timeout=timeout)
+    assert realpods.condition(job, "Failed"), job["status"]
+    assert job["status"]["failedIndexes"] == "0" and job["status"]["counts"]["retried"] == 0, job["status"]
+    assert [p["metadata"]["name"] for p in realpods.pods_of(kind, name, name)] in ([f"{name}-0-0"], []), "a second attempt ran"
+    events = realpods.events(kind, name)
+    assert f"rollouts 0 failed: 0 after attempt 0 ({reason}" in events, events[-3000:]  # the operator's RolloutsFailed
+    return job
+
+
+@pytest.mark.timeout(900)
+def test_a_pod_the_kubelet_evicts_is_judged_evicted(platform: kube_cluster.Kube) -> None:
+    """The kubelet's eviction manager evicts the pod whose emptyDir outgrew its sizeLimit
+    (phase Failed, reason Evicted); the call made before is stored."""
+    kind = platform
+    name = start(kind, "fate-kubelet", "Evicted", harness_env("", fill_mb=20))
+    first = f"{name}-0-0"
+    realpods.wait_answered(kind, name, first, 0)
+    evicted = lambda: status_of(kind, name, first).get("reason") == "Evicted"  # noqa: E731
+    kube_cluster.wait_for(evicted, what=f"{first} evicted by the kubelet", timeout=300, interval=2)
+    failed_as(kind, name, "Evicted", timeout=300)
+    [rollout] = realpods.store_summary(kind, name)["rollouts"]
+    assert [c["index"] for c in rollout["calls"]] == [0], rollout
+    kind.kubectl("delete", "namespace", name, "--wait=false")
+
+
+@pytest.mark.timeout(900)
+def test_a_pod_evicted_through_the_api_is_judged_evicted(platform: kube_cluster.Kube) -> None:
+    """An Eviction (what ``kubectl drain`` sends) deletes the pod with a DisruptionTarget
+    condition; the stopped sidecar records the rollout as failed and flushes its spool."""
+    kind = platform
+    name = start(kind, "fate-evict", "Evicted", harness_env(""))
+    first = f"{name}-0-0"
+    realpods.wait_answered(kind, name, first, 0)
+    eviction = {"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": first, "namespace": name}}
+    kind.kubectl("create", "--raw", f"/api/v1/namespaces/{name}/pods/{first}/eviction", "-f", "-", stdin=json.dumps(eviction))
+    failed_as(kind, name, "Evicted", timeout=300)
+
+    def recorded() -> bool:
+        rollouts = realpods.store_summary(kind, name)["rollouts"]
+        return bool(rollouts) and bool(rollouts[0]["finished"])
+
+    kube_cluster.wait_for(recorded, what=f"{first} recorded as finished", timeout=120, interval=2)
+    [rollout] = realpods.store_summary(kind, name)["rollouts"]
+    assert rollout["status"] == "failed" and not rollout["has_reward"], rollout
+    assert [c["index"] for c in rollout["calls"]] == [0], rollout
+    kind.kubectl("delete", "namespace", name, "--wait=false")
+
+
+@pytest.mark.timeout(900)
+def test_a_harness_image_that_cannot_be_pulled_fails_the_attempt_at_its_deadline(platform: kube_cluster.Kube) -> None:
+    """The harness image is on no registry the node can reach (a refused address inside
+    the node, so nothing leaves it): the harness waits in ErrImagePull/ImagePullBackOff
+    until the pod's activeDeadlineSeconds, and the attempt is ImagePullFailed."""
+    kind = platform
+    env = harness_env("", image="127.0.0.1:1/openforge/no-such-harness:0", timeout=5)
+    name = start(kind, "fate-pull", "ImagePullFailed", env)
+    first = f"{name}-0-0"
+
+    def pulling() -> bool:
+        statuses = status_of(kind, name, first).get("containerStatuses", [])
+        waiting = [(s.get("state") or {}).get("waiting", {}).get("reason") for s in statuses if s["name"] == "harness"]
+        return bool(waiting) and waiting[0] in ("ErrImagePull", "ImagePullBackOff")
+
+    kube_cluster.wait_for(pulling, what=f"{first}'s harness image pull failing", timeout=180, interval=2)
+    failed_as(kind, name, "ImagePullFailed", timeout=600)
+    kind.kubectl("delete", "namespace", name, "--wait=false")
