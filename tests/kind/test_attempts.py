@@ -1,6 +1,6 @@
 """What happens to a rollout pod from outside, judged as docs/operator.md says (attempts.py),
-in real pods: evicted by the kubelet, evicted through the Eviction API, and an image that
-cannot be pulled.
+in real pods: evicted by the kubelet, evicted through the Eviction API, preempted by the
+scheduler, and an image that cannot be pulled.
 
 Each job allows two attempts and fails the rollout at once on the reason under test
 (``failurePolicy``: that reason -> FailRollout). Judged as that reason, the rollout fails
@@ -34,9 +34,11 @@ time.sleep(600)
 """
 
 
-def harness_env(name: str, *, image: str = realpods.HARNESS_IMAGE, fill_mb: int = 0, timeout: int = 600) -> dict[str, Any]:
+def harness_env(
+    name: str, *, image: str = realpods.HARNESS_IMAGE, fill_mb: int = 0, timeout: int = 600, cpu: str = "20m", priority_class: str = ""
+) -> dict[str, Any]:
     """A harness that makes one call, then (``fill_mb``) overfills its 2 MiB scratch volume, then waits."""
-    return {
+    env: dict[str, Any] = {
         "apiVersion": "openforge.dev/v1alpha1", "kind": "HarnessEnv", "metadata": {"name": name},
         "spec": {
             "api": "openai-chat",
@@ -45,7 +47,7 @@ def harness_env(name: str, *, image: str = realpods.HARNESS_IMAGE, fill_mb: int 
                 "containers": [{
                     "name": "harness", "image": image, "command": ["python3", "-c", FILLER],
                     "env": [{"name": "FILL_MB", "value": str(fill_mb or "")}],
-                    "resources": {"requests": {"cpu": "20m", "memory": "64Mi"}, "limits": {"memory": "256Mi"}},
+                    "resources": {"requests": {"cpu": cpu, "memory": "64Mi"}, "limits": {"memory": "256Mi"}},
                     "volumeMounts": [{"name": "scratch", "mountPath": "/scratch"}],
                 }],
                 "volumes": [{"name": "scratch", "emptyDir": {"sizeLimit": "2Mi"}}],
@@ -53,6 +55,9 @@ def harness_env(name: str, *, image: str = realpods.HARNESS_IMAGE, fill_mb: int 
             "timeoutSeconds": timeout,
         },
     }  # fmt: skip
+    if priority_class:
+        env["spec"]["template"]["spec"]["priorityClassName"] = priority_class
+    return env
 
 
 def start(kind: kube_cluster.Kube, prefix: str, reason: str, env: dict[str, Any], **spec: Any) -> str:
@@ -141,3 +146,51 @@ def test_a_harness_image_that_cannot_be_pulled_fails_the_attempt_at_its_deadline
     kube_cluster.wait_for(pulling, what=f"{first}'s harness image pull failing", timeout=180, interval=2)
     failed_as(kind, name, "ImagePullFailed", timeout=600)
     kind.kubectl("delete", "namespace", name, "--wait=false")
+
+
+def millicores(quantity: str) -> int:
+    return int(quantity[:-1]) if quantity.endswith("m") else int(float(quantity) * 1000)
+
+
+def free_cpu(kind: kube_cluster.Kube, node: str) -> int:
+    """Millicores of the node's allocatable CPU that no live pod requests (as the scheduler counts)."""
+    allocatable = millicores(kind.get_json("node", node)["status"]["allocatable"]["cpu"])
+    described = kind.kubectl("describe", "node", node).stdout
+    allocated = described.split("Allocated resources:", 1)[1]
+    line = next(row for row in allocated.splitlines() if row.strip().startswith("cpu "))
+    return allocatable - millicores(line.split()[1])
+
+
+@pytest.mark.timeout(900)
+def test_a_pod_the_scheduler_preempts_is_judged_preempted(platform: kube_cluster.Kube) -> None:
+    """A pod of higher priority that fits the node only in the rollout pod's place: the
+    scheduler marks the rollout pod (priority -100, the lowest on the node) with
+    DisruptionTarget PreemptionByScheduler and deletes it; the attempt is Preempted."""
+    kind = platform
+    suffix = uuid.uuid4().hex[:6]
+    low, high = f"fate-low-{suffix}", f"fate-high-{suffix}"
+    classes = [
+        {"apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass", "metadata": {"name": low}, "value": -100},
+        {"apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass", "metadata": {"name": high}, "value": 1000},
+    ]
+    kind.kubectl("apply", "-f", "-", stdin=yaml.safe_dump_all(classes))
+    try:
+        name = start(kind, "fate-preempt", "Preempted", harness_env("", cpu="300m", priority_class=low))
+        first = f"{name}-0-0"
+        realpods.wait_answered(kind, name, first, 0)
+        node = realpods.pod(kind, name, first)["spec"]["nodeName"]
+        wanted = free_cpu(kind, node) + 150  # fits only once the rollout pod's 300m are free
+        preemptor = {
+            "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "preemptor"},
+            "spec": {
+                "priorityClassName": high, "restartPolicy": "Never", "automountServiceAccountToken": False,
+                "containers": [{"name": "c", "image": realpods.HARNESS_IMAGE, "imagePullPolicy": "Never",
+                                "command": ["sleep", "60"], "resources": {"requests": {"cpu": f"{wanted}m"}}}],
+            },
+        }  # fmt: skip
+        kind.kubectl("-n", name, "apply", "-f", "-", stdin=yaml.safe_dump(preemptor))
+        failed_as(kind, name, "Preempted", timeout=300)
+        kube_cluster.wait_for(lambda: bool(status_of(kind, name, "preemptor").get("podIP")), what="the preemptor running", timeout=180, interval=2)
+        kind.kubectl("delete", "namespace", name, "--wait=false")
+    finally:
+        kind.kubectl("delete", "priorityclass", low, high, "--ignore-not-found", check=False)

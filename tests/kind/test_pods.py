@@ -1,0 +1,76 @@
+"""The rollout pod's anatomy where the template brings containers of its own (pods.py):
+nothing of the template's runs under the entrypoint, so the sidecar gets its ``exec``
+startup probe and the kubelet holds the template's init container, and every container
+after it, back until the sidecar listens; the pod still finishes, graded and captured.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+import kube_cluster
+import pytest
+import realpods
+import yaml
+
+pytestmark = [pytest.mark.kind, pytest.mark.slow]
+
+CLIENT = """
+import json, os, urllib.request
+assert open("/work/prepared").read() == "prepared\\n", "the template's init container did not run first"
+body = json.dumps({"model": "tiny-react", "max_tokens": 8, "messages": [{"role": "user", "content": "Say hello."}]}).encode()
+request = urllib.request.Request(os.environ["OPENAI_BASE_URL"] + "/chat/completions", body, {"Content-Type": "application/json"})
+with urllib.request.urlopen(request, timeout=120) as response:
+    json.load(response)
+print("answered 0", flush=True)
+"""
+
+
+def env_with_its_own_containers(name: str) -> dict:
+    small = {"requests": {"cpu": "10m", "memory": "32Mi"}, "limits": {"memory": "128Mi"}}
+    work = [{"name": "work", "mountPath": "/work"}]
+    return {
+        "apiVersion": "openforge.dev/v1alpha1", "kind": "HarnessEnv", "metadata": {"name": name},
+        "spec": {
+            "api": "openai-chat",
+            "baseUrl": {"env": ["OPENAI_BASE_URL"], "suffix": "/v1"},
+            "template": {"spec": {
+                "initContainers": [{"name": "prepare", "image": realpods.HARNESS_IMAGE, "command": ["sh", "-c", "echo prepared > /work/prepared"],
+                                    "resources": small, "volumeMounts": work}],
+                "containers": [
+                    {"name": "harness", "image": realpods.HARNESS_IMAGE, "command": ["python3", "-c", CLIENT], "resources": small, "volumeMounts": work},
+                    {"name": "helper", "image": realpods.HARNESS_IMAGE, "command": ["sh", "-c", "sleep 2"], "resources": small},
+                ],
+                "volumes": [{"name": "work", "emptyDir": {}}],
+            }},
+            "grader": {"command": ["sh", "-c", 'echo \'{"reward": 1.0}\''], "rewardFrom": "stdout-json", "timeoutSeconds": 30},
+            "timeoutSeconds": 300,
+        },
+    }  # fmt: skip
+
+
+@pytest.mark.timeout(600)
+def test_a_template_with_containers_of_its_own_waits_on_the_sidecars_startup_probe(platform: kube_cluster.Kube) -> None:
+    kind = platform
+    name = f"pods-own-{uuid.uuid4().hex[:6]}"
+    realpods.ensure_namespace(kind, name)
+    job = realpods.rollout_job(name, env=name, tasks=[{"id": "t0"}, {"id": "t1"}], parallelism=2)
+    kind.kubectl("-n", name, "apply", "-f", "-", stdin=yaml.safe_dump_all([env_with_its_own_containers(name), job]))
+    done = realpods.wait_job(kind, name, name, timeout=400)
+    assert realpods.condition(done, "Complete") and done["status"]["counts"]["succeeded"] == 2, done["status"]
+    for pod in realpods.pods_of(kind, name, name):
+        init = pod["spec"]["initContainers"]
+        assert [c["name"] for c in init] == [realpods.SIDECAR, "prepare"], init
+        probe = init[0]["startupProbe"]
+        assert "exec" in probe, probe  # the kubelet dials tcp/http probes from the node, not the pod
+        sidecar = realpods.container_status(pod, realpods.SIDECAR)
+        prepare = realpods.container_status(pod, "prepare")
+        assert sidecar["restartCount"] == 0
+        # held back until the sidecar's probe passed (start times are whole seconds)
+        assert realpods.started_at(sidecar) <= realpods.started_at(prepare), (sidecar, prepare)
+        assert realpods.container_status(pod, "harness")["state"]["terminated"]["exitCode"] == 0
+    summary = realpods.store_summary(kind, name)
+    assert sorted(r["task"] for r in summary["rollouts"]) == ["t0", "t1"], summary
+    for rollout in summary["rollouts"]:
+        assert rollout["reward"] == 1.0 and [c["exact"] for c in rollout["calls"]] == [True], rollout
+    kind.kubectl("delete", "namespace", name, "--wait=false")
