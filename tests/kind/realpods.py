@@ -208,6 +208,17 @@ for step in range(calls):
 """
 
 
+ONE_CALL = """
+import json, os, urllib.request
+body = json.dumps({"model": "tiny-react", "max_tokens": 8, "messages": [{"role": "user", "content": "Say hello."}]}).encode()
+request = urllib.request.Request(os.environ["OPENAI_BASE_URL"] + "/chat/completions", body, {"Content-Type": "application/json"})
+with urllib.request.urlopen(request, timeout=120) as response:
+    json.load(response)
+print("answered 0", flush=True)
+"""
+"""A harness's one Chat Completions call to ``$OPENAI_BASE_URL``, then ``answered 0``."""
+
+
 def stepped_env(name: str, calls: int, *, allocate_mb: int = 0, memory_limit: str = "256Mi") -> dict[str, Any]:
     """A HarnessEnv whose harness makes ``calls`` calls, waiting before call N > 0 for
     ``/work/go-N`` (:func:`release`), after allocating ``allocate_mb`` MiB."""

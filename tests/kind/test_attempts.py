@@ -20,13 +20,8 @@ import yaml
 
 pytestmark = [pytest.mark.kind, pytest.mark.slow]
 
-FILLER = """
-import json, os, time, urllib.request
-body = json.dumps({"model": "tiny-react", "max_tokens": 8, "messages": [{"role": "user", "content": "Say hello."}]}).encode()
-request = urllib.request.Request(os.environ["OPENAI_BASE_URL"] + "/chat/completions", body, {"Content-Type": "application/json"})
-with urllib.request.urlopen(request, timeout=120) as response:
-    json.load(response)
-print("answered 0", flush=True)
+FILLER = realpods.ONE_CALL + """
+import os, time
 if os.environ.get("FILL_MB"):
     with open("/scratch/fill", "wb") as out:  # past the volume's sizeLimit: the kubelet evicts the pod
         out.write(b"x" * int(os.environ["FILL_MB"]) * 1024 * 1024)

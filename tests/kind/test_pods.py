@@ -16,14 +16,8 @@ import yaml
 pytestmark = [pytest.mark.kind, pytest.mark.slow]
 
 CLIENT = """
-import json, os, urllib.request
 assert open("/work/prepared").read() == "prepared\\n", "the template's init container did not run first"
-body = json.dumps({"model": "tiny-react", "max_tokens": 8, "messages": [{"role": "user", "content": "Say hello."}]}).encode()
-request = urllib.request.Request(os.environ["OPENAI_BASE_URL"] + "/chat/completions", body, {"Content-Type": "application/json"})
-with urllib.request.urlopen(request, timeout=120) as response:
-    json.load(response)
-print("answered 0", flush=True)
-"""
+""" + realpods.ONE_CALL
 
 
 def env_with_its_own_containers(name: str) -> dict:

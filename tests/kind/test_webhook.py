@@ -21,14 +21,6 @@ import yaml
 pytestmark = [pytest.mark.kind, pytest.mark.slow]
 
 TOKEN_SECRET = "webhook-collector-token"
-CLIENT = """
-import json, os, sys, urllib.request
-body = json.dumps({"model": "tiny-react", "max_tokens": 8, "messages": [{"role": "user", "content": "Say hello."}]}).encode()
-request = urllib.request.Request(os.environ["OPENAI_BASE_URL"] + "/chat/completions", body, {"Content-Type": "application/json"})
-with urllib.request.urlopen(request, timeout=120) as response:
-    reply = json.load(response)
-print("answered", reply["choices"][0]["message"]["content"][:40], flush=True)
-"""
 
 
 def token_secret(name: str, token: str) -> dict:
@@ -81,7 +73,7 @@ def labelled_pod(name: str, job: str, annotations: dict[str, str] | None = None)
         "metadata": {"name": name, "labels": {"openforge.dev/capture": "true"}, "annotations": chosen if annotations is None else annotations},
         "spec": {
             "restartPolicy": "Never", "enableServiceLinks": False, "automountServiceAccountToken": False,
-            "containers": [{"name": "agent", "image": realpods.HARNESS_IMAGE, "command": ["python3", "-c", CLIENT],
+            "containers": [{"name": "agent", "image": realpods.HARNESS_IMAGE, "command": ["python3", "-c", realpods.ONE_CALL],
                             "resources": {"requests": {"cpu": "10m", "memory": "32Mi"}, "limits": {"memory": "256Mi"}}}],
         },
     }  # fmt: skip
