@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import re
 import sys
 from collections.abc import Callable, Sequence
 
@@ -27,6 +28,19 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "operator": ("openforge_operator.cli", "main", "run the Kubernetes operator (kopf) for RolloutJob and HarnessEnv"),
     "analyze": ("openforge_trainer.analyze_cli", "main", "behaviour metrics of stored trajectories per harness and policy version"),
 }
+
+
+_ROLE = re.compile(r":(?:mod|class|func|meth|attr|data|obj):`~?([^`]+)`")
+
+
+def description(doc: str | None) -> str | None:
+    """A module docstring's first paragraph as ``--help`` text: its reST markup (double
+    backquotes, ``:mod:`` and like roles) written plain, its lines joined (pure)."""
+    if not doc:
+        return None
+    first = doc.strip().split("\n\n", 1)[0]
+    plain = _ROLE.sub(r"\1", first).replace("``", "")
+    return " ".join(plain.split())
 
 
 def _usage() -> str:

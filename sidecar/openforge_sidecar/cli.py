@@ -24,11 +24,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from openforge import cli as front_door
+
 from openforge_sidecar import capture, master
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="openforge sidecar", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="openforge sidecar", description=front_door.description(__doc__))
     parser.add_argument("--listen", default="127.0.0.1:8090", help="host:port to listen on (default %(default)s)")
     parser.add_argument("--mode", choices=("reverse", "regular", "transparent"), default="reverse", help="network mode (default %(default)s)")
     parser.add_argument("--capture", choices=capture.MODES, default="tokens", help="tokens: token-in/token-out from the engine; passthrough: forward unchanged")

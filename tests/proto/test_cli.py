@@ -25,3 +25,24 @@ def test_help_lists_every_command(capsys: pytest.CaptureFixture[str]) -> None:
     out = capsys.readouterr().out
     for name, (_, _, summary) in cli.COMMANDS.items():
         assert f"{name}  " in out and summary in out
+
+
+@pytest.mark.parametrize("name", sorted(cli.COMMANDS))
+def test_every_commands_help_is_plain_text(name: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """No reST markup of the docstrings it comes from (``literal``, :mod:`x`) in --help."""
+    with pytest.raises(SystemExit) as exited:
+        cli.main([name, "--help"])
+    assert exited.value.code == 0
+    out = capsys.readouterr().out
+    assert out.startswith("usage: ") or "usage" in out.lower()
+    for markup in ("``", ":mod:", ":class:", ":func:"):
+        assert markup not in out, f"openforge {name} --help shows {markup!r}:\n{out}"
+
+
+def test_description_writes_a_docstrings_first_paragraph_plain() -> None:
+    doc = """``openforge x``: does :mod:`openforge.y` things
+    over two lines.
+
+    More that --help leaves out."""
+    assert cli.description(doc) == "openforge x: does openforge.y things over two lines."
+    assert cli.description(None) is None

@@ -13,12 +13,13 @@ import sys
 from pathlib import Path
 
 import torch
+from openforge import cli as front_door
 
 from openforge_trainer import model_build, policy_eval, warmstart
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="openforge model", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="openforge model", description=front_door.description(__doc__))
     commands = parser.add_subparsers(dest="command", required=True)
     build = commands.add_parser("build", help="initialise a tiny Qwen2 policy from a seed")
     build.add_argument("--out", type=Path, required=True, help="directory to write into")

@@ -17,6 +17,7 @@ from typing import Any
 
 import yaml
 
+from openforge import cli as front_door
 from openforge.api import reference, structural, v1alpha1
 
 DEFAULT_OUTPUT_DIR = Path("crds")
@@ -133,7 +134,7 @@ def render() -> dict[str, str]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="openforge crds", description=__doc__.splitlines()[0] if __doc__ else None
+        prog="openforge crds", description=front_door.description(__doc__)
     )
     parser.add_argument("--output-dir", type=Path, help="where to write (default: ./crds)")
     parser.add_argument(
@@ -160,6 +161,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             path.write_text(text)
     for path in stale:
         print(f"{'stale' if args.check else 'wrote'} {path}", file=sys.stderr)
+    if not stale:
+        print(f"up to date: {', '.join(str(path) for path in files)}")
     return 1 if args.check and stale else 0
 
 

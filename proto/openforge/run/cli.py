@@ -17,6 +17,7 @@ import threading
 from pathlib import Path
 from types import FrameType
 
+from openforge import cli
 from openforge.api import manifests
 from openforge.run import executor, plan, processes, progress, runner
 
@@ -25,7 +26,7 @@ TRAINER_READY = ("openforge train: starting", "openforge train: resumed")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="openforge run", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="openforge run", description=cli.description(__doc__))
     parser.add_argument("files", nargs="+", type=Path, help="YAML manifests: one RolloutJob and its HarnessEnv")
     parser.add_argument("--run-dir", type=Path, help="where everything of this run goes (default: runs/<job name>)")
     parser.add_argument("--iterations", type=int, help="rollout -> train iterations (default: spec.training.iterations, else 1)")
