@@ -167,6 +167,23 @@ def test_ls(db_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     ]
     assert lines[1].split() == ["r0", "fix-bug", "0", "succeeded", "1", "2/2", "1"]
     assert lines[2].split() == ["r1", "fix-bug", "1", "running", "-", "1", "1"]
+    assert lines[3] == "2 rollouts (1 running, 1 succeeded), 3 calls, mean reward 1 over 1"
+
+
+def test_ls_json(db_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.trajectories_main(["ls", "--store", str(db_path), "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [(r["rollout"], r["status"], r["reward"], r["calls"], r["calls_expected"]) for r in rows] == [
+        ("r0", "succeeded", 1.0, 2, 2),
+        ("r1", "running", None, 1, None),
+    ]
+    assert set(rows[0]) == {"job", "rollout", "task", "sample", "attempt", "status", "reward", "calls", "calls_expected", "segments"}
+
+
+def test_ls_of_an_empty_store_says_so(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    store.Store(tmp_path / "empty.db").close()
+    assert cli.trajectories_main(["ls", "--store", str(tmp_path / "empty.db")]) == 0
+    assert capsys.readouterr().out.splitlines()[-1] == "no rollouts"
 
 
 def test_show(db_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -153,7 +153,7 @@ def test_plain_rendering(db: store.Store) -> None:
         "row 0 · calls #0, #1 · prompt 3 tokens · response 4 tokens: 3 trained, 1 masked · reward 1"
         in text
     )
-    assert "  mask TT·T  (1 char = 1 tokens)" in text
+    assert "  mask TT·T  (1 char = 1 token)" in text
     assert "  trained 2\n  masked 1\n  trained 1" in text
 
 

@@ -11,8 +11,10 @@ import asyncio
 import json
 import signal
 import sys
+from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from openforge.trajectory import auth
 from rich.console import Console
@@ -95,6 +97,7 @@ def trajectories_main(argv: Sequence[str]) -> int:
     ls = commands.add_parser("ls", help="list rollouts")
     ls.add_argument("--store", required=True, type=Path)
     ls.add_argument("--job", help="only this job (default: every job)")
+    ls.add_argument("--json", action="store_true", help="print the rollouts as one JSON array")
     show = commands.add_parser(
         "show", help="show one rollout turn by turn, with token counts and the training mask"
     )
@@ -125,35 +128,61 @@ def trajectories_main(argv: Sequence[str]) -> int:
         return 2
     with store_module.Store(args.store) as store:
         if args.command == "ls":
-            return _ls(store, args.job)
+            return _ls(store, args.job, as_json=args.json)
         if args.command == "show":
             return _show(store, args)
         return _export(store, args.job, args.format, args.out)
 
 
-def _ls(store: store_module.Store, job: str | None) -> int:
+def _ls(store: store_module.Store, job: str | None, *, as_json: bool = False) -> int:
+    rows = ls_rows(store, job)
+    if as_json:
+        print(json.dumps(rows, indent=2))
+        return 0
     header = ("rollout", "task", "sample", "status", "reward", "calls", "segments")
     table: list[tuple[str, ...]] = [header]
+    for row in rows:
+        calls = f"{row['calls']}/{row['calls_expected']}" if row["calls_expected"] is not None else str(row["calls"])
+        reward = f"{row['reward']:g}" if row["reward"] is not None else "-"
+        table.append((row["rollout"], row["task"], str(row["sample"]), row["status"], reward, calls, str(row["segments"])))
+    widths = [max(len(line[i]) for line in table) for i in range(len(header))]
+    for line in table:
+        print("  ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=True)))
+    print(totals(rows))
+    return 0
+
+
+def ls_rows(store: store_module.Store, job: str | None) -> list[dict[str, Any]]:
+    """One dict a rollout of ``job`` (every job without one), as ``ls`` lists them."""
+    rows: list[dict[str, Any]] = []
     for name in [job] if job else store.jobs():
         for rollout in store.rollouts(name):
             found, _ = export.segments(store.calls(rollout.rollout_id))
-            table.append(
-                (
-                    rollout.rollout_id,
-                    rollout.task_id,
-                    str(rollout.sample_index),
-                    _status(rollout),
-                    f"{rollout.reward:g}" if rollout.has_reward else "-",
-                    f"{rollout.calls_stored}/{rollout.call_count_expected}"
-                    if rollout.finished
-                    else str(rollout.calls_stored),
-                    str(len(found)),
-                )
-            )
-    widths = [max(len(row[i]) for row in table) for i in range(len(header))]
-    for row in table:
-        print("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)))
-    return 0
+            rows.append({
+                "job": name,
+                "rollout": rollout.rollout_id,
+                "task": rollout.task_id,
+                "sample": rollout.sample_index,
+                "attempt": rollout.attempt,
+                "status": _status(rollout),
+                "reward": rollout.reward if rollout.has_reward else None,
+                "calls": rollout.calls_stored,
+                "calls_expected": rollout.call_count_expected if rollout.finished else None,
+                "segments": len(found),
+            })  # fmt: skip
+    return rows
+
+
+def totals(rows: list[dict[str, Any]]) -> str:
+    """The line under ``ls``'s table: rollouts by status, calls, the mean reward (pure)."""
+    if not rows:
+        return "no rollouts"
+    by_status = Counter(str(row["status"]) for row in rows)
+    statuses = ", ".join(f"{count} {status}" for status, count in sorted(by_status.items()))
+    rewards = [float(row["reward"]) for row in rows if row["reward"] is not None]
+    mean = f", mean reward {sum(rewards) / len(rewards):.3g} over {len(rewards)}" if rewards else ""
+    calls = sum(int(row["calls"]) for row in rows)
+    return f"{len(rows)} rollout{'s' * (len(rows) != 1)} ({statuses}), {calls} call{'s' * (calls != 1)}{mean}"
 
 
 def _status(rollout: store_module.Rollout) -> str:

@@ -380,7 +380,8 @@ def rows_plain(view: RolloutView, full: bool) -> list[str]:
     for row_view in view.rows:
         lines.append(row_summary(row_view))
         mask = row_view.row.response_mask
-        lines.append(f"  mask {mask_bar(mask)}  (1 char = {_per_char(mask)} tokens)")
+        per = _per_char(mask)
+        lines.append(f"  mask {mask_bar(mask)}  (1 char = {per} token{'' if per == 1 else 's'})")
         for span in row_view.spans:
             kind = "trained" if span.trained else "masked"
             text = (
