@@ -125,6 +125,17 @@ def load_manifests(source: str | os.PathLike[str]) -> list[v1alpha1.Resource]:
     return resources
 
 
+def line_of(source: str | os.PathLike[str], kind: str, name: str, loc: Loc) -> int | None:
+    """The line of ``loc`` (its deepest part present) in the ``kind`` named ``name`` in a
+    YAML file, for a problem found after loading (a reference to another object); None
+    when the file no longer holds that object."""
+    problems: list[Problem] = []
+    for node, data in _documents(os.fspath(source), Path(source).read_text(), problems):
+        if isinstance(data, Mapping) and data.get("kind") == kind and (data.get("metadata") or {}).get("name") == name:
+            return _line(node, loc)
+    return None
+
+
 # -- YAML -------------------------------------------------------------------------------
 
 

@@ -8,6 +8,7 @@ argv / env / files of one rollout's harness and grader.
 
 from __future__ import annotations
 
+import difflib
 import json
 import os
 import sys
@@ -96,7 +97,7 @@ def load(paths: Sequence[str | os.PathLike[str]]) -> Bundle:
     assert isinstance(job, v1alpha1.RolloutJob)
     ref = job.spec.harness_env_ref.name
     if ref not in envs:
-        raise PlanError(f"{job_path}: spec.harnessEnvRef.name: no HarnessEnv named {ref!r} in the given files")
+        raise PlanError(missing_env(job, job_path, ref, sorted(envs)))
     env, env_path = envs[ref]
     assert isinstance(env, v1alpha1.HarnessEnv)
     try:
@@ -104,6 +105,22 @@ def load(paths: Sequence[str | os.PathLike[str]]) -> Bundle:
     except ValueError as exc:
         raise PlanError(f"{env_path}: spec.template: {exc}") from None
     return Bundle(env, job, tuple(_tasks(job, job_path)), job_path.resolve().parent, env_path.resolve().parent)
+
+
+def missing_env(job: v1alpha1.RolloutJob, path: Path, ref: str, names: list[str]) -> str:
+    """The error for a ``harnessEnvRef`` that no given file defines: its line, and what
+    the files hold instead (the closest name, or every name, or a hint)."""
+    loc = ("spec", "harnessEnvRef", "name")
+    line = manifests.line_of(path, "RolloutJob", job.metadata.name or "", loc)
+    where = f"{path}:{line}" if line is not None else str(path)
+    close = difflib.get_close_matches(ref, names, n=1)
+    if close:
+        hint = f"did you mean {close[0]!r}?"
+    elif names:
+        hint = f"the files define {', '.join(repr(n) for n in names)}"
+    else:
+        hint = "the files define none: give the HarnessEnv's file too (openforge run JOB.yaml ENV.yaml)"
+    return f"{where}: spec.harnessEnvRef.name: no HarnessEnv named {ref!r} in the given files; {hint}"
 
 
 def _tasks(job: v1alpha1.RolloutJob, path: Path) -> list[dict[str, Any]]:
