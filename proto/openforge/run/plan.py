@@ -97,7 +97,7 @@ def load(paths: Sequence[str | os.PathLike[str]]) -> Bundle:
     assert isinstance(job, v1alpha1.RolloutJob)
     ref = job.spec.harness_env_ref.name
     if ref not in envs:
-        raise PlanError(missing_env(job, job_path, ref, sorted(envs)))
+        raise PlanError(missing_env(job, job_path, ref, sorted(name for name in envs if name)))
     env, env_path = envs[ref]
     assert isinstance(env, v1alpha1.HarnessEnv)
     try:
