@@ -429,6 +429,8 @@ def test_metrics_are_written_as_jsonl_tensorboard_and_a_png(
     for key in (
         "reward_mean",
         "reward_std",
+        "reward_min",
+        "reward_max",
         "pass_rate",
         "kl",
         "entropy",

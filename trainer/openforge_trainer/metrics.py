@@ -5,8 +5,9 @@ All three live in the run directory:
 * ``metrics.jsonl``: one JSON object per step (flushed and fsync'd), the
   source of truth; on resume the existing lines are kept and extended;
 * ``tensorboard/``: the same numbers as scalars (``tensorboard --logdir``);
-* ``reward_curve.png``: reward mean +- std and pass rate per step, redrawn
-  after every step (matplotlib, Agg backend: no display needed).
+* ``reward_curve.png``: reward mean +- std (never past the step's lowest and
+  highest reward) and pass rate per step, redrawn after every step
+  (matplotlib, Agg backend: no display needed).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import math
 import os
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import matplotlib
 
@@ -55,7 +57,7 @@ class MetricsWriter:
                 self._tensorboard.add_scalar(key, value, global_step=step)
         self._tensorboard.flush()
         self.history.append(clean)
-        plot(self.history, self.run_dir / CURVE)
+        plot(self.history, self.run_dir / CURVE, title=f"{self.run_dir.name}: reward per training step")
 
     def close(self) -> None:
         self._tensorboard.close()
@@ -68,30 +70,45 @@ def read(path: Path) -> list[Record]:
         return [json.loads(line) for line in handle if line.strip()]
 
 
-def plot(history: list[Record], path: Path) -> None:
-    """Reward mean (with a +-std band) and pass rate against step."""
+def band(history: list[Record]) -> tuple[list[float], list[float]]:
+    """Per step, reward mean - std and + std, each kept within that step's lowest and
+    highest reward where the record has them: a std band around a 0/1 reward would
+    otherwise claim rewards below 0 and above 1 that no rollout got (pure)."""
+    lower, upper = [], []
+    for record in history:
+        mean, std = _value(record, "reward_mean", math.nan), _value(record, "reward_std", 0.0)
+        low, high = _value(record, "reward_min", -math.inf), _value(record, "reward_max", math.inf)
+        lower.append(max(mean - std, low))
+        upper.append(min(mean + std, high))
+    return lower, upper
+
+
+def figure(history: list[Record], *, title: str = "") -> Any:
+    """The reward curve: reward mean (with its band) and pass rate against step."""
     steps = [_value(r, "step", 0.0) for r in history]
     mean = [_value(r, "reward_mean", math.nan) for r in history]
-    std = [_value(r, "reward_std", 0.0) for r in history]
     passed = [_value(r, "pass_rate", math.nan) for r in history]
-    figure, axis = plt.subplots(figsize=(6.4, 3.6), dpi=100)
+    lower, upper = band(history)
+    drawn, axis = plt.subplots(figsize=(6.4, 3.6), dpi=100)
     axis.plot(steps, mean, marker="o", label="reward mean")
-    axis.fill_between(
-        steps,
-        [m - s for m, s in zip(mean, std, strict=True)],
-        [m + s for m, s in zip(mean, std, strict=True)],
-        alpha=0.2,
-        label="reward ± std",
-    )
+    axis.fill_between(steps, lower, upper, alpha=0.2, label="reward ± std")
     axis.plot(steps, passed, marker=".", linestyle="--", label="pass rate")
     axis.set_xlabel("step")
     axis.set_ylabel("reward")
+    if title:
+        axis.set_title(title)
     axis.grid(alpha=0.3)
     axis.legend(loc="best")
-    figure.tight_layout()
+    drawn.tight_layout()
+    return drawn
+
+
+def plot(history: list[Record], path: Path, *, title: str = "") -> None:
+    """Write :func:`figure` to ``path`` whole (a reader never sees half a PNG)."""
+    drawn = figure(history, title=title)
     temporary = path.with_suffix(".tmp.png")
-    figure.savefig(temporary)
-    plt.close(figure)
+    drawn.savefig(temporary)
+    plt.close(drawn)
     os.replace(temporary, path)
 
 

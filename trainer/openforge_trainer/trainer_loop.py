@@ -604,6 +604,8 @@ class Trainer:
             "rows": float(len(batch)),
             "reward_mean": float(rewards.mean()),
             "reward_std": float(rewards.std()),
+            "reward_min": float(rewards.min()),
+            "reward_max": float(rewards.max()),
             "pass_rate": float((rewards >= self.config.pass_threshold).mean()),
             "advantage_abs_mean": float(np.abs(batch.meta_info["rollout_advantages"]).mean()),
             "staleness_mean": float(np.mean(staleness)),
