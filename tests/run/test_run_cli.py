@@ -95,6 +95,11 @@ def test_a_stopped_run_continues_on_rerun_without_counting_a_rollout_twice(procs
     with store.Store(run_dir / "store.db") as db:
         complete = [r for r in db.rollouts("react-toy") if r.complete]
     assert sorted(r.rollout_id for r in complete) == sorted(e["rollout_id"] for e in finished)
+    assert "already complete" not in again.stdout
+    # once more: nothing is left, and the summary says so
+    third = run(args)
+    assert third.returncode == 0 and "already complete: every rollout had finished in an earlier run" in third.stdout, third.stdout
+    assert len([e for e in journal(run_dir) if e["event"] == "finish"]) == len(finished)
 
 
 def test_a_bad_manifest_fails_before_anything_starts(tmp_path: Path) -> None:

@@ -87,6 +87,7 @@ def main(argv: list[str]) -> int:
 
         display = progress.Display(job=bundle.name, iterations=iterations, metrics=run_dir / "train" / "metrics.jsonl")
         history: list[runner.IterationStats] = []
+        trained_now = False
         with (display if not args.quiet else _Null()):
             job_runner = runner.Runner(bundle, run_dir=run_dir, endpoints=current_endpoints, on_change=display.update, stop=stop)
             for iteration in range(iterations):
@@ -101,7 +102,9 @@ def main(argv: list[str]) -> int:
                     display.update(phase=f"iteration {iteration + 1}: training")
                     version = runner.wait_for_policy(engine_url, iteration + 1, alive=trainer.alive, stop=stop, timeout=1800)
                     job_runner.journal.write({"event": "trained", "iteration": iteration, "policy_version": version})
-        print(progress.summary(history))
+                    trained_now = True
+        nothing_left = not stop.is_set() and not trained_now and all(s.resumed == s.total for s in history)
+        print(progress.summary(history, run_dir=run_dir, trained=trainer is not None, nothing_left=nothing_left))
         if stop.is_set():
             print(f"openforge run: stopped; run the same command again to continue ({run_dir})")
             return 130

@@ -81,14 +81,45 @@ class Display:
         return table
 
 
-def summary(history: Sequence[runner.IterationStats]) -> str:
-    lines = ["iteration  rollouts  failed  mean reward"]
+def summary(
+    history: Sequence[runner.IterationStats],
+    *,
+    run_dir: Path | None = None,
+    trained: bool = False,
+    nothing_left: bool = False,
+) -> str:
+    """What a run did, after it (pure): a row an iteration, a partial one marked with what
+    it got to; the reward's change; where the run's files are and how to look at them.
+
+    ``trained``: the run trains (the curve and TensorBoard logs exist). ``nothing_left``:
+    an earlier run of the same command had finished and trained everything.
+    """
+    lines = []
+    if nothing_left:
+        done = "finished and been trained on" if trained else "finished"
+        lines.append(f"already complete: every rollout had {done} in an earlier run; nothing was run")
+    lines.append("iteration  rollouts  failed  mean reward")
     for stats in history:
         reward = stats.mean_reward
-        lines.append(f"{stats.iteration + 1:>9}  {stats.total:>8}  {stats.failed:>6}  {'-' if reward is None else f'{reward:.3f}':>11}")
-    rewards = [s.mean_reward for s in history if s.mean_reward is not None]
+        count = f"{stats.total}" if stats.done >= stats.total else f"{stats.done}/{stats.total}"
+        partial = "  (stopped: partial)" if stats.done < stats.total else ""
+        lines.append(f"{stats.iteration + 1:>9}  {count:>8}  {stats.failed:>6}  {'-' if reward is None else f'{reward:.3f}':>11}{partial}")
+    rewards = [s.mean_reward for s in history if s.mean_reward is not None and s.done >= s.total]
     if len(rewards) >= 2:
         lines.append(f"reward: {rewards[0]:.3f} (first iteration) -> {rewards[-1]:.3f} (last), change {rewards[-1] - rewards[0]:+.3f}")
+    if run_dir is not None:
+        store = run_dir / "store.db"
+        lines += ["", f"run directory  {run_dir}", f"store          {store}"]
+        if trained:
+            lines += [
+                f"reward curve   {run_dir / 'train' / 'reward_curve.png'}",
+                f"metrics        {run_dir / 'train' / 'metrics.jsonl'}",
+                f"TensorBoard    tensorboard --logdir {run_dir / 'train' / 'tensorboard'}",
+            ]
+        lines += [
+            f"rollouts       openforge trajectories ls --store {store}",
+            f"one rollout    openforge trajectories show ROLLOUT --store {store}",
+        ]
     return "\n".join(lines)
 
 

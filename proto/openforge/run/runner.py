@@ -34,6 +34,8 @@ class IterationStats:
     failed: int = 0
     retried: int = 0
     rewards: list[float] = field(default_factory=list)
+    resumed: int = 0
+    """Rollouts an earlier run of the same command had finished (taken from its journal)."""
 
     @property
     def done(self) -> int:
@@ -115,6 +117,7 @@ class Runner:
         for entry in resume.finished.values():
             if entry["iteration"] == iteration:
                 self._count(stats, entry)
+                stats.resumed += 1
         parallelism = self.bundle.job.spec.parallelism
         with ThreadPoolExecutor(max_workers=parallelism, thread_name_prefix="rollout") as pool:
             pending: dict[Future[executor.Outcome], plan.Rollout] = {}

@@ -1,0 +1,35 @@
+"""The summary after a local run: a row an iteration, partial ones marked, where the files are."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from openforge.run import progress, runner
+
+
+def stats(iteration: int, total: int, rewards: list[float], *, failed: int = 0, resumed: int = 0) -> runner.IterationStats:
+    return runner.IterationStats(iteration, total=total, succeeded=len(rewards) - failed, failed=failed, rewards=rewards, resumed=resumed)
+
+
+def test_a_stopped_iteration_shows_what_it_got_to_and_is_left_out_of_the_reward_change() -> None:
+    text = progress.summary([stats(0, 4, [0.0, 1.0, 0.0, 1.0]), stats(1, 4, [1.0, 1.0, 1.0, 1.0]), stats(2, 48, [1.0] * 10)])
+    lines = text.splitlines()
+    assert lines[1].split() == ["1", "4", "0", "0.500"]
+    assert lines[3].split() == ["3", "10/48", "0", "1.000", "(stopped:", "partial)"]
+    assert "reward: 0.500 (first iteration) -> 1.000 (last), change +0.500" in text
+
+
+def test_it_says_where_the_run_is_and_how_to_look_at_it(tmp_path: Path) -> None:
+    text = progress.summary([stats(0, 2, [1.0, 1.0])], run_dir=tmp_path, trained=True)
+    assert f"run directory  {tmp_path}" in text
+    assert f"reward curve   {tmp_path / 'train' / 'reward_curve.png'}" in text
+    assert f"TensorBoard    tensorboard --logdir {tmp_path / 'train' / 'tensorboard'}" in text
+    assert f"openforge trajectories ls --store {tmp_path / 'store.db'}" in text
+    untrained = progress.summary([stats(0, 2, [1.0, 1.0])], run_dir=tmp_path, trained=False)
+    assert "reward curve" not in untrained and "store.db" in untrained
+
+
+def test_a_rerun_with_nothing_left_says_so() -> None:
+    text = progress.summary([stats(0, 2, [1.0, 1.0], resumed=2)], trained=True, nothing_left=True)
+    assert text.splitlines()[0] == "already complete: every rollout had finished and been trained on in an earlier run; nothing was run"
+    assert "already complete" not in progress.summary([stats(0, 2, [1.0, 1.0])])
