@@ -97,8 +97,11 @@ def test_a_stopped_run_continues_on_rerun_without_counting_a_rollout_twice(procs
     assert sorted(r.rollout_id for r in complete) == sorted(e["rollout_id"] for e in finished)
     assert "already complete" not in again.stdout
     # once more: nothing is left, and the summary says so
+    logs = {path.name: path.stat().st_size for path in run_dir.glob("*.log")}
     third = run(args)
     assert third.returncode == 0 and "already complete: every rollout had finished in an earlier run" in third.stdout, third.stdout
+    assert "        2         6       0        1.000" in third.stdout  # the counts, from the journal
+    assert {path.name: path.stat().st_size for path in run_dir.glob("*.log")} == logs, "a process was started"
     assert len([e for e in journal(run_dir) if e["event"] == "finish"]) == len(finished)
 
 

@@ -56,6 +56,10 @@ def main(argv: list[str]) -> int:
     train = not args.no_train
     run_dir = (args.run_dir or Path("runs") / bundle.name).resolve()
     run_dir.mkdir(parents=True, exist_ok=True)
+    finished = runner.finished_history(bundle, runner.Journal(run_dir / "journal.jsonl"), iterations, train=train)
+    if finished is not None:  # nothing to start any process for
+        print(progress.summary(finished, run_dir=run_dir, trained=train, nothing_left=True))
+        return 0
     stop = threading.Event()
     _on_signal(stop)
     services: list[processes.Service] = []
@@ -87,7 +91,6 @@ def main(argv: list[str]) -> int:
 
         display = progress.Display(job=bundle.name, iterations=iterations, metrics=run_dir / "train" / "metrics.jsonl")
         history: list[runner.IterationStats] = []
-        trained_now = False
         with (display if not args.quiet else _Null()):
             job_runner = runner.Runner(bundle, run_dir=run_dir, endpoints=current_endpoints, on_change=display.update, stop=stop)
             for iteration in range(iterations):
@@ -102,9 +105,7 @@ def main(argv: list[str]) -> int:
                     display.update(phase=f"iteration {iteration + 1}: training")
                     version = runner.wait_for_policy(engine_url, iteration + 1, alive=trainer.alive, stop=stop, timeout=1800)
                     job_runner.journal.write({"event": "trained", "iteration": iteration, "policy_version": version})
-                    trained_now = True
-        nothing_left = not stop.is_set() and not trained_now and all(s.resumed == s.total for s in history)
-        print(progress.summary(history, run_dir=run_dir, trained=trainer is not None, nothing_left=nothing_left))
+        print(progress.summary(history, run_dir=run_dir, trained=trainer is not None))
         if stop.is_set():
             print(f"openforge run: stopped; run the same command again to continue ({run_dir})")
             return 130

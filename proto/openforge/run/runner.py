@@ -176,12 +176,34 @@ class Runner:
 
     def _count(self, stats: IterationStats, entry: dict[str, Any]) -> None:
         with self._lock:
-            if entry["status"] == "succeeded":
-                stats.succeeded += 1
-                if entry.get("reward") is not None:
-                    stats.rewards.append(float(entry["reward"]))
-            else:
-                stats.failed += 1
+            count(stats, entry)
+
+
+def count(stats: IterationStats, entry: dict[str, Any]) -> None:
+    """Add one journal ``finish`` entry to an iteration's counts."""
+    if entry["status"] == "succeeded":
+        stats.succeeded += 1
+        if entry.get("reward") is not None:
+            stats.rewards.append(float(entry["reward"]))
+    else:
+        stats.failed += 1
+
+
+def finished_history(bundle: plan.Bundle, journal: Journal, iterations: int, *, train: bool) -> list[IterationStats] | None:
+    """Each iteration's counts when an earlier run left nothing to do (every rollout of
+    ``iterations`` finished, and trained on when ``train``), read from its journal; None
+    when something is left."""
+    resume = resume_state(journal)
+    history = []
+    for iteration in range(iterations):
+        every = plan.rollouts_for(bundle, iteration)
+        if any((iteration, r.index) not in resume.finished for r in every) or (train and iteration not in resume.trained):
+            return None
+        stats = IterationStats(iteration, total=len(every), resumed=len(every))
+        for rollout in every:
+            count(stats, resume.finished[(iteration, rollout.index)])
+        history.append(stats)
+    return history
 
 
 def policy_version(engine_url: str) -> int:
