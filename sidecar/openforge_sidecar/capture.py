@@ -20,6 +20,7 @@ import ctypes
 import importlib
 import json
 import logging
+import math
 import os
 import queue
 import threading
@@ -819,21 +820,39 @@ def _response_id(codec: Codec, index: int) -> str:
     return f"{prefix}_{uuid.uuid4().hex[:24]}{index:04d}"
 
 
+#: What a rollout's finish may say: the record's ``status`` values, its int32 exit
+#: code, and at most an hour's wait for the collector's acknowledgement.
+FINISH_STATUSES = ("succeeded", "failed", "timeout")
+INT32 = (-(2**31), 2**31 - 1)
+MAX_FINISH_WAIT_SECONDS = 3600.0
+
+
 def _finish_payload(body: Any) -> tuple[int, float | None, str, str, float]:
+    """The fields of a ``rollout/finish`` body, checked; ValueError naming the field at fault.
+
+    Checked before anything is recorded: a body that cannot become a record (an exit
+    code past int32, a reward that is no finite number) once made the addon raise, the
+    request went on to the engine, and the rollout's later finishes were acknowledged
+    but never stored.
+    """
     if not isinstance(body, dict):
         raise ValueError("body must be a JSON object")
     exit_code = body.get("exit_code", 0)
+    if not isinstance(exit_code, int) or isinstance(exit_code, bool) or not INT32[0] <= exit_code <= INT32[1]:
+        raise ValueError(f"exit_code must be a 32-bit integer, not {exit_code!r}")
     reward = body.get("reward")
-    if not isinstance(exit_code, int):
-        raise ValueError("exit_code must be an integer")
-    if reward is not None and not isinstance(reward, int | float):
-        raise ValueError("reward must be a number or null")
+    if reward is not None and (not isinstance(reward, int | float) or isinstance(reward, bool) or not math.isfinite(reward)):
+        raise ValueError(f"reward must be a finite number or null, not {reward!r}")
     grader = body.get("grader_output", "")
+    if not isinstance(grader, str):
+        raise ValueError("grader_output must be a string")
     status = body.get("status", "succeeded" if exit_code == 0 else "failed")
+    if status not in FINISH_STATUSES:
+        raise ValueError(f"status must be one of {', '.join(FINISH_STATUSES)}, not {status!r}")
     wait = body.get("wait_seconds", 0)
-    if not isinstance(wait, int | float) or wait < 0:
-        raise ValueError("wait_seconds must be a non-negative number")
-    return exit_code, None if reward is None else float(reward), str(grader), str(status), float(wait)
+    if not isinstance(wait, int | float) or isinstance(wait, bool) or not 0 <= wait <= MAX_FINISH_WAIT_SECONDS:
+        raise ValueError(f"wait_seconds must be a number from 0 to {MAX_FINISH_WAIT_SECONDS:g}, not {wait!r}")
+    return exit_code, None if reward is None else float(reward), grader, str(status), float(wait)
 
 
 @dataclass(slots=True)

@@ -14,6 +14,10 @@ from openforge.api import grading
         ('{"reward": 0.2}\nnot json\n', 0, 0.2),  # trailing non-JSON lines are skipped
         ('{"reward": 0.2}\n{"score": 1}', 0, None),  # the last JSON line decides
         ('{"reward": true}', 0, None),  # a bool is not a number
+        ('{"reward": NaN}', 0, None),  # Python's JSON reads these; no reward can be one
+        ('{"reward": Infinity}', 0, None),
+        ('{"reward": -Infinity}', 0, None),
+        ('{"reward": 1e999}', 0, None),  # overflows to inf
         ("[1, 2]", 0, None),
         ("nothing here", 2, None),
         ("", 0, None),
@@ -28,6 +32,7 @@ def test_stdout_json(stdout: str, exit_code: int, expected: float | None) -> Non
 def test_reasons_name_what_was_wrong() -> None:
     assert "without a numeric 'reward'" in grading.reward("stdout-json", stdout='{"score": 1}', exit_code=0)[1]
     assert "no JSON line (exit 2)" in grading.reward("stdout-json", stdout="boom", exit_code=2)[1]
+    assert "not a finite number (nan)" in grading.reward("stdout-json", stdout='{"reward": NaN}', exit_code=0)[1]
 
 
 def test_exit_code() -> None:

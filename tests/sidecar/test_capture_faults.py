@@ -202,3 +202,41 @@ def test_oversized_bodies_are_refused_with_413_and_recorded(procs: Any, tmp_path
     assert "exceeds the limit" in response.json()["error"]["message"]
     ok(ask(sidecar, "small"))
     assert stats(sidecar)["counters"]["rejected_413"] == 1
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ({"exit_code": 2**40}, "exit_code must be a 32-bit integer"),
+        ({"exit_code": True}, "exit_code must be a 32-bit integer"),
+        ({"exit_code": 0, "reward": True}, "reward must be a finite number or null"),
+        ({"exit_code": 0, "reward": "1.0"}, "reward must be a finite number or null"),
+        ({"exit_code": 0, "status": "won"}, "status must be one of succeeded, failed, timeout"),
+        ({"exit_code": 0, "grader_output": ["x"]}, "grader_output must be a string"),
+        ({"exit_code": 0, "wait_seconds": 1e9}, "wait_seconds must be a number from 0 to 3600"),
+        ({"exit_code": 0, "wait_seconds": False}, "wait_seconds must be a number from 0 to 3600"),
+        ([1, 2], "body must be a JSON object"),
+    ],
+)
+def test_a_malformed_finish_is_refused_naming_its_field_and_records_nothing(procs: Any, tmp_path: Path, body: Any, field: str) -> None:
+    collector = procs.collector()
+    sidecar = procs.sidecar("--collector", f"127.0.0.1:{collector.port}", "--job", "faults", "--rollout-id", "r-bad-finish", engine=procs.engine())
+    refused = httpx.post(f"{sidecar.url}/openforge/v1/rollout/finish", json=body, timeout=10)
+    assert refused.status_code == 400 and field in refused.json()["error"], refused.text
+    # nothing was recorded: the rollout's one finish is still to come, and is stored
+    assert finish(sidecar, wait=20)["acknowledged"]
+    rollout, _, _ = stored(tmp_path / "store.db", "r-bad-finish")
+    assert rollout is not None and rollout.finished and rollout.reward == 0.5
+
+
+def test_a_reward_that_is_not_a_finite_number_is_refused(procs: Any, tmp_path: Path) -> None:
+    """Python's JSON reads NaN and Infinity: a finish carrying one is refused before it is
+    recorded (a NaN once broke the collector's insert and the export stalled for good)."""
+    collector = procs.collector()
+    sidecar = procs.sidecar("--collector", f"127.0.0.1:{collector.port}", "--job", "faults", "--rollout-id", "r-nan", engine=procs.engine())
+    for text in ('{"exit_code": 0, "reward": NaN}', '{"exit_code": 0, "reward": Infinity}'):
+        refused = httpx.post(f"{sidecar.url}/openforge/v1/rollout/finish", content=text, headers={"content-type": "application/json"}, timeout=10)
+        assert refused.status_code == 400 and "reward must be a finite number" in refused.json()["error"], refused.text
+    assert finish(sidecar, wait=20)["acknowledged"]
+    rollout, _, _ = stored(tmp_path / "store.db", "r-nan")
+    assert rollout is not None and rollout.reward == 0.5
