@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import math
 import sqlite3
 from pathlib import Path
 
@@ -186,6 +187,16 @@ def test_put_refuses_records_lacking_a_field(db: store.Store, field: str, messag
     with pytest.raises(store.StoreError, match=message):
         db.put([good, bad])
     assert db.record_count() == 0  # nothing from the batch
+
+
+@pytest.mark.parametrize("reward", [math.nan, math.inf, -math.inf])
+def test_put_refuses_a_reward_that_is_not_a_finite_number(db: store.Store, reward: float) -> None:
+    records = rollout_records("r1")
+    finished = next(r for r in records if r.WhichOneof("body") == "finished")
+    finished.finished.has_reward, finished.finished.reward = True, reward
+    with pytest.raises(store.StoreError, match=r"finished\.reward must be a finite number"):
+        db.put(records)
+    assert db.record_count() == 0
 
 
 def test_a_job_is_claimed_once_and_for_good(tmp_path: Path) -> None:

@@ -23,6 +23,7 @@ whose per-job token first wrote it (see ``openforge.trajectory.auth``).
 from __future__ import annotations
 
 import dataclasses
+import math
 import sqlite3
 import threading
 import time
@@ -436,7 +437,8 @@ class Store:
 
 
 def check(record: Record) -> None:
-    """Raise StoreError naming the first required field ``record`` lacks."""
+    """Raise StoreError naming the first required field ``record`` lacks, or the first
+    value it cannot be stored with (a reward that is no finite number)."""
     if not record.idempotency_key:
         raise StoreError("idempotency_key is required")
     if not record.rollout_id:
@@ -447,6 +449,10 @@ def check(record: Record) -> None:
         raise StoreError(
             f"record {record.idempotency_key!r}: body is required"
             " (one of started, call, finished, lost)"
+        )
+    if record.WhichOneof("body") == "finished" and record.finished.has_reward and not math.isfinite(record.finished.reward):
+        raise StoreError(
+            f"record {record.idempotency_key!r}: finished.reward must be a finite number, not {record.finished.reward}"
         )
 
 
