@@ -125,15 +125,20 @@ def judge(run_dir: Path, *, reward_from: str, failing_exit_codes: frozenset[int]
     return Verdict(exit_code, value, grader_output, "succeeded", "")
 
 
-def post_finish(listen: str, verdict: Verdict, *, wait_seconds: float, deadline: float) -> dict[str, Any]:
-    """Report the rollout to the sidecar, retrying until ``deadline`` while it is not up."""
+def post_finish(listen: str, verdict: Verdict, *, wait_seconds: float, deadline: float, token_file: str) -> dict[str, Any]:
+    """Report the rollout to the sidecar with its control token, retrying until
+    ``deadline`` while it is not up (nor its token made)."""
     import urllib.request  # here, not at the top: it would be 30 ms before the agent binds the port
+
+    from openforge import control
 
     body = json.dumps(verdict.finish_body(wait_seconds)).encode()
     url = f"http://{listen}/openforge/v1/rollout/finish"
     while True:
-        request = urllib.request.Request(url, data=body, headers={"content-type": "application/json"})
         try:
+            token = control.headers(control.read(token_file)) if token_file else {}
+            headers = {"content-type": "application/json", **token}
+            request = urllib.request.Request(url, data=body, headers=headers)
             with urllib.request.urlopen(request, timeout=wait_seconds + 10) as response:
                 result: dict[str, Any] = json.load(response)
                 return result
@@ -237,7 +242,7 @@ class Agent:
 
     def _report(self, verdict: Verdict, *, wait: float) -> None:
         deadline = time.monotonic() + wait + 10
-        result = post_finish(self.options.listen, verdict, wait_seconds=wait, deadline=deadline)
+        result = post_finish(self.options.listen, verdict, wait_seconds=wait, deadline=deadline, token_file=self.options.control_token_file)
         message = termination_message(verdict, result)
         _create(self.run_dir / entrypoint.FINISHED, json.dumps(message, separators=(",", ":")))
 
@@ -283,6 +288,10 @@ def build_parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     parser.add_argument("--finish-wait", type=float, default=60.0, help="seconds to wait for the collector's ack")
     parser.add_argument("--poll", type=float, default=0.05, help="seconds between looks at the run directory")
+    parser.add_argument(
+        "--control-token-file", default="",
+        help="the sidecar's --control-token-file (in its own volume): the token the rollout is reported with",
+    )  # fmt: skip
     return parser
 
 

@@ -47,6 +47,9 @@ TOKEN_VOLUME = "openforge-token"
 TASK_VOLUME = "openforge-task"
 
 SIDECAR_DIR = "/openforge/sidecar"
+CONTROL_TOKEN = SIDECAR_DIR + "/control-token"
+"""The sidecar's control token (``openforge.control``), in its own volume: the harness
+container does not mount it, so only the in-pod agent can report the rollout."""
 CA_DIR = "/openforge/ca"
 CA_CERT_DIR = "/openforge/ca-cert"
 TOKEN_DIR = "/openforge/token"
@@ -291,6 +294,7 @@ def _sidecar(
         "--reward-from", grader.reward_from if grader is not None else "none",
         "--failing-exit-codes", failing_exit_codes(job),
         "--finish-wait", str(config.finish_wait_seconds),
+        "--control-token-file", CONTROL_TOKEN,
     ]  # fmt: skip
     mounts: list[dict[str, Any]] = [
         {"name": RUN_VOLUME, "mountPath": entrypoint.RUN_DIR},
@@ -313,6 +317,7 @@ def _sidecar(
         "--attempt", str(attempt),
         "--harness", env.metadata.name or "",
         "--policy-version", str(job.spec.policy.version),
+        "--control-token-file", CONTROL_TOKEN,
     ]  # fmt: skip
     trainer = job.spec.trainer
     if trainer is not None:

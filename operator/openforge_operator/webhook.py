@@ -152,6 +152,8 @@ def inject(pod: dict[str, Any], config: settings.Settings) -> dict[str, Any]:
         "--spool", f"{pods.SIDECAR_DIR}/spool", "--confdir", f"{pods.SIDECAR_DIR}/confdir",
         "--job", annotations.get(PREFIX + "job", "webhook"), "--rollout-id", "$(OPENFORGE_POD_NAME)",
         "--policy-version", version,
+        # capture only: nobody reports these rollouts, and the pod's containers cannot
+        "--control-token-file", pods.CONTROL_TOKEN,
     ]  # fmt: skip
     mounts: list[dict[str, Any]] = [{"name": pods.SIDECAR_VOLUME, "mountPath": pods.SIDECAR_DIR}]
     volumes: list[dict[str, Any]] = [{"name": pods.SIDECAR_VOLUME, "emptyDir": {}}]

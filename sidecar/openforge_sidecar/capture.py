@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from mitmproxy import ctx, exceptions, http
+from openforge import control
 from openforge.trajectory.v1 import trajectory_pb2 as pb
 
 from openforge_sidecar import (
@@ -148,6 +149,7 @@ class Capture:
         self._exporter: exporting.Exporter | None = None
         self._exporter_task: asyncio.Task[None] | None = None
         self._collector_token: str | None = None
+        self._control_token: str | None = None
         self._next_call = 0
         self._next_lost = 0
         self._finished = False
@@ -181,6 +183,7 @@ class Capture:
         loader.add_option("openforge_max_body", int, 32 * 1024 * 1024, "Largest LLM request body accepted, in bytes.")
         loader.add_option("openforge_ready_file", str, "", "File created once the sidecar serves: its proxy listens and its spool is open.")
         loader.add_option("openforge_finish_on_stop", bool, False, "On shutdown, record a rollout that was never finished as failed (no reward), as a stopped pod's is.")
+        loader.add_option("openforge_control_token_file", str, "", "rollout/finish needs 'Authorization: Bearer' with the token in this file (created, random, when absent).")
 
     def configure(self, updated: set[str]) -> None:
         opts = ctx.options
@@ -192,6 +195,13 @@ class Capture:
             raise exceptions.OptionsError("openforge_spool is required: every call is spooled before it is exported")
         if not opts.openforge_rollout_id:
             opts.openforge_rollout_id = uuid.uuid4().hex
+        if "openforge_control_token_file" in updated:
+            # before the proxy listens: whoever waits for the port may read the token then
+            path = opts.openforge_control_token_file
+            try:
+                self._control_token = control.ensure(path) if path else None
+            except (OSError, ValueError) as exc:
+                raise exceptions.OptionsError(f"openforge_control_token_file: {exc}") from exc
 
     async def running(self) -> None:
         opts = ctx.options
@@ -667,6 +677,11 @@ class Capture:
             flow.response = _json_response(200, self.snapshot())
             return
         if path == CONTROL_PREFIX + "rollout/finish" and flow.request.method == "POST":
+            if self._control_token is not None and not control.allows(self._control_token, flow.request.headers.get(control.HEADER)):
+                self.stats["finish_refused"] += 1
+                log.warning("refused a rollout/finish without the control token (the harness's own?)")
+                flow.response = _json_response(401, {"error": "rollout/finish needs the control token: Authorization: Bearer <the --control-token-file's token>"})
+                return
             try:
                 body = json.loads(flow.request.get_content(strict=False) or b"{}")
                 result = _finish_payload(body)

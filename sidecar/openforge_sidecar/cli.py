@@ -54,6 +54,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--listen-fd", type=int, default=-1, help="serve this inherited socket, already listening on --listen, instead of binding one")
     parser.add_argument("--ready-file", default="", help="file to create once the sidecar serves (its spool open)")
     parser.add_argument("--finish-on-stop", action="store_true", help="on SIGTERM, record a rollout nobody finished as failed (a stopped pod)")
+    parser.add_argument(
+        "--control-token-file", default="",
+        help="POST /openforge/v1/rollout/finish needs 'Authorization: Bearer TOKEN', TOKEN this file's (made, random, 0600, when absent):"
+        " the harness, which reaches the same port, cannot report its own rollout",
+    )  # fmt: skip
     parser.add_argument("--verbose", action="store_true", help="log every flow")
     return parser
 
@@ -94,6 +99,7 @@ def settings(ns: argparse.Namespace) -> list[str]:
         f"openforge_policy_version={ns.policy_version}",
         f"openforge_ready_file={ns.ready_file}",
         f"openforge_finish_on_stop={'true' if ns.finish_on_stop else 'false'}",
+        f"openforge_control_token_file={ns.control_token_file}",
         # Connect upstream only when a request is forwarded. (Eager connects in
         # reverse mode were tried for latency and reverted after a rare engine
         # 404 in the end-to-end tests. That 404 was a call racing the tokenizer

@@ -148,6 +148,26 @@ def test_the_rollout_is_graded_reported_and_acknowledged(tmp_path: Path) -> None
     assert list((tmp_path / "spool").glob("segment-*.log")), "the sidecar spooled the finish record"
 
 
+def test_the_harness_cannot_report_its_own_rollout(tmp_path: Path) -> None:
+    """As in a pod: the sidecar's control token is in its own directory. The harness, on the
+    sidecar's port, is refused a finish with the reward it would like; the agent's finish,
+    with the grader's reward and the token, is the one recorded."""
+    token_file = tmp_path / "sidecar-own" / "control-token"
+    agent = Agent(tmp_path, "--control-token-file", str(token_file), sidecar_extra=("--control-token-file", str(token_file)))
+    try:
+        agent.wait_serving()
+        assert token_file.stat().st_mode & 0o777 == 0o600
+        forge = f"import urllib.request as u; u.urlopen(u.Request('http://127.0.0.1:{agent.port}/openforge/v1/rollout/finish', data=b'{{\"exit_code\": 0, \"reward\": 1.0}}'))"
+        done = entrypoint_run(agent.run_dir, tmp_path / "term", [sys.executable, "-c", forge], [sys.executable, "-c", "print('{\"reward\": 0.0}')"])
+        assert done.returncode == 1 and "HTTP Error 401" in done.stderr + done.stdout, done.stderr
+        message = json.loads((tmp_path / "term").read_text())
+        assert message["acknowledged"] is True and message["reward"] == 0.0, message
+    finally:
+        assert agent.stop() == 0
+    log = (tmp_path / "agent.log").read_text()
+    assert "refused a rollout/finish without the control token" in log
+
+
 @pytest.mark.parametrize("token_job", ["job", "other"])
 def test_a_rollout_is_acknowledged_only_when_the_collector_stored_it(tmp_path: Path, token_job: str) -> None:
     """Sidecar -> collector with a per-job token, for real: the job's own token is stored

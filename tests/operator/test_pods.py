@@ -151,8 +151,20 @@ def test_the_sidecar_knows_its_rollout_policy_and_collector() -> None:
         "--engine-model": "tiny", "--spool": "/openforge/sidecar/spool", "--confdir": "/openforge/sidecar/confdir",
         "--job": "job", "--rollout-id": "job-5-1", "--task-id": "b", "--sample-index": "1", "--attempt": "1",
         "--harness": "env", "--policy-version": "3", "--collector": "collector.openforge.svc:50051",
+        "--control-token-file": "/openforge/sidecar/control-token",
     }  # fmt: skip
-    assert agent == ["--listen", "127.0.0.1:15090", "--reward-from", "stdout-json", "--failing-exit-codes", "", "--finish-wait", "60"]
+    assert agent == [
+        "--listen", "127.0.0.1:15090", "--reward-from", "stdout-json", "--failing-exit-codes", "", "--finish-wait", "60",
+        "--control-token-file", "/openforge/sidecar/control-token",
+    ]  # fmt: skip
+
+
+def test_only_the_sidecar_mounts_the_volume_of_its_control_token() -> None:
+    """The harness reaches the sidecar's port, never its token: it cannot report its own rollout."""
+    pod = build()
+    assert pods.CONTROL_TOKEN.startswith(pods.SIDECAR_DIR + "/")
+    holders = [c["name"] for c in [*pod["spec"]["initContainers"], *pod["spec"]["containers"]] if pods.SIDECAR_VOLUME in mounts(c)]
+    assert holders == ["openforge-sidecar"]
 
 
 def test_the_collector_token_is_mounted_into_the_sidecar_only() -> None:

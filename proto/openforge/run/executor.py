@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from openforge import control
 from openforge.run import plan, processes
 
 Status = Literal["succeeded", "failed"]
@@ -47,6 +48,8 @@ class Endpoints:
 
 
 INTERRUPTED = "Interrupted"
+CONTROL_TOKEN = "control-token"
+"""The sidecar's control token, beside its spool: only the runner reports the rollout."""
 
 
 def run_rollout(
@@ -67,6 +70,7 @@ def run_rollout(
             "--rollout-id", rollout.rollout_id, "--task-id", rollout.task_id,
             "--sample-index", str(rollout.sample), "--attempt", str(rollout.attempt),
             "--harness", bundle.env.metadata.name or "", "--policy-version", str(endpoints.policy_version),
+            "--control-token-file", str(home / CONTROL_TOKEN),
         ),
         home / "sidecar.log",
         port=port,
@@ -81,7 +85,7 @@ def run_rollout(
             return Outcome(rollout, "failed", exit_code, None, INTERRUPTED, "stopped", 0, time.monotonic() - started)
         reward, grader_output, why = _grade(bundle, rollout, workdir, exit_code, home / "grader.log")
         status, reason, message = _judge(bundle, exit_code, timed_out, reward, why)
-        finish = _finish(sidecar.url, exit_code=exit_code, reward=reward, grader_output=grader_output, status=status)
+        finish = _finish(sidecar.url, home / CONTROL_TOKEN, exit_code=exit_code, reward=reward, grader_output=grader_output, status=status)
         (home / "sidecar.json").write_text(json.dumps(finish, indent=2) + "\n")
     finally:
         sidecar.stop()
@@ -157,14 +161,16 @@ def _judge(bundle: plan.Bundle, exit_code: int, timed_out: bool, reward: float |
     return "succeeded", "", ""
 
 
-def _finish(sidecar_url: str, *, exit_code: int, reward: float | None, grader_output: str, status: Status) -> dict[str, Any]:
+def _finish(sidecar_url: str, token_file: Path, *, exit_code: int, reward: float | None, grader_output: str, status: Status) -> dict[str, Any]:
+    """Report the rollout to its sidecar, with the control token it made before it listened."""
     body = json.dumps(
         {"exit_code": exit_code, "reward": reward, "grader_output": grader_output, "status": status, "wait_seconds": FINISH_WAIT_SECONDS}
     ).encode()
-    request = urllib.request.Request(
-        f"{sidecar_url}/openforge/v1/rollout/finish", data=body, headers={"content-type": "application/json"}
-    )
     try:
+        request = urllib.request.Request(
+            f"{sidecar_url}/openforge/v1/rollout/finish", data=body,
+            headers={"content-type": "application/json", **control.headers(control.read(token_file))},
+        )  # fmt: skip
         with urllib.request.urlopen(request, timeout=FINISH_WAIT_SECONDS + 10) as response:
             result: dict[str, Any] = json.load(response)
             return result
