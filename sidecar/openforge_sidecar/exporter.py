@@ -30,6 +30,7 @@ import random
 from typing import Any
 
 import grpc
+from openforge.trajectory import channel
 from openforge.trajectory.v1 import trajectory_pb2, trajectory_pb2_grpc
 
 from openforge_sidecar import spool as spool_module
@@ -205,8 +206,8 @@ class Exporter:
 
     async def _session(self) -> None:
         self._stats["sessions"] += 1
-        async with grpc.aio.insecure_channel(self.target) as channel:
-            stub = trajectory_pb2_grpc.TrajectoryServiceStub(channel)
+        async with grpc.aio.insecure_channel(self.target, options=channel.options()) as grpc_channel:
+            stub = trajectory_pb2_grpc.TrajectoryServiceStub(grpc_channel)
             await self._skip_held(stub)
             call = await self._open(stub)
             self._in_flight = 0

@@ -240,3 +240,16 @@ def test_a_reward_that_is_not_a_finite_number_is_refused(procs: Any, tmp_path: P
     assert finish(sidecar, wait=20)["acknowledged"]
     rollout, _, _ = stored(tmp_path / "store.db", "r-nan")
     assert rollout is not None and rollout.reward == 0.5
+
+
+def test_a_record_larger_than_grpcs_default_limit_reaches_the_store(procs: Any, tmp_path: Path) -> None:
+    """A 5 MB request (refused by the engine: far past its context) makes a call record over
+    gRPC's default 4 MiB; it once stalled the sidecar's export for good."""
+    collector = procs.collector()
+    sidecar = procs.sidecar("--collector", f"127.0.0.1:{collector.port}", "--job", "faults", "--rollout-id", "r-big", engine=procs.engine())
+    answer = ask(sidecar, "word " * 1_000_000, timeout=120)
+    assert answer.status_code == 400, answer.text[:500]  # as the real API answers a prompt past the context
+    assert finish(sidecar, wait=60)["acknowledged"]
+    rollout, calls, _ = stored(tmp_path / "store.db", "r-big")
+    assert rollout is not None and rollout.finished
+    assert len(calls) == 1 and len(calls[0].request_json) > 4 * 1024 * 1024

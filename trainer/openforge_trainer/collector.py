@@ -36,7 +36,7 @@ from typing import Any
 
 import grpc
 from openforge.api import rollouts
-from openforge.trajectory import auth
+from openforge.trajectory import auth, channel
 from openforge.trajectory.v1 import trajectory_pb2, trajectory_pb2_grpc
 
 from openforge_trainer import store as store_module
@@ -251,7 +251,7 @@ async def serve(
     """
     check_listen(listen)
     store = store_module.Store(store_path)
-    server = grpc.aio.server()
+    server = grpc.aio.server(options=channel.options())
     trajectory_pb2_grpc.add_TrajectoryServiceServicer_to_server(
         TrajectoryService(store, token=token, master_key=master_key, **service_options), server
     )
