@@ -36,8 +36,9 @@ Record = dict[str, Number | None]
 class MetricsWriter:
     """Append one step's numbers to every sink; keeps the history for the curve."""
 
-    def __init__(self, run_dir: Path, *, resume_step: int = 0) -> None:
+    def __init__(self, run_dir: Path, *, resume_step: int = 0, title: str = "") -> None:
         self.run_dir = run_dir
+        self.title = title or f"{run_dir.name}: reward per training step"
         run_dir.mkdir(parents=True, exist_ok=True)
         self.history = [r for r in read(run_dir / JSONL) if _value(r, "step", 0) <= resume_step]
         _rewrite(run_dir / JSONL, self.history)  # drop lines of steps no checkpoint holds
@@ -57,7 +58,7 @@ class MetricsWriter:
                 self._tensorboard.add_scalar(key, value, global_step=step)
         self._tensorboard.flush()
         self.history.append(clean)
-        plot(self.history, self.run_dir / CURVE, title=f"{self.run_dir.name}: reward per training step")
+        plot(self.history, self.run_dir / CURVE, title=self.title)
 
     def close(self) -> None:
         self._tensorboard.close()

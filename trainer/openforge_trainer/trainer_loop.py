@@ -284,7 +284,9 @@ class Trainer:
         pad = self.model.config.pad_token_id
         self.pad_token_id = int(pad) if pad is not None else 0
         self.store = store_module.Store(config.store)
-        self.metrics = metrics_module.MetricsWriter(config.run_dir, resume_step=self.state.step)
+        self.metrics = metrics_module.MetricsWriter(
+            config.run_dir, resume_step=self.state.step, title=f"{config.job}: reward per training step"
+        )
         self.publishers: list[publish.Publisher] = (
             list(publishers) if publishers is not None else default_publishers(config)
         )
