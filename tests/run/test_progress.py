@@ -7,8 +7,8 @@ from pathlib import Path
 from openforge.run import progress, runner
 
 
-def stats(iteration: int, total: int, rewards: list[float], *, failed: int = 0, resumed: int = 0) -> runner.IterationStats:
-    return runner.IterationStats(iteration, total=total, succeeded=len(rewards) - failed, failed=failed, rewards=rewards, resumed=resumed)
+def stats(iteration: int, total: int, rewards: list[float], *, failed: int = 0) -> runner.IterationStats:
+    return runner.IterationStats(iteration, total=total, succeeded=len(rewards) - failed, failed=failed, rewards=rewards)
 
 
 def test_a_stopped_iteration_shows_what_it_got_to_and_is_left_out_of_the_reward_change() -> None:
@@ -30,6 +30,6 @@ def test_it_says_where_the_run_is_and_how_to_look_at_it(tmp_path: Path) -> None:
 
 
 def test_a_rerun_with_nothing_left_says_so() -> None:
-    text = progress.summary([stats(0, 2, [1.0, 1.0], resumed=2)], trained=True, nothing_left=True)
+    text = progress.summary([stats(0, 2, [1.0, 1.0])], trained=True, nothing_left=True)
     assert text.splitlines()[0] == "already complete: every rollout had finished and been trained on in an earlier run; nothing was run"
     assert "already complete" not in progress.summary([stats(0, 2, [1.0, 1.0])])

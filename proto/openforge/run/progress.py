@@ -92,7 +92,8 @@ def summary(
     it got to; the reward's change; where the run's files are and how to look at them.
 
     ``trained``: the run trains (the curve and TensorBoard logs exist). ``nothing_left``:
-    an earlier run of the same command had finished and trained everything.
+    an earlier run of the same command had finished everything (and, training, trained
+    on it): :func:`runner.finished_history`.
     """
     lines = []
     if nothing_left:

@@ -34,8 +34,6 @@ class IterationStats:
     failed: int = 0
     retried: int = 0
     rewards: list[float] = field(default_factory=list)
-    resumed: int = 0
-    """Rollouts an earlier run of the same command had finished (taken from its journal)."""
 
     @property
     def done(self) -> int:
@@ -117,7 +115,6 @@ class Runner:
         for entry in resume.finished.values():
             if entry["iteration"] == iteration:
                 self._count(stats, entry)
-                stats.resumed += 1
         parallelism = self.bundle.job.spec.parallelism
         with ThreadPoolExecutor(max_workers=parallelism, thread_name_prefix="rollout") as pool:
             pending: dict[Future[executor.Outcome], plan.Rollout] = {}
@@ -199,7 +196,7 @@ def finished_history(bundle: plan.Bundle, journal: Journal, iterations: int, *, 
         every = plan.rollouts_for(bundle, iteration)
         if any((iteration, r.index) not in resume.finished for r in every) or (train and iteration not in resume.trained):
             return None
-        stats = IterationStats(iteration, total=len(every), resumed=len(every))
+        stats = IterationStats(iteration, total=len(every))
         for rollout in every:
             count(stats, resume.finished[(iteration, rollout.index)])
         history.append(stats)
