@@ -33,6 +33,7 @@ import posixpath
 from collections.abc import Mapping
 from typing import Any
 
+from openforge import control
 from openforge.api import rollouts, templates, v1alpha1
 
 from openforge_operator import entrypoint, objects, probe, settings, tasks, tokens
@@ -47,7 +48,7 @@ TOKEN_VOLUME = "openforge-token"
 TASK_VOLUME = "openforge-task"
 
 SIDECAR_DIR = "/openforge/sidecar"
-CONTROL_TOKEN = SIDECAR_DIR + "/control-token"
+CONTROL_TOKEN = posixpath.join(SIDECAR_DIR, control.FILENAME)
 """The sidecar's control token (``openforge.control``), in its own volume: the harness
 container does not mount it, so only the in-pod agent can report the rollout."""
 CA_DIR = "/openforge/ca"

@@ -21,6 +21,8 @@ import secrets
 from pathlib import Path
 
 HEADER = "authorization"
+FILENAME = "control-token"
+"""The token file's name, wherever its owner keeps it."""
 
 
 def ensure(path: str | os.PathLike[str]) -> str:

@@ -48,7 +48,7 @@ class Endpoints:
 
 
 INTERRUPTED = "Interrupted"
-CONTROL_TOKEN = "control-token"
+CONTROL_TOKEN = control.FILENAME
 """The sidecar's control token, beside its spool: only the runner reports the rollout."""
 
 
