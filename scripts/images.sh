@@ -80,6 +80,41 @@ run() { # quiet unless it fails: then its whole output
 }
 has() { "$docker" image inspect "$1" >/dev/null 2>&1; }
 
+# Images an earlier build of these tags left behind (untagged now: nothing uses
+# them), pruned before building as well as after: a build that failed or was
+# stopped never reached the prune at its end, and its leftovers (7 GB for each
+# old trainer) are what fills the disk of the next one.
+prune() { run "$docker" image prune -f --filter label=dev.openforge.build=1; }
+
+# Refuse to start a build the disk cannot hold, saying so, rather than fail
+# mid-layer with "no space left on device".
+docker_root=$("$docker" info -f '{{.DockerRootDir}}' 2>/dev/null || echo /var/lib/docker)
+room() { # <GiB> <what>
+  local free
+  free=$(df -Pk "$docker_root" 2>/dev/null | awk 'NR == 2 { printf "%d", $4 / 1048576 }')
+  [ -z "$free" ] || [ "$free" -ge "$1" ] || {
+    echo "images.sh: building $2 needs about $1 GiB free in $docker_root; it has $free GiB" \
+      "(docker image prune -a drops images no container uses; scripts/kind-up.sh down drops the cluster's copies)" >&2
+    exit 1
+  }
+}
+# GiB one image's build may need: its dependency layer when that is built anew
+# (the trainer's torch and CUDA: 7 GB, with pip's downloads beside it while it
+# installs), else a little for the project's own layers.
+need() { # <name> <Dockerfile>
+  local deps="openforge/deps-$1:$version" stamp
+  stamp=$(deps_stamp "$2")
+  if has "$deps" && [ "$("$docker" image inspect -f '{{index .Config.Labels "dev.openforge.deps"}}' "$deps")" = "$stamp" ]; then
+    echo 1
+  elif [ "$1" = trainer ]; then echo 12
+  else echo 2
+  fi
+}
+# What a dependency stage is made from: its base, its own lines and the files it copies.
+deps_stamp() { # <Dockerfile>
+  { "$docker" image inspect -f '{{.Id}}' "$python_image"; sed -n '/^FROM .* AS deps$/,/^FROM /p' "$1"; cat "$root/pyproject.toml" "$root/constraints.txt" "$root/docker/requirements.py"; } | sha256sum | cut -c1-16
+}
+
 mirror() {
   if [ -n "${OPENFORGE_DEBIAN_MIRROR:-}" ]; then echo "$OPENFORGE_DEBIAN_MIRROR"; return; fi
   local uri
@@ -150,6 +185,7 @@ zeroclaw_base() {
   echo "$image"
 }
 
+prune
 for build in "${builds[@]}"; do
   image="ghcr.io/openforge/${build%%|*}:$version"
   dockerfile="$root/${build#*|}"
@@ -162,11 +198,14 @@ for build in "${builds[@]}"; do
     args+=(--build-arg "RUST_IMAGE=$rust_image" --build-arg "RUNTIME_IMAGE=$python_image")
   fi
   if grep -q '^FROM .* AS deps$' "$dockerfile"; then
+    room "$(need "${build%%|*}" "$dockerfile")" "$image"
     # the dependency stage tagged, so that pruning never takes the layer cache of torch
-    run "$docker" build --network host "${args[@]}" --target deps -t "openforge/deps-${build%%|*}:$version" -f "$dockerfile" "$root"
+    run "$docker" build --network host "${args[@]}" --label "dev.openforge.deps=$(deps_stamp "$dockerfile")" \
+      --target deps -t "openforge/deps-${build%%|*}:$version" -f "$dockerfile" "$root"
+  else
+    room 2 "$image"
   fi
   run "$docker" build --network host "${args[@]}" -t "$image" -f "$dockerfile" "$root"
   echo "$image"
 done
-# images an earlier build of these tags left behind (untagged now: nothing uses them)
-run "$docker" image prune -f --filter label=dev.openforge.build=1
+prune

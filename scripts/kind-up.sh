@@ -182,20 +182,45 @@ clients() { # helm and kubectl: $HELM/$KUBECTL, else build_cluster_binaries.sh's
   [ -n "$kubectl" ] || kubectl=kubectl
 }
 
+node_image() { # <node> <image>: the image ID the node's containerd has under that name, if any
+  "$real_docker" exec "$1" crictl inspecti -o go-template --template '{{.status.id}}' "$2" 2>/dev/null || true
+}
+
 load_() {
-  local node image changed="" before
-  node=$(kind_ get nodes --name "$name" | head -n 1)
+  local node node_ nodes image id changed="" before snapshotter
+  nodes=$(kind_ get nodes --name "$name")
+  node=$(echo "$nodes" | head -n 1)
   for image in "$@"; do
-    before=$("$real_docker" exec "$node" crictl inspecti -o go-template --template '{{.status.id}}' "$image" 2>/dev/null || true)
-    run kind_ load docker-image --name "$name" "$image"
-    [ "$before" = "$("$real_docker" image inspect -f '{{.Id}}' "$image")" ] || changed="$changed $image"
+    id=$("$real_docker" image inspect -f '{{.Id}}' "$image" 2>/dev/null) || die "no image $image in Docker; build it first (scripts/images.sh)"
+    before=$(node_image "$node" "$image")
+    # Streamed into each node's containerd as kind's own load does it, without
+    # kind's copy of the image in a temporary tar first: for the trainer that
+    # copy was 7 GB more on the disk the node's containerd already fills. A node
+    # that has this very image is skipped.
+    for node_ in $nodes; do
+      [ "$(node_image "$node_" "$image")" != "$id" ] || continue
+      snapshotter=$("$real_docker" exec "$node_" sh -c \
+        "containerd config dump 2>/dev/null | sed -n 's/^ *snapshotter = \"\\(.*\\)\"/\\1/p' | head -n 1")
+      if ! "$real_docker" save "$image" | "$real_docker" exec -i "$node_" \
+        ctr --namespace=k8s.io images import --all-platforms --digests "--snapshotter=${snapshotter:-overlayfs}" - >"$log" 2>&1; then
+        cat "$log" >&2
+        df -h "$("$real_docker" info -f '{{.DockerRootDir}}' 2>/dev/null || echo /)" >&2 || true
+        die "loading $image into $node_ failed"
+      fi
+    done
+    [ "$before" = "$id" ] || changed="$changed $image"
   done
-  # Every load also names the image import-<date>@<digest> in the node's
-  # containerd; those names keep each replaced build (a trainer image is 7 GB)
-  # on the node's disk. The tags are what pods use: drop the import names.
-  for node in $(kind_ get nodes --name "$name"); do
-    "$real_docker" exec "$node" sh -c \
-      'ctr -n k8s.io images ls -q | grep "^import-" | xargs -r ctr -n k8s.io images rm >/dev/null 2>&1 || true'
+  # An import also names the image import-<date>@<digest>, and the build a tag
+  # replaced stays on as an untagged image: both keep each replaced build (a
+  # trainer image is 7 GB, twice over: its layers and their unpacked snapshot)
+  # on the node's disk. Tags are what pods use: drop the rest. (An untagged
+  # image a running container still uses stays until that container goes.)
+  for node_ in $nodes; do
+    "$real_docker" exec "$node_" sh -c '
+      ctr -n k8s.io images ls -q | grep "^import-" | xargs -r ctr -n k8s.io images rm >/dev/null 2>&1
+      crictl images --no-trunc 2>/dev/null | awk "\$1 == \"<none>\" && \$2 == \"<none>\" { print \$3 }" |
+        xargs -r crictl rmi >/dev/null 2>&1
+      true'
   done
   [ -n "$changed" ] && restart_users $changed
   return 0

@@ -144,3 +144,14 @@ def test_the_blocker_does_block() -> None:
     result = run_without(NOT_IN_SIDECAR, "import torch\n")
     assert result.returncode != 0
     assert "torch is not installed in this image" in result.stderr
+
+
+@pytest.mark.parametrize("component", ["operator", "sidecar", "trainer"])
+def test_the_image_builds_on_its_dependency_stage_so_the_two_share_their_layers(component: str) -> None:
+    """``FROM deps``, not ``COPY --from=deps /opt/openforge`` into a fresh base: the copy is a
+    layer of its own, and with the ``openforge/deps-*`` tag images.sh keeps, the trainer's 7 GB
+    of torch and CUDA were stored twice (the CI machine's disk ran out building it)."""
+    steps = instructions(ROOT / component / "Dockerfile")
+    froms = [args for word, args in steps if word == "FROM"]
+    assert froms == ["${PYTHON_IMAGE} AS deps", "deps"]
+    assert not [args for word, args in steps if word == "COPY" and args.startswith("--from")]
