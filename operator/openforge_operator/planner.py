@@ -7,12 +7,11 @@ exactly what the old one would have. It says which pods to create (rollout
 index, attempt) up to ``parallelism``, which live pods to delete, the status
 to write, the Events worth recording, and whether the job's TTL ran out.
 
-Per rollout, attempts are read in order. A failed attempt is retried while
-the failure policy's action for it (``FailurePolicy.action_for``: first
-matching rule, else Retry) allows: Retry counts against
-``maxAttemptsPerRollout``, Ignore does not (up to :data:`IGNORED_ATTEMPTS_CAP`
-extra attempts, so a rule cannot loop forever), FailRollout gives the rollout
-up at once.
+Per rollout, attempts are read in order and the failure policy decides
+whether a failed one is tried again: ``openforge.api.retries``, the one rule
+``openforge run`` follows too (Retry counts against ``maxAttemptsPerRollout``,
+Ignore does not, up to ``retries.IGNORED_ATTEMPTS_CAP`` extra attempts;
+FailRollout gives the rollout up at once).
 
 The job is Complete when every rollout has finished and at least one
 succeeded, Failed when none succeeded or when it ran past
@@ -29,12 +28,9 @@ from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from typing import Any, Literal
 
-from openforge.api import rollouts, v1alpha1
+from openforge.api import retries, rollouts, v1alpha1
 
 from openforge_operator import attempts as attempts_
-
-IGNORED_ATTEMPTS_CAP = 10
-"""Attempts an Ignore rule may add beyond maxAttemptsPerRollout."""
 
 RolloutStateName = Literal["new", "retry", "live", "succeeded", "failed"]
 
@@ -77,25 +73,21 @@ class Plan:
 
 
 def rollout_state(index: int, attempts: Sequence[attempts_.Attempt], spec: v1alpha1.RolloutJobSpec) -> RolloutState:
-    """Where rollout ``index`` stands, given every attempt of it seen so far."""
-    counted = retried = 0
-    last: attempts_.Attempt | None = None
-    cap = spec.max_attempts_per_rollout + IGNORED_ATTEMPTS_CAP
-    for attempt in sorted(attempts, key=lambda a: a.attempt):
-        last = attempt
-        if attempt.live:
-            return RolloutState(index, "live", attempt.attempt + 1, retried, attempt)
-        if attempt.state == "succeeded":
-            return RolloutState(index, "succeeded", attempt.attempt + 1, retried, attempt)
-        action = spec.failure_action(exit_code=attempt.exit_code, reason=attempt.reason)
-        counted += action != "Ignore"
-        exhausted = counted >= spec.max_attempts_per_rollout or attempt.attempt + 1 >= cap
-        if action == "FailRollout" or exhausted:
-            return RolloutState(index, "failed", attempt.attempt + 1, retried, attempt)
-        retried += 1
-    if last is None:
-        return RolloutState(index, "new", 0, 0, None)
-    return RolloutState(index, "retry", last.attempt + 1, retried - 1, last)
+    """Where rollout ``index`` stands, given every attempt of it seen so far: the shared
+    failure-policy rule (``openforge.api.retries``, which ``openforge run`` follows too)
+    over the attempts that ended before the first live one, which is live unless they
+    already decided the rollout."""
+    ordered = sorted(attempts, key=lambda a: a.attempt)
+    live = next((a for a in ordered if a.live), None)
+    ended = {a.attempt: a for a in ordered if live is None or a.attempt < live.attempt}
+    decision = retries.decide(
+        spec, [retries.Tried(a.attempt, a.state == "succeeded", a.exit_code, a.reason) for a in ended.values()]
+    )  # fmt: skip
+    last = ended[decision.last.attempt] if decision.last is not None else None
+    if live is not None and decision.state in ("new", "retry"):
+        retried = decision.retried + (decision.state == "retry")
+        return RolloutState(index, "live", live.attempt + 1, retried, live)
+    return RolloutState(index, decision.state, decision.next_attempt, decision.retried, last)
 
 
 def plan(

@@ -34,7 +34,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from openforge import control
-from openforge.api import rollouts, templates, v1alpha1
+from openforge.api import retries, rollouts, templates, v1alpha1
 
 from openforge_operator import entrypoint, objects, probe, settings, tasks, tokens
 
@@ -113,14 +113,9 @@ def deadline_seconds(job: v1alpha1.RolloutJob, env: v1alpha1.HarnessEnv, config:
 
 
 def failing_exit_codes(job: v1alpha1.RolloutJob) -> str:
-    """Harness exit codes that fail an attempt (compact), as ``openforge run`` judges:
-    with failure rules, a non-zero code whose action is not Ignore; without, none."""
-    policy = job.spec.failure_policy
-    if policy is None or not policy.rules:
-        return ""
-    return rollouts.format_indexes(
-        code for code in range(1, 256) if policy.action_for(exit_code=code, reason=None) != "Ignore"
-    )
+    """Harness exit codes that fail an attempt (``retries.failing_exit_codes``, the rule
+    ``openforge run`` judges by too), compact, for the in-pod agent's flag."""
+    return rollouts.format_indexes(retries.failing_exit_codes(job.spec))
 
 
 def build_pod(

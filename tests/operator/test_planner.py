@@ -8,7 +8,7 @@ import datetime
 from typing import Any
 
 import pytest
-from openforge.api import v1alpha1
+from openforge.api import retries, v1alpha1
 from openforge_operator import planner
 from operator_fixtures import NOW, attempt, job
 
@@ -130,7 +130,7 @@ def test_ignored_failures_do_not_count_against_max_attempts() -> None:
 
 def test_ignored_failures_stop_at_the_cap() -> None:
     spec = {"maxAttemptsPerRollout": 2, "failurePolicy": {"rules": [{"action": "Ignore", "onReasons": ["Evicted"]}]}}
-    cap = 2 + planner.IGNORED_ATTEMPTS_CAP
+    cap = 2 + retries.IGNORED_ATTEMPTS_CAP
     tries = [attempt(0, n, "failed", reason="Evicted") for n in range(cap)]
     assert planner.plan(job=job(spec=spec), total=12, attempts=tries, now=NOW).status["failedIndexes"] == "0"
     tries.pop()

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from openforge import control
+from openforge.api import retries
 from openforge.run import plan, processes
 
 Status = Literal["succeeded", "failed"]
@@ -121,11 +122,11 @@ def _run_harness(
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline and not stop.is_set():
             try:
-                return process.wait(0.25), False
+                return retries.exit_code(process.wait(0.25)), False
             except subprocess.TimeoutExpired:
                 continue
         os.killpg(process.pid, signal.SIGKILL)
-        return process.wait(), not stop.is_set()
+        return retries.exit_code(process.wait()), not stop.is_set()
 
 
 def _grade(bundle: plan.Bundle, rollout: plan.Rollout, workdir: Path, exit_code: int, log: Path) -> tuple[float | None, str, str]:
@@ -154,10 +155,8 @@ def _judge(bundle: plan.Bundle, exit_code: int, timed_out: bool, reward: float |
         return "failed", "DeadlineExceeded", "the harness ran past its timeout"
     if reward is None:
         return "failed", "GraderFailed", why
-    if exit_code != 0 and bundle.job.spec.failure_policy and bundle.job.spec.failure_policy.rules:
-        action = bundle.job.spec.failure_action(exit_code=exit_code, reason=None)
-        if action != "Ignore":
-            return "failed", "", f"harness exited with {exit_code} ({action})"
+    if exit_code in retries.failing_exit_codes(bundle.job.spec):
+        return "failed", "", f"harness exited with {exit_code}"
     return "succeeded", "", ""
 
 

@@ -1,11 +1,13 @@
 """Iterations of a RolloutJob on one machine: rollouts in parallel, then a training step.
 
 The runner keeps a journal (``<run dir>/journal.jsonl``) of every attempt it
-starts and every rollout it finishes, so a rerun continues where a stopped
-run left off: finished rollouts are not run again, an attempt that was cut
-off is retried under a new attempt number (its partial records stay
-incomplete in the store and are never trained on), and finished iterations
-are skipped.
+starts, every failed attempt it tries again and every rollout it finishes, so a
+rerun continues where a stopped run left off: finished rollouts are not run
+again, an attempt that was cut off is retried under a new attempt number (its
+partial records stay incomplete in the store and are never trained on; it is
+not counted as a failure), and finished iterations are skipped. Whether a
+failed attempt is tried again is the failure policy's rule that the operator
+follows too (``openforge.api.retries``), over every attempt the journal holds.
 """
 
 from __future__ import annotations
@@ -20,9 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from openforge.api import retries
 from openforge.run import executor, plan
-
-HARD_ATTEMPT_CAP = 10
 
 
 @dataclass
@@ -71,21 +72,35 @@ class Resume:
     finished: dict[tuple[int, int], dict[str, Any]]  # (iteration, index) -> finish entry
     next_attempt: dict[tuple[int, int], int]
     trained: set[int]  # iterations whose training step completed
+    tried: dict[tuple[int, int], list[retries.Tried]] = field(default_factory=dict)
+    """The failed attempts each unfinished rollout was tried again after."""
 
 
 def resume_state(journal: Journal) -> Resume:
     finished: dict[tuple[int, int], dict[str, Any]] = {}
     next_attempt: dict[tuple[int, int], int] = {}
     trained: set[int] = set()
+    tried: dict[tuple[int, int], list[retries.Tried]] = {}
     for entry in journal.entries():
         key = (int(entry.get("iteration", -1)), int(entry.get("index", -1)))
         if entry.get("event") == "start":
             next_attempt[key] = max(next_attempt.get(key, 0), int(entry["attempt"]) + 1)
+        elif entry.get("event") == "retry":
+            tried.setdefault(key, []).append(_tried(entry))
         elif entry.get("event") == "finish":
             finished[key] = entry
         elif entry.get("event") == "trained":
             trained.add(int(entry["iteration"]))
-    return Resume(finished, next_attempt, trained)
+    return Resume(finished, next_attempt, trained, tried)
+
+
+def _tried(entry: dict[str, Any]) -> retries.Tried:
+    """One journalled attempt (a ``retry`` or ``finish`` entry) as the failure policy sees it."""
+    exit_code = entry.get("exit_code")
+    return retries.Tried(
+        int(entry["attempt"]), entry.get("status") == "succeeded",
+        None if exit_code is None else int(exit_code), entry.get("reason") or None,
+    )  # fmt: skip
 
 
 class Runner:
@@ -105,10 +120,12 @@ class Runner:
         self._on_change = on_change
         self.stop = stop or threading.Event()
         self._lock = threading.Lock()
+        self._tried: dict[tuple[int, int], list[retries.Tried]] = {}
 
     def run_iteration(self, iteration: int) -> IterationStats:
         """Every rollout of one iteration, ``parallelism`` at a time, with retries."""
         resume = resume_state(self.journal)
+        self._tried = {key: list(tried) for key, tried in resume.tried.items()}
         every = plan.rollouts_for(self.bundle, iteration)
         todo = [r for r in every if (iteration, r.index) not in resume.finished]
         stats = IterationStats(iteration, total=len(every))
@@ -152,20 +169,23 @@ class Runner:
             stats.running -= 1
         if outcome.reason == executor.INTERRUPTED:
             return None  # not finished: a rerun starts it again, as a new attempt
-        spec = self.bundle.job.spec
-        if outcome.status == "failed" and rollout.attempt + 1 < min(spec.max_attempts_per_rollout, HARD_ATTEMPT_CAP):
-            action = spec.failure_action(exit_code=outcome.exit_code, reason=outcome.reason or None)
-            if action in ("Retry", "Ignore"):
-                with self._lock:
-                    stats.retried += 1
-                self._on_change(stats)
-                return rollout.retry()
         entry = {
             "event": "finish", "iteration": rollout.iteration, "index": rollout.index, "attempt": rollout.attempt,
             "rollout_id": rollout.rollout_id, "task_id": rollout.task_id, "status": outcome.status,
             "reward": outcome.reward, "reason": outcome.reason, "message": outcome.message[:500],
             "exit_code": outcome.exit_code, "calls": outcome.calls, "seconds": round(outcome.seconds, 3),
         }
+        key = (rollout.iteration, rollout.index)
+        with self._lock:
+            tried = self._tried.setdefault(key, [])
+            tried.append(_tried(entry))
+            decision = retries.decide(self.bundle.job.spec, tried)
+        if decision.state == "retry":
+            self.journal.write({**entry, "event": "retry"})
+            with self._lock:
+                stats.retried += 1
+            self._on_change(stats)
+            return rollout.retry()
         self.journal.write(entry)
         self._count(stats, entry)
         self._on_change(stats)
