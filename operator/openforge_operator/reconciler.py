@@ -29,6 +29,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from openforge.api import manifests, rollouts, v1alpha1
+from openforge.api import tasks as task_records
 
 from openforge_operator import (
     attempts,
@@ -170,7 +171,7 @@ class Reconciler:
     ) -> tuple[list[dict[str, Any]] | None, Blocked | None]:
         if memory.tasks is not None:
             return memory.tasks, None
-        records = tasks.inline(job)
+        records = task_records.inline(job.spec.tasks)
         ref = job.spec.tasks.config_map_ref
         if records is None and ref is not None:
             namespace = job.metadata.namespace or "default"
@@ -182,8 +183,8 @@ class Reconciler:
             if text is None:
                 return None, Blocked("TasksUnavailable", f"spec.tasks.configMapRef: {where} does not exist")
             try:
-                records = tasks.parse_jsonl(text, where=where)
-            except tasks.TaskError as error:
+                records = task_records.parse_jsonl(text, where=where)
+            except task_records.TaskError as error:
                 return None, Blocked("TasksUnavailable", f"spec.tasks.configMapRef: {error}")
         memory.tasks = records
         return records, None
@@ -220,7 +221,7 @@ class Reconciler:
                 pods.build_pod(job, env, tasks.rollout(records, job.spec.samples_per_task, index), attempt, self._config)
                 for index, attempt in todo
             ]
-        except (pods.PodError, tasks.TaskError, k8s.ApiError) as error:
+        except (pods.PodError, task_records.TaskError, k8s.ApiError) as error:
             await self._warn(body, memory, Blocked("FailedCreate", str(error)))
             memory.backoff_until = time.monotonic() + CREATE_BACKOFF_SECONDS
             return False

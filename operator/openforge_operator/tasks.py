@@ -1,8 +1,8 @@
-"""A job's task records and the rollouts they expand into (pure).
+"""The rollouts a job's task records expand into, and their task files' ConfigMap (pure).
 
 Records come from ``spec.tasks.inline`` or from a ConfigMap key holding JSON
-Lines (``spec.tasks.configMapRef``), which the reconciler fetches and hands to
-:func:`parse_jsonl`. Rollout ``i`` is sample ``i % samplesPerTask`` of task
+Lines (``spec.tasks.configMapRef``), which the reconciler fetches and reads
+with ``openforge.api.tasks``, as ``openforge run`` reads a task file. Rollout ``i`` is sample ``i % samplesPerTask`` of task
 ``i // samplesPerTask`` (:mod:`openforge.api.rollouts`).
 
 A task file (``HarnessEnv.spec.task.file``) depends only on the task record,
@@ -14,18 +14,14 @@ and each pod mounts its task's key.
 from __future__ import annotations
 
 import dataclasses
-import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from openforge.api import rollouts, templates, v1alpha1
+from openforge.api import tasks as task_records
 
 CONFIGMAP_DATA_LIMIT = 1_000_000
 """A ConfigMap holds at most 1 MiB; leave room for its metadata."""
-
-
-class TaskError(ValueError):
-    """Task records that cannot be read or rendered; the message says where."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -40,38 +36,6 @@ class Rollout:
     @property
     def task_id(self) -> str:
         return str(self.task["id"])
-
-
-def inline(job: v1alpha1.RolloutJob) -> list[dict[str, Any]] | None:
-    """The job's inline records, or None when they come from a ConfigMap."""
-    source = job.spec.tasks.inline
-    if source is None:
-        return None
-    return [record.model_dump(by_alias=True, exclude_none=True) for record in source]
-
-
-def parse_jsonl(text: str, *, where: str) -> list[dict[str, Any]]:
-    """Records from JSON Lines text; ``where`` names the source in errors (e.g. ``configmap/x key y``)."""
-    records: list[dict[str, Any]] = []
-    seen: dict[str, int] = {}
-    for number, line in enumerate(text.splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except ValueError as error:
-            raise TaskError(f"{where}, line {number}: not JSON: {error}") from None
-        if not isinstance(record, dict) or not isinstance(record.get("id"), str) or not record["id"]:
-            raise TaskError(f"{where}, line {number}: id: every task needs a non-empty string id")
-        if record["id"] in seen:
-            raise TaskError(
-                f"{where}, line {number}: id: {record['id']!r} is already the id of line {seen[record['id']]}"
-            )
-        seen[record["id"]] = number
-        records.append(record)
-    if not records:
-        raise TaskError(f"{where}: holds no task")
-    return records
 
 
 def count(tasks: Sequence[Mapping[str, Any]], samples_per_task: int) -> int:
@@ -102,20 +66,13 @@ def task_files(
     files: dict[str, str] = {}
     for task_index, task in enumerate(tasks):
         try:
-            files[file_key(task_index)] = render_file(spec, task)
+            files[file_key(task_index)] = task_records.render_file(spec, task)
         except templates.TemplateError as error:
-            raise TaskError(f"spec.task.file.template of HarnessEnv {env.metadata.name}: {error}") from None
+            raise task_records.TaskError(f"spec.task.file.template of HarnessEnv {env.metadata.name}: {error}") from None
     size = sum(len(key) + len(value.encode()) for key, value in files.items())
     if size > CONFIGMAP_DATA_LIMIT:
-        raise TaskError(
+        raise task_records.TaskError(
             f"the rendered task files take {size} bytes; a ConfigMap holds at most "
             f"{CONFIGMAP_DATA_LIMIT} (split the job, or deliver the task by env or args)"
         )
     return files
-
-
-def render_file(spec: v1alpha1.TaskFile, task: Mapping[str, Any]) -> str:
-    """A task's file, as ``openforge run`` writes it."""
-    if spec.template is not None:
-        return templates.render(spec.template, task, json_values=spec.format == "json")
-    return json.dumps(dict(task)) if spec.format == "json" else str(task.get("prompt", ""))

@@ -10,6 +10,7 @@ from typing import Any
 
 import yaml
 from openforge.api import manifests, v1alpha1
+from openforge.api import tasks as task_records
 from openforge_operator import pods, settings, tasks
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -43,7 +44,7 @@ def test_the_task_config_map_is_the_demo_task_file() -> None:
     text = config_map["data"]["tasks.jsonl"]
     assert text == (TOY_TOOLS / "demo.jsonl").read_text()
     image_ids = {json.loads(line)["id"] for line in (TOY_TOOLS / "tasks.jsonl").read_text().splitlines() if line.strip()}
-    ids = [record["id"] for record in tasks.parse_jsonl(text, where="examples/cluster/tasks.yaml")]
+    ids = [record["id"] for record in task_records.parse_jsonl(text, where="examples/cluster/tasks.yaml")]
     assert set(ids) <= image_ids, "prepare.py and grade.py in the harness image look the ids up in tasks.jsonl"
 
 
@@ -64,7 +65,7 @@ def test_the_operator_builds_a_rollout_pod_from_them() -> None:
     env = env.model_copy(update={"metadata": env.metadata.model_copy(update=meta)})
     job = job.model_copy(update={"metadata": job.metadata.model_copy(update=meta)})
     (config_map,) = load("tasks.yaml")
-    records = tasks.parse_jsonl(config_map["data"]["tasks.jsonl"], where="tasks")
+    records = task_records.parse_jsonl(config_map["data"]["tasks.jsonl"], where="tasks")
     rollout = tasks.rollout(records, job.spec.samples_per_task, 5)
     pod = pods.build_pod(job, env, rollout, 0, settings.Settings(sidecar_image="ghcr.io/openforge/sidecar:0.1.0"))
     harness = next(c for c in pod["spec"]["containers"] if c["name"] == v1alpha1.HARNESS_CONTAINER)

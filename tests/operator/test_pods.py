@@ -7,6 +7,7 @@ import json
 from typing import Any
 
 import pytest
+from openforge.api import tasks as task_records
 from openforge_operator import entrypoint, objects, pods, settings, tasks
 from operator_fixtures import UID, env, job
 
@@ -15,7 +16,7 @@ CONFIG = settings.Settings()
 
 def build(*, env_spec: dict[str, Any] | None = None, job_spec: dict[str, Any] | None = None, index: int = 5, attempt: int = 1, name: str = "job", config: settings.Settings = CONFIG) -> dict[str, Any]:
     the_job = job(spec=job_spec, name=name)
-    records = tasks.inline(the_job)
+    records = task_records.inline(the_job.spec.tasks)
     assert records is not None
     rollout = tasks.rollout(records, the_job.spec.samples_per_task, index)
     return pods.build_pod(the_job, env(spec=env_spec), rollout, attempt, config)

@@ -1,37 +1,23 @@
-"""Task records (inline or JSON Lines from a ConfigMap), rollout indexes, and task files."""
+"""Rollout indexes from task records, and the task files' ConfigMap."""
 
 from __future__ import annotations
 
 import json
 
 import pytest
+from openforge.api import tasks as task_records
 from openforge_operator import objects, tasks
 from operator_fixtures import env, job
 
 
 def test_inline_records_and_the_rollouts_they_expand_into() -> None:
-    records = tasks.inline(job())
+    records = task_records.inline(job().spec.tasks)
     assert records == [{"id": "a", "prompt": "p-a"}, {"id": "b", "prompt": "p-b"}, {"id": "c", "prompt": "p-c"}]
     assert tasks.count(records, 4) == 12
     rollout = tasks.rollout(records, 4, 7)
     assert (rollout.index, rollout.task_index, rollout.sample, rollout.task_id) == (7, 1, 3, "b")
     with pytest.raises(IndexError):
         tasks.rollout(records, 4, 12)
-
-
-def test_config_map_records() -> None:
-    text = '{"id": "x", "n": 1}\n\n{"id": "y"}\n'
-    assert tasks.parse_jsonl(text, where="cm") == [{"id": "x", "n": 1}, {"id": "y"}]
-    assert tasks.inline(job(spec={"tasks": {"inline": None, "configMapRef": {"name": "t", "key": "tasks.jsonl"}}})) is None
-
-
-@pytest.mark.parametrize(
-    ("text", "words"),
-    [("{bad", "line 1: not JSON"), ('{"id": ""}', "line 1: id"), ('{"id": "a"}\n{"id": "a"}', "line 2: id: 'a' is already the id of line 1"), ("\n", "holds no task"), ("[1]", "line 1: id")],
-)
-def test_bad_records_name_the_line(text: str, words: str) -> None:
-    with pytest.raises(tasks.TaskError, match=words):
-        tasks.parse_jsonl(text, where="ConfigMap 't' key 'k'")
 
 
 def test_task_files_render_once_per_task() -> None:
@@ -46,8 +32,8 @@ def test_task_files_render_once_per_task() -> None:
 
 
 def test_task_files_that_need_a_missing_field_or_too_much_room_are_errors() -> None:
-    with pytest.raises(tasks.TaskError, match=r"no field task\.missing"):
+    with pytest.raises(task_records.TaskError, match=r"no field task\.missing"):
         tasks.task_files(env(spec={"task": {"file": {"path": "/t", "format": "text", "template": "{{ task.missing }}"}}}), [{"id": "a"}])
     big = [{"id": str(i), "prompt": "x" * 100_000} for i in range(11)]
-    with pytest.raises(tasks.TaskError, match="a ConfigMap holds at most"):
+    with pytest.raises(task_records.TaskError, match="a ConfigMap holds at most"):
         tasks.task_files(env(spec={"task": {"file": {"path": "/t"}}}), big)

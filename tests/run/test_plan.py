@@ -120,8 +120,8 @@ def test_reward_comes_from_the_graders_last_json_line(tmp_path: Path, stdout: st
         (ENV, JOB.replace("name: echo}", "name: other}"), None, r"job.yaml:25: spec.harnessEnvRef.name: no HarnessEnv named 'other' in the given files; the files define 'echo'"),
         (ENV, JOB.replace("name: echo}", "name: ecko}"), None, r"job.yaml:25: .*'ecko'.*; did you mean 'echo'\?"),
         ("", JOB, None, r"the files define none: give the HarnessEnv's file too"),
-        (ENV, JOB, '{"id": "a"}\n{"prompt": "no id"}\n', "tasks.jsonl:2: id"),
-        (ENV, JOB, '{"id": "a"}\n{"id": "a"}\n', "duplicate task id"),
+        (ENV, JOB, '{"id": "a"}\n{"prompt": "no id"}\n', "tasks.jsonl, line 2: id"),
+        (ENV, JOB, '{"id": "a"}\n{"id": "a"}\n', "tasks.jsonl, line 2: id: .a. is already the id of line 1"),
     ],
 )
 def test_bad_manifests_fail_before_anything_starts_naming_file_and_field(tmp_path: Path, env: str, job: str, tasks: str | None, message: str) -> None:
@@ -157,3 +157,10 @@ def test_a_containers_working_dir_is_the_rollouts_own_directory_locally(tmp_path
     bundle = plan.load([write(tmp_path, env=local)])
     command = plan.harness_command(bundle, rollout, sidecar_url="http://127.0.0.1:9", workdir=tmp_path / "w")
     assert command.cwd == tmp_path / "w" / "sub"
+
+
+def test_a_task_file_that_is_not_utf8_names_the_byte(tmp_path: Path) -> None:
+    path = write(tmp_path)
+    (tmp_path / "tasks.jsonl").write_bytes(b'{"id": "a", "prompt": "caf\xe9"}\n')
+    with pytest.raises(plan.PlanError, match=r"job.yaml: spec.tasks.file: .*tasks.jsonl is not UTF-8 text \(at byte offset 26\)"):
+        plan.load([path])

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from openforge.api import grading, manifests, rollouts, templates, v1alpha1
+from openforge.api import tasks as task_records
 
 
 class PlanError(ValueError):
@@ -127,30 +128,21 @@ def _tasks(job: v1alpha1.RolloutJob, path: Path) -> list[dict[str, Any]]:
     source = job.spec.tasks
     if source.config_map_ref is not None:
         raise PlanError(f"{path}: spec.tasks.configMapRef: a ConfigMap exists only on a cluster; use spec.tasks.file or inline locally")
-    if source.inline is not None:
-        return [task.model_dump(by_alias=True, exclude_none=True) for task in source.inline]
+    records = task_records.inline(source)
+    if records is not None:
+        return records
     assert source.file is not None
     task_file = (path.resolve().parent / source.file).resolve()
     if not task_file.is_file():
         raise PlanError(f"{path}: spec.tasks.file: {source.file} does not exist (looked for {task_file})")
-    tasks: list[dict[str, Any]] = []
-    seen: set[str] = set()
-    for number, line in enumerate(task_file.read_text().splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            task = json.loads(line)
-        except ValueError as exc:
-            raise PlanError(f"{task_file}:{number}: not a JSON object: {exc}") from None
-        if not isinstance(task, dict) or not isinstance(task.get("id"), str) or not task["id"]:
-            raise PlanError(f"{task_file}:{number}: id: every task needs a non-empty string id")
-        if task["id"] in seen:
-            raise PlanError(f"{task_file}:{number}: id: duplicate task id {task['id']!r}")
-        seen.add(task["id"])
-        tasks.append(task)
-    if not tasks:
-        raise PlanError(f"{path}: spec.tasks.file: {source.file} holds no task")
-    return tasks
+    try:
+        text = task_file.read_text(encoding="utf-8")
+    except UnicodeDecodeError as error:
+        raise PlanError(f"{path}: spec.tasks.file: {task_file} is not UTF-8 text (at byte offset {error.start})") from None
+    try:
+        return task_records.parse_jsonl(text, where=str(task_file))
+    except task_records.TaskError as error:
+        raise PlanError(f"{path}: spec.tasks.file: {error}") from None
 
 
 def rollouts_for(bundle: Bundle, iteration: int) -> list[Rollout]:
@@ -175,7 +167,7 @@ def harness_command(bundle: Bundle, rollout: Rollout, *, sidecar_url: str, workd
             env[name] = sidecar_url + spec.base_url.suffix
     files: dict[Path, str] = {}
     if delivery.file is not None:
-        content = _task_file(delivery.file, rollout.task)
+        content = task_records.render_file(delivery.file, rollout.task)
         files[workdir / delivery.file.path] = content
     cwd = workdir / process.working_dir if process.working_dir and not os.path.isabs(process.working_dir) else Path(process.working_dir or workdir)
     return Command([_expand(a, env) for a in argv], env, cwd, files)
@@ -212,12 +204,6 @@ def _base_env(bundle: Bundle, rollout: Rollout, workdir: Path) -> dict[str, str]
         "OPENFORGE_MANIFEST_DIR": str(bundle.manifest_dir),
         "OPENFORGE_HARNESS_DIR": str(bundle.harness_dir),
     }
-
-
-def _task_file(spec: v1alpha1.TaskFile, task: Mapping[str, Any]) -> str:
-    if spec.template is not None:
-        return templates.render(spec.template, task, json_values=spec.format == "json")
-    return json.dumps(dict(task)) if spec.format == "json" else str(task.get("prompt", ""))
 
 
 def _expand(arg: str, env: Mapping[str, str]) -> str:
