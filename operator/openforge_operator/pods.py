@@ -28,13 +28,12 @@ Anatomy of ``<job>-<index>-<attempt>``:
 from __future__ import annotations
 
 import copy
-import json
 import posixpath
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from openforge import control
-from openforge.api import retries, rollouts, templates, v1alpha1
+from openforge.api import retries, rollout_env, rollouts, templates, v1alpha1
 
 from openforge_operator import entrypoint, objects, probe, settings, tasks, tokens
 
@@ -206,10 +205,10 @@ def _harness(
         task_env = {k: templates.render(v, rollout.task) for k, v in (spec.task.env or {}).items()}
     except templates.TemplateError as error:
         raise PodError(f"HarnessEnv {env.metadata.name}: spec.task: {error}") from None
-    grader = [_expand(arg, base) for arg in spec.grader.command] if spec.grader is not None else None
+    grader = _expanded(spec.grader.command, base, f"HarnessEnv {env.metadata.name}: spec.grader.command") if spec.grader is not None else None
     harness = {**container}
     harness["command"] = entrypoint.COMMAND
-    harness["args"] = entrypoint.arguments([_expand(arg, base) for arg in argv], grader)
+    harness["args"] = entrypoint.arguments(_expanded(argv, base, f"{where}.command/args, spec.task.args"), grader)
     harness["env"] = _merge_env(
         [{"name": k, "value": v} for k, v in base.items()],
         container.get("env", []),
@@ -240,16 +239,14 @@ def _base_env(
     workdir: str | None,
     config: settings.Settings,
 ) -> dict[str, str]:
-    """What every harness and grader sees about its rollout (as ``openforge run`` sets it)."""
+    """What every harness and grader sees about its rollout (``rollout_env.base_env``, as
+    ``openforge run`` gives it too), and what only a pod has: its run folder and waits."""
     grader = env.spec.grader
     return {
-        "OPENFORGE_JOB": objects.job_name(job),
-        "OPENFORGE_ROLLOUT_ID": name,
-        "OPENFORGE_TASK_ID": rollout.task_id,
-        "OPENFORGE_TASK_JSON": json.dumps(dict(rollout.task), ensure_ascii=False),
-        "OPENFORGE_SAMPLE_INDEX": str(rollout.sample),
-        "OPENFORGE_ATTEMPT": str(attempt),
-        "OPENFORGE_WORKDIR": workdir or ".",
+        **rollout_env.base_env(
+            job=objects.job_name(job), rollout_id=name, task=rollout.task, sample=rollout.sample,
+            attempt=attempt, workdir=workdir or ".",
+        ),
         "OPENFORGE_RUN_DIR": entrypoint.RUN_DIR,
         "OPENFORGE_FINISH_WAIT": str(config.finish_wait_seconds + 30),
         "OPENFORGE_SIDECAR_WAIT": str(SIDECAR_START_SECONDS),
@@ -499,11 +496,17 @@ def _merge_env(*layers: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return list(merged.values())
 
 
-def _expand(arg: str, env: Mapping[str, str]) -> str:
-    """``${OPENFORGE_TASK_ID}``-style references, as ``openforge run`` expands them."""
-    for name in ("OPENFORGE_TASK_ID", "OPENFORGE_WORKDIR", "OPENFORGE_ROLLOUT_ID", "OPENFORGE_JOB"):
-        arg = arg.replace("${" + name + "}", env[name])
-    return arg
+def _expanded(argv: Sequence[str], base: Mapping[str, str], where: str) -> list[str]:
+    """``argv`` with its ``${NAME}`` references expanded (``rollout_env.expand``); a reference
+    to a folder only ``openforge run`` has is an error naming the field."""
+    for arg in argv:
+        missing = rollout_env.unexpanded(arg, base)
+        if missing:
+            raise PodError(
+                f"{where}: {arg!r} names ${{{missing[0]}}}, a folder of the machine that runs openforge run; "
+                "a pod has none (put the file in the image and name its path there)"
+            )
+    return [rollout_env.expand(arg, base) for arg in argv]
 
 
 def _host(address: str) -> str:

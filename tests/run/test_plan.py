@@ -71,7 +71,7 @@ def test_harness_command_delivers_the_task_and_points_the_base_url_at_the_sideca
     assert command.env["PATH"].split(":")[0] == str(Path(sys.executable).parent)
     assert json.loads(command.files[work / "task.json"]) == {"id": "b", "prompt": "yo"}
     assert command.cwd == work
-    grader = plan.grader_command(bundle, rollout, workdir=work, harness_exit=3)
+    grader = plan.grader_command(bundle, rollout, sidecar_url="http://127.0.0.1:9", workdir=work, harness_exit=3)
     assert grader is not None
     assert grader.argv == ["python", f"{tmp_path}/grade.py", "b"]
     assert grader.env["OPENFORGE_HARNESS_EXIT_CODE"] == "3"
@@ -89,7 +89,7 @@ def test_a_harness_env_from_another_file_names_its_files_by_harness_dir(tmp_path
     command = plan.harness_command(bundle, rollout, sidecar_url="http://127.0.0.1:9", workdir=tmp_path / "w")
     assert command.env["OPENFORGE_HARNESS_DIR"] == str(harness)
     assert command.env["OPENFORGE_MANIFEST_DIR"] == str(tmp_path)
-    grader = plan.grader_command(bundle, rollout, workdir=tmp_path / "w", harness_exit=0)
+    grader = plan.grader_command(bundle, rollout, sidecar_url="http://127.0.0.1:9", workdir=tmp_path / "w", harness_exit=0)
     assert grader is not None and grader.argv == ["python", f"{harness}/grade.py", "a"]
 
 

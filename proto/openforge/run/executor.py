@@ -84,7 +84,7 @@ def run_rollout(
         exit_code, timed_out = _run_harness(bundle, rollout, sidecar.url, workdir, home / "harness.log", stop)
         if stop.is_set():
             return Outcome(rollout, "failed", exit_code, None, INTERRUPTED, "stopped", 0, time.monotonic() - started)
-        reward, grader_output, why = _grade(bundle, rollout, workdir, exit_code, home / "grader.log")
+        reward, grader_output, why = _grade(bundle, rollout, sidecar.url, workdir, exit_code, home / "grader.log")
         status, reason, message = _judge(bundle, exit_code, timed_out, reward, why)
         finish = _finish(sidecar.url, home / CONTROL_TOKEN, exit_code=exit_code, reward=reward, grader_output=grader_output, status=status)
         (home / "sidecar.json").write_text(json.dumps(finish, indent=2) + "\n")
@@ -129,8 +129,10 @@ def _run_harness(
         return retries.exit_code(process.wait()), not stop.is_set()
 
 
-def _grade(bundle: plan.Bundle, rollout: plan.Rollout, workdir: Path, exit_code: int, log: Path) -> tuple[float | None, str, str]:
-    command = plan.grader_command(bundle, rollout, workdir=workdir, harness_exit=exit_code)
+def _grade(
+    bundle: plan.Bundle, rollout: plan.Rollout, sidecar_url: str, workdir: Path, exit_code: int, log: Path
+) -> tuple[float | None, str, str]:
+    command = plan.grader_command(bundle, rollout, sidecar_url=sidecar_url, workdir=workdir, harness_exit=exit_code)
     if command is None:
         return (1.0 if exit_code == 0 else 0.0), "", ""
     grader = bundle.env.spec.grader

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from openforge.api import grading, manifests, rollouts, templates, v1alpha1
+from openforge.api import grading, manifests, rollout_env, rollouts, templates, v1alpha1
 from openforge.api import tasks as task_records
 
 
@@ -159,26 +159,36 @@ def harness_command(bundle: Bundle, rollout: Rollout, *, sidecar_url: str, workd
     spec = bundle.env.spec
     process = spec.local_process()
     delivery = spec.task
+    base = _base_env(bundle, rollout, workdir)
     argv = [*process.argv, *(templates.render(a, rollout.task) for a in delivery.args or [])]
-    env = {**_base_env(bundle, rollout, workdir), **process.env}
-    env.update({name: templates.render(value, rollout.task) for name, value in (delivery.env or {}).items()})
-    if spec.base_url is not None:
-        for name in spec.base_url.env:
-            env[name] = sidecar_url + spec.base_url.suffix
     files: dict[Path, str] = {}
     if delivery.file is not None:
         content = task_records.render_file(delivery.file, rollout.task)
         files[workdir / delivery.file.path] = content
     cwd = workdir / process.working_dir if process.working_dir and not os.path.isabs(process.working_dir) else Path(process.working_dir or workdir)
-    return Command([_expand(a, env) for a in argv], env, cwd, files)
+    return Command([rollout_env.expand(a, base) for a in argv], _harness_env(bundle, rollout, base, sidecar_url), cwd, files)
 
 
-def grader_command(bundle: Bundle, rollout: Rollout, *, workdir: Path, harness_exit: int) -> Command | None:
+def grader_command(bundle: Bundle, rollout: Rollout, *, sidecar_url: str, workdir: Path, harness_exit: int) -> Command | None:
+    """The grader, in the harness's environment (as in a pod) with its exit code."""
     grader = bundle.env.spec.grader
     if grader is None:
         return None
-    env = {**_base_env(bundle, rollout, workdir), "OPENFORGE_HARNESS_EXIT_CODE": str(harness_exit)}
-    return Command([_expand(a, env) for a in grader.command], env, workdir, {})
+    base = _base_env(bundle, rollout, workdir)
+    env = {**_harness_env(bundle, rollout, base, sidecar_url), "OPENFORGE_HARNESS_EXIT_CODE": str(harness_exit)}
+    return Command([rollout_env.expand(a, base) for a in grader.command], env, workdir, {})
+
+
+def _harness_env(bundle: Bundle, rollout: Rollout, base: Mapping[str, str], sidecar_url: str) -> dict[str, str]:
+    """The base variables, the template's own, the task's, then the base URL's, in the
+    order a pod's container merges them."""
+    spec = bundle.env.spec
+    env = {**base, **spec.local_process().env}
+    env.update({name: templates.render(value, rollout.task) for name, value in (spec.task.env or {}).items()})
+    if spec.base_url is not None:
+        for name in spec.base_url.env:
+            env[name] = sidecar_url + spec.base_url.suffix
+    return env
 
 
 def reward(bundle: Bundle, *, stdout: str, exit_code: int) -> tuple[float | None, str]:
@@ -190,28 +200,19 @@ def reward(bundle: Bundle, *, stdout: str, exit_code: int) -> tuple[float | None
 
 
 def _base_env(bundle: Bundle, rollout: Rollout, workdir: Path) -> dict[str, str]:
-    """What every harness and grader process sees about its rollout."""
+    """What every harness and grader process sees about its rollout (``rollout_env.base_env``,
+    as in a pod), and what only this machine has: ``PATH`` and the manifests' folders."""
     return {
         # this interpreter's directory first, so `python` in a manifest is the
         # environment OpenForge runs in
         "PATH": os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")]),
-        "OPENFORGE_JOB": bundle.name,
-        "OPENFORGE_ROLLOUT_ID": rollout.rollout_id,
-        "OPENFORGE_TASK_ID": rollout.task_id,
-        "OPENFORGE_TASK_JSON": json.dumps(dict(rollout.task)),
-        "OPENFORGE_SAMPLE_INDEX": str(rollout.sample),
-        "OPENFORGE_WORKDIR": str(workdir),
+        **rollout_env.base_env(
+            job=bundle.name, rollout_id=rollout.rollout_id, task=rollout.task, sample=rollout.sample,
+            attempt=rollout.attempt, workdir=str(workdir),
+        ),
         "OPENFORGE_MANIFEST_DIR": str(bundle.manifest_dir),
         "OPENFORGE_HARNESS_DIR": str(bundle.harness_dir),
     }
-
-
-def _expand(arg: str, env: Mapping[str, str]) -> str:
-    """``$OPENFORGE_MANIFEST_DIR``-style references, so commands can name files
-    beside the manifest wherever the rollout's working directory is."""
-    for name in ("OPENFORGE_MANIFEST_DIR", "OPENFORGE_HARNESS_DIR", "OPENFORGE_WORKDIR", "OPENFORGE_TASK_ID"):
-        arg = arg.replace("${" + name + "}", env[name])
-    return arg
 
 
 def policy_model(bundle: Bundle) -> Path | None:
