@@ -26,7 +26,7 @@ imports, not two) it
 - in a second thread, when the harness container's entrypoint
   (:mod:`openforge_operator.entrypoint`) writes ``harness-done`` into the run
   directory, turns the harness's exit code and the grader's output into a
-  reward and a verdict exactly as ``openforge run`` does, reports the rollout
+  reward and a verdict by the rule ``openforge run`` follows too (``openforge.api.verdict``), reports the rollout
   to the sidecar (``POST /openforge/v1/rollout/finish``, which records it and
   waits for the collector's acknowledgement) and writes the verdict to
   ``finished``, which the entrypoint copies into its termination message for
@@ -39,7 +39,6 @@ neither loses nor repeats a report.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import gc
 import json
 import os
@@ -54,7 +53,7 @@ from types import FrameType
 from typing import Any
 
 from openforge import cli
-from openforge.api import grading, rollouts
+from openforge.api import rollouts, verdict
 
 from openforge_operator import entrypoint
 
@@ -63,66 +62,36 @@ BACKLOG = 128
 """Connections the sidecar's socket queues before the sidecar serves them."""
 STOPPED_EXIT_CODE = -1
 """The exit code reported for a harness that never finished (the pod was stopped)."""
+GRADER_TIMED_OUT = 124
+"""``timeout``'s exit code for a command that ran past it."""
+Verdict = verdict.Verdict
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class Verdict:
-    """What one attempt came to, in the pod."""
+def judge(run_dir: Path, *, reward_from: str, failing_exit_codes: frozenset[int], grader_timeout: float | None = None) -> Verdict:
+    """The verdict of a finished harness, from the entrypoint's files (``verdict.judge``,
+    the rule ``openforge run`` follows too).
 
-    exit_code: int
-    reward: float | None
-    grader_output: str
-    status: str  # "succeeded" | "failed"
-    reason: str  # a FailureReason name, or "" (success, or a failing exit code)
-    message: str = ""
-
-    def finish_body(self, wait_seconds: float) -> dict[str, Any]:
-        """The ``/openforge/v1/rollout/finish`` request body."""
-        return {
-            "exit_code": self.exit_code,
-            "reward": self.reward,
-            "grader_output": self.grader_output,
-            "status": self.status,
-            "wait_seconds": wait_seconds,
-        }
-
-
-def reward(reward_from: str, *, stdout: str, exit_code: int) -> tuple[float | None, str]:
-    """The reward a grader's output gives, and why there is none (as ``openforge run``)."""
-    return grading.reward(reward_from, stdout=stdout, exit_code=exit_code)
-
-
-def judge(run_dir: Path, *, reward_from: str, failing_exit_codes: frozenset[int]) -> Verdict:
-    """The verdict of a finished harness, from the entrypoint's files.
-
-    ``reward_from`` is the grader's ``rewardFrom``, or ``none`` without a
-    grader (then exit 0 is reward 1.0, anything else 0.0). A rollout without
-    a reward failed (GraderFailed); one whose harness exited with a code the
-    job's failure policy does not ignore failed; any other is graded data,
-    whatever the harness's exit code.
+    ``reward_from`` is the grader's ``rewardFrom``, or ``none`` without a grader. The
+    grader ran under ``timeout`` (exit code 124: it ran past its timeout); a shell's 126
+    or 127 with nothing printed means its command could not be run.
     """
-    exit_code = _read_int(run_dir / entrypoint.HARNESS_EXIT_CODE, default=STOPPED_EXIT_CODE)
-    if (run_dir / entrypoint.SIDECAR_START_FAILED).exists():
-        message = "the sidecar failed before it served: the harness's first calls may have been refused unrecorded"
-        return Verdict(exit_code, None, "", "failed", "SidecarFailed", message)
-    grader_output = ""
-    if reward_from == "none":
-        value: float | None = 1.0 if exit_code == 0 else 0.0
-        why = ""
-    else:
+    harness_exit = _read_int(run_dir / entrypoint.HARNESS_EXIT_CODE)
+    exit_code = STOPPED_EXIT_CODE if harness_exit is None else harness_exit
+    graded: verdict.Graded | None = None
+    if reward_from != "none":
         stdout = _read_text(run_dir / entrypoint.GRADER_STDOUT)
-        grader_exit = _read_int(run_dir / entrypoint.GRADER_EXIT_CODE, default=STOPPED_EXIT_CODE)
-        grader_output = stdout.strip()[-4000:]
-        if grader_exit == 124 and reward_from == "stdout-json" and not stdout.strip():
-            value, why = None, "grader timed out"
+        grader_exit = _read_int(run_dir / entrypoint.GRADER_EXIT_CODE)
+        if grader_exit is None:
+            graded = verdict.Graded(stdout=stdout, error="its exit code was never recorded")
+        elif grader_exit in (126, 127) and not stdout.strip():
+            graded = verdict.Graded(error=f"exit {grader_exit}: its command was not found or cannot be run")
         else:
-            value, why = reward(reward_from, stdout=stdout, exit_code=grader_exit)
-    if value is None:
-        return Verdict(exit_code, None, grader_output, "failed", "GraderFailed", why)
-    if exit_code != 0 and exit_code in failing_exit_codes:
-        message = f"harness exited with {exit_code}"
-        return Verdict(exit_code, value, grader_output, "failed", "", message)
-    return Verdict(exit_code, value, grader_output, "succeeded", "")
+            graded = verdict.Graded(stdout=stdout, exit_code=grader_exit, timed_out=grader_exit == GRADER_TIMED_OUT)
+    return verdict.judge(
+        exit_code=exit_code, grader=graded, reward_from=None if reward_from == "none" else reward_from,
+        failing_exit_codes=failing_exit_codes, timeout_seconds=grader_timeout,
+        sidecar_start_failed=(run_dir / entrypoint.SIDECAR_START_FAILED).exists(),
+    )  # fmt: skip
 
 
 def post_finish(listen: str, verdict: Verdict, *, wait_seconds: float, deadline: float, token_file: str) -> dict[str, Any]:
@@ -148,27 +117,19 @@ def post_finish(listen: str, verdict: Verdict, *, wait_seconds: float, deadline:
             time.sleep(0.5)
 
 
-def termination_message(verdict: Verdict, result: dict[str, Any]) -> dict[str, Any]:
-    """What the operator reads back from the harness container's termination message."""
-    acknowledged = bool(result.get("acknowledged", False))
-    refused = int((result.get("exporter") or {}).get("refused", 0) or 0)
-    status, reason, message = verdict.status, verdict.reason, verdict.message
-    if not acknowledged:
-        status, reason = "failed", "SidecarFailed"
-        message = f"the collector did not acknowledge the rollout's records: {result.get('error', '')}"
-    elif refused:
-        # acknowledged, but not stored: e.g. a collector token of another job
-        acknowledged = False
-        status, reason = "failed", "SidecarFailed"
-        message = f"the collector refused {refused} of the rollout's records (the sidecar's log says why)"
+def termination_message(judged: Verdict, result: dict[str, Any]) -> dict[str, Any]:
+    """What the operator reads back from the harness container's termination message:
+    the verdict settled by the sidecar's answer (``verdict.settle``)."""
+    settled = verdict.settle(judged, result)
+    final = settled.verdict
     return {
-        "exitCode": verdict.exit_code,
-        "status": status,
-        "reason": reason,
-        "reward": verdict.reward,
-        "acknowledged": acknowledged,
-        "calls": int(result.get("calls", 0) or 0),
-        "message": message[:1000],
+        "exitCode": final.exit_code,
+        "status": final.status,
+        "reason": final.reason,
+        "reward": final.reward,
+        "acknowledged": settled.acknowledged,
+        "calls": settled.calls,
+        "message": final.message[:1000],
     }
 
 
@@ -320,12 +281,12 @@ def _read_text(path: Path) -> str:
         return ""
 
 
-def _read_int(path: Path, *, default: int) -> int:
+def _read_int(path: Path) -> int | None:
     text = _read_text(path).strip()
     try:
         return int(text)
     except ValueError:
-        return default
+        return None
 
 
 if __name__ == "__main__":

@@ -62,14 +62,17 @@ def files(run_dir: Path, *, harness: int | None, grader_stdout: str | None = Non
 # -- verdicts --------------------------------------------------------------------------------
 
 
-def test_reward_is_the_last_json_line() -> None:
-    assert podagent.reward("stdout-json", stdout='log\n{"reward": 0.75}\n', exit_code=0) == (0.75, "")
-    assert podagent.reward("stdout-json", stdout='{"reward": 1}\n{"score": 2}', exit_code=0)[0] is None
-    value, why = podagent.reward("stdout-json", stdout="no json here", exit_code=2)
-    assert value is None and "no JSON line (exit 2)" in why
-    assert podagent.reward("stdout-json", stdout='{"reward": true}', exit_code=0)[0] is None
-    assert podagent.reward("exit-code", stdout="", exit_code=0) == (1.0, "")
-    assert podagent.reward("exit-code", stdout="", exit_code=5) == (0.0, "")
+def test_the_grader_s_own_exit_codes_are_read_as_timeout_and_sh_report_them(tmp_path: Path) -> None:
+    """124 is ``timeout``'s (the grader ran past its timeout: no reward, even one it printed);
+    126 and 127 with nothing printed are the shell's (its command could not be run)."""
+    late = podagent.judge(files(tmp_path / "a", harness=0, grader_stdout='{"reward": 1}', grader_exit=124), reward_from="stdout-json", failing_exit_codes=FAILING)
+    assert (late.status, late.reason, late.reward, late.message) == ("failed", "GraderFailed", None, "the grader ran past its timeout")
+    missing = podagent.judge(files(tmp_path / "b", harness=0, grader_stdout="", grader_exit=127), reward_from="exit-code", failing_exit_codes=FAILING)
+    assert (missing.status, missing.reason) == ("failed", "GraderFailed") and "exit 127" in missing.message
+    run_dir = files(tmp_path / "c", harness=0, grader_stdout='{"reward": 1}')
+    (run_dir / entrypoint.GRADER_EXIT_CODE).unlink()
+    unrecorded = podagent.judge(run_dir, reward_from="stdout-json", failing_exit_codes=FAILING)
+    assert (unrecorded.reason, unrecorded.message) == ("GraderFailed", "the grader could not run: its exit code was never recorded")
 
 
 def test_a_graded_rollout_succeeds_whatever_the_exit_code_unless_the_policy_fails_it(tmp_path: Path) -> None:

@@ -19,13 +19,13 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from openforge import control
-from openforge.api import retries
+from openforge.api import retries, verdict
 from openforge.run import plan, processes
 
-Status = Literal["succeeded", "failed"]
+Status = verdict.Status
 FINISH_WAIT_SECONDS = 60
 
 
@@ -81,19 +81,35 @@ def run_rollout(
     except processes.ServiceError as exc:
         return Outcome(rollout, "failed", -1, None, "SidecarFailed", str(exc), 0, time.monotonic() - started)
     try:
-        exit_code, timed_out = _run_harness(bundle, rollout, sidecar.url, workdir, home / "harness.log", stop)
-        if stop.is_set():
-            return Outcome(rollout, "failed", exit_code, None, INTERRUPTED, "stopped", 0, time.monotonic() - started)
-        reward, grader_output, why = _grade(bundle, rollout, sidecar.url, workdir, exit_code, home / "grader.log")
-        status, reason, message = _judge(bundle, exit_code, timed_out, reward, why)
-        finish = _finish(sidecar.url, home / CONTROL_TOKEN, exit_code=exit_code, reward=reward, grader_output=grader_output, status=status)
+        judged = attempt(bundle, rollout, sidecar_url=sidecar.url, home=home, stop=stop)
+        if judged is None:
+            return Outcome(rollout, "failed", -1, None, INTERRUPTED, "stopped", 0, time.monotonic() - started)
+        finish = _finish(sidecar.url, home / CONTROL_TOKEN, judged)
         (home / "sidecar.json").write_text(json.dumps(finish, indent=2) + "\n")
     finally:
         sidecar.stop()
-    if not finish.get("acknowledged", False):
-        status, reason = "failed", "SidecarFailed"
-        message = f"the collector did not acknowledge the rollout's records: {finish}"
-    return Outcome(rollout, status, exit_code, reward, reason, message, int(finish.get("calls", 0)), time.monotonic() - started)
+    final = verdict.settle(judged, finish).verdict
+    return Outcome(rollout, final.status, final.exit_code, final.reward, final.reason, final.message, int(finish.get("calls", 0) or 0), time.monotonic() - started)
+
+
+def attempt(bundle: plan.Bundle, rollout: plan.Rollout, *, sidecar_url: str, home: Path, stop: threading.Event) -> verdict.Verdict | None:
+    """Run the harness, then (unless it ran past its timeout) the grader, in ``home/work``,
+    and judge them (``verdict.judge``, as the in-pod agent does); None when ``stop`` cut it off."""
+    workdir = home / "work"
+    exit_code, timed_out = _run_harness(bundle, rollout, sidecar_url, workdir, home / "harness.log", stop)
+    if stop.is_set():
+        return None
+    grader = bundle.env.spec.grader
+    graded = None if timed_out else _grade(bundle, rollout, sidecar_url, workdir, exit_code, home / "grader.log")
+    return verdict.judge(
+        exit_code=exit_code, grader=graded, reward_from=grader.reward_from if grader is not None else None,
+        failing_exit_codes=retries.failing_exit_codes(bundle.job.spec), timed_out=timed_out,
+        timeout_seconds=_harness_timeout(bundle),
+    )  # fmt: skip
+
+
+def _harness_timeout(bundle: plan.Bundle) -> float:
+    return bundle.job.spec.rollout_timeout_seconds or bundle.env.spec.timeout_seconds or 600
 
 
 def _run_harness(
@@ -104,7 +120,7 @@ def _run_harness(
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(content)
     command.cwd.mkdir(parents=True, exist_ok=True)
-    timeout = bundle.job.spec.rollout_timeout_seconds or bundle.env.spec.timeout_seconds or 600
+    timeout = _harness_timeout(bundle)
     with log.open("ab") as handle:
         try:
             process = subprocess.Popen(
@@ -129,44 +145,31 @@ def _run_harness(
         return retries.exit_code(process.wait()), not stop.is_set()
 
 
-def _grade(
-    bundle: plan.Bundle, rollout: plan.Rollout, sidecar_url: str, workdir: Path, exit_code: int, log: Path
-) -> tuple[float | None, str, str]:
+def _grade(bundle: plan.Bundle, rollout: plan.Rollout, sidecar_url: str, workdir: Path, exit_code: int, log: Path) -> verdict.Graded | None:
+    """Run the grader (None without one) under its timeout."""
     command = plan.grader_command(bundle, rollout, sidecar_url=sidecar_url, workdir=workdir, harness_exit=exit_code)
-    if command is None:
-        return (1.0 if exit_code == 0 else 0.0), "", ""
     grader = bundle.env.spec.grader
-    assert grader is not None
+    if command is None or grader is None:
+        return None
     try:
         done = subprocess.run(
             command.argv, cwd=command.cwd, env={**os.environ, **command.env}, stdin=subprocess.DEVNULL,
             capture_output=True, text=True, timeout=grader.timeout_seconds,
-        )
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        log.write_text(str(exc))
-        return None, "", f"grader failed: {exc}"
+        )  # fmt: skip
+    except subprocess.TimeoutExpired as exc:
+        stdout = exc.stdout.decode(errors="replace") if isinstance(exc.stdout, bytes) else (exc.stdout or "")
+        log.write_text(f"{stdout}\nopenforge run: {exc}\n")
+        return verdict.Graded(stdout=stdout, timed_out=True)
+    except OSError as exc:
+        log.write_text(f"openforge run: {exc}\n")
+        return verdict.Graded(error=str(exc))
     log.write_text(done.stdout + done.stderr)
-    reward, why = plan.reward(bundle, stdout=done.stdout, exit_code=done.returncode)
-    return reward, done.stdout.strip()[-4000:], why
+    return verdict.Graded(stdout=done.stdout, exit_code=retries.exit_code(done.returncode))
 
 
-def _judge(bundle: plan.Bundle, exit_code: int, timed_out: bool, reward: float | None, why: str) -> tuple[Status, str, str]:
-    """Graded rollouts are training data whatever the harness's exit code, unless
-    a failure rule says otherwise; a timeout or a missing grade is a failure."""
-    if timed_out:
-        return "failed", "DeadlineExceeded", "the harness ran past its timeout"
-    if reward is None:
-        return "failed", "GraderFailed", why
-    if exit_code in retries.failing_exit_codes(bundle.job.spec):
-        return "failed", "", f"harness exited with {exit_code}"
-    return "succeeded", "", ""
-
-
-def _finish(sidecar_url: str, token_file: Path, *, exit_code: int, reward: float | None, grader_output: str, status: Status) -> dict[str, Any]:
+def _finish(sidecar_url: str, token_file: Path, judged: verdict.Verdict) -> dict[str, Any]:
     """Report the rollout to its sidecar, with the control token it made before it listened."""
-    body = json.dumps(
-        {"exit_code": exit_code, "reward": reward, "grader_output": grader_output, "status": status, "wait_seconds": FINISH_WAIT_SECONDS}
-    ).encode()
+    body = json.dumps(judged.finish_body(FINISH_WAIT_SECONDS)).encode()
     try:
         request = urllib.request.Request(
             f"{sidecar_url}/openforge/v1/rollout/finish", data=body,
