@@ -52,7 +52,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from openforge import cli
+from openforge import cli, endpoints
 from openforge.api import rollouts, verdict
 
 from openforge_operator import entrypoint
@@ -102,7 +102,7 @@ def post_finish(listen: str, verdict: Verdict, *, wait_seconds: float, deadline:
     from openforge import control
 
     body = json.dumps(verdict.finish_body(wait_seconds)).encode()
-    url = f"http://{listen}/openforge/v1/rollout/finish"
+    url = f"http://{listen}{endpoints.ROLLOUT_FINISH}"
     while True:
         try:
             token = control.headers(control.read(token_file)) if token_file else {}

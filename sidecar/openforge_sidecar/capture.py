@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from mitmproxy import ctx, exceptions, http
-from openforge import control
+from openforge import control, endpoints
 from openforge.trajectory.v1 import trajectory_pb2 as pb
 
 from openforge_sidecar import (
@@ -58,12 +58,9 @@ if TYPE_CHECKING:  # imported once the proxy serves, and only with a collector: 
 
 log = logging.getLogger("openforge.sidecar")
 
-CONTROL_PREFIX = "/openforge/v1/"
 CONTROL_HOST = "openforge.sidecar"
 MODES = ("tokens", "passthrough")
 INFLIGHT_JOURNAL = "inflight.journal"
-# `openforge serve` names the policy version whose weights produced a call.
-POLICY_VERSION_HEADER = "x-openforge-policy-version"
 STOPPED_EXIT_CODE = -1
 """The exit code recorded for a rollout stopped before it was finished (``openforge_finish_on_stop``)."""
 
@@ -292,7 +289,7 @@ class Capture:
         if not self._serving.is_set():
             await self._serving.wait()
         path = flow.request.path
-        if path.startswith(CONTROL_PREFIX) or _to_control_host(flow.request):
+        if path.startswith(endpoints.PREFIX) or _to_control_host(flow.request):
             await self._control(flow)
             return
         if flow.request.method == "POST" and ctx.options.openforge_mode == "tokens":
@@ -370,7 +367,7 @@ class Capture:
             return
         if response.status_code != 200 or call.relay is None:
             return  # the engine's error is translated whole in `response`
-        version = response.headers.get(POLICY_VERSION_HEADER, "")
+        version = response.headers.get(endpoints.POLICY_VERSION_HEADER, "")
         if version.isdigit():
             call.policy_version = int(version)
         for name in ("content-length", "content-encoding", "etag"):
@@ -673,10 +670,10 @@ class Capture:
     async def _control(self, flow: http.HTTPFlow) -> None:
         """``/openforge/v1/stats`` and ``/openforge/v1/rollout/finish``."""
         path = flow.request.path.split("?", 1)[0]
-        if path == CONTROL_PREFIX + "stats":
+        if path == endpoints.STATS:
             flow.response = _json_response(200, self.snapshot())
             return
-        if path == CONTROL_PREFIX + "rollout/finish" and flow.request.method == "POST":
+        if path == endpoints.ROLLOUT_FINISH and flow.request.method == "POST":
             if self._control_token is not None and not control.allows(self._control_token, flow.request.headers.get(control.HEADER)):
                 self.stats["finish_refused"] += 1
                 log.warning("refused a rollout/finish without the control token (the harness's own?)")

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from openforge import cli as front_door
+from openforge import endpoints
 
 from openforge_sidecar import capture, master
 
@@ -56,7 +57,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--finish-on-stop", action="store_true", help="on SIGTERM, record a rollout nobody finished as failed (a stopped pod)")
     parser.add_argument(
         "--control-token-file", default="",
-        help="POST /openforge/v1/rollout/finish needs 'Authorization: Bearer TOKEN', TOKEN this file's (made, random, 0600, when absent):"
+        help=f"POST {endpoints.ROLLOUT_FINISH} needs 'Authorization: Bearer TOKEN', TOKEN this file's (made, random, 0600, when absent):"
         " the harness, which reaches the same port, cannot report its own rollout",
     )  # fmt: skip
     parser.add_argument("--verbose", action="store_true", help="log every flow")

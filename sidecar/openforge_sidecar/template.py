@@ -24,12 +24,12 @@ from typing import Any, NoReturn
 import jinja2
 from jinja2.ext import loopcontrols
 from jinja2.sandbox import ImmutableSandboxedEnvironment
+from openforge import endpoints
 from tokenizers import Tokenizer, decoders
 
 from openforge_sidecar import conversation, segments
 
 IMAGE_PLACEHOLDER = "<image>"
-TOKENIZER_PATH = "/openforge/v1/tokenizer"
 # Stop tokens of the ChatML family, whichever of them the vocabulary has.
 _CHATML_STOPS = ("<|im_end|>", "<|endoftext|>")
 _FETCH_TIMEOUT_S = 30.0
@@ -52,7 +52,7 @@ class PolicyTokenizer:
     def load(cls, source: str) -> PolicyTokenizer:
         """Load from a directory, or from an engine URL serving the tokenizer files."""
         if source.startswith(("http://", "https://")):
-            base = source.rstrip("/") + TOKENIZER_PATH
+            base = source.rstrip("/") + endpoints.TOKENIZER
             return cls.from_texts(
                 tokenizer_json=_fetch(f"{base}/tokenizer.json"),
                 config_json=_fetch(f"{base}/tokenizer_config.json"),

@@ -18,6 +18,7 @@ from typing import Any
 import pydantic
 import pytest
 import torch
+from openforge import endpoints
 from openforge_trainer import (
     checkpoint,
     publish,
@@ -56,7 +57,7 @@ def serve_answer(seen: Seen) -> tuple[int, dict[str, Any]]:
     if seen.headers.get("content-type") == "application/json":
         version = seen.json()["policy_version"]
     else:
-        version = int(seen.headers[publish.VERSION_HEADER])
+        version = int(seen.headers[endpoints.POLICY_VERSION_HEADER])
     return 200, {"policy_version": version, "load_ms": 1.5}
 
 
@@ -95,8 +96,8 @@ def stub() -> Iterator[Stub]:
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     record.url = f"http://127.0.0.1:{server.server_address[1]}"
     record.answers = {
-        publish.WEIGHTS_PATH: serve_answer,
-        publish.POLICY_PATH: lambda seen: (200, {"model": "tiny", "policy_version": 7}),
+        endpoints.WEIGHTS: serve_answer,
+        endpoints.POLICY: lambda seen: (200, {"model": "tiny", "policy_version": 7}),
         "/pause": ok("paused"),
         "/collective_rpc": lambda seen: (200, {"results": [{"loaded": 24}, {"loaded": 24}]}),
         "/update_weight_version": lambda seen: (200, {"success": True}),
@@ -149,15 +150,15 @@ def test_serve_publisher_bytes_mode_sends_the_safetensors_state_dict(
     assert result.ok
     (seen,) = stub.seen
     assert seen.headers["content-type"] == "application/octet-stream"
-    assert seen.headers[publish.VERSION_HEADER] == "4"
+    assert seen.headers[endpoints.POLICY_VERSION_HEADER] == "4"
     assert seen.body == (saved / "model.safetensors").read_bytes()
 
 
 def test_serve_publish_failures_are_reported_not_raised(stub: Stub, saved: Path) -> None:
-    stub.answers[publish.WEIGHTS_PATH] = lambda seen: (200, {"policy_version": 2, "load_ms": 1})
+    stub.answers[endpoints.WEIGHTS] = lambda seen: (200, {"policy_version": 2, "load_ms": 1})
     wrong = publish.ServePublisher(stub.url).publish(saved, 3)
     assert not wrong.ok and "reports policy_version 2 after loading 3" in wrong.detail
-    stub.answers[publish.WEIGHTS_PATH] = lambda seen: (409, {"error": "shape mismatch: lm_head"})
+    stub.answers[endpoints.WEIGHTS] = lambda seen: (409, {"error": "shape mismatch: lm_head"})
     refused = publish.ServePublisher(stub.url).publish(saved, 3)
     assert (
         not refused.ok
@@ -225,7 +226,7 @@ def test_the_trainer_publishes_each_step_and_again_on_resume(stub: Stub, tmp_pat
     run.run()
     run.close()
     first = checkpoint.path_for(config.run_dir, 1)
-    weights = [s.json() for s in stub.seen if s.path == publish.WEIGHTS_PATH]
+    weights = [s.json() for s in stub.seen if s.path == endpoints.WEIGHTS]
     assert weights == [{"path": str(first.resolve()), "policy_version": 1}]
     assert [s.json()["args"] for s in stub.seen if s.path == "/collective_rpc"] == [
         [str(first.resolve())]
@@ -235,7 +236,7 @@ def test_the_trainer_publishes_each_step_and_again_on_resume(stub: Stub, tmp_pat
     resumed = trainer_loop.Trainer(config.model_copy(update={"steps": 2}), log=lines.append)
     resumed.run()
     resumed.close()
-    weights = [s.json() for s in stub.seen if s.path == publish.WEIGHTS_PATH]
+    weights = [s.json() for s in stub.seen if s.path == endpoints.WEIGHTS]
     second = checkpoint.path_for(config.run_dir, 2)
     assert weights == [
         {"path": str(first.resolve()), "policy_version": 1},  # servers catch up on restart

@@ -17,6 +17,7 @@ from typing import Any
 import httpx
 import pytest
 import torch
+from openforge import endpoints
 from openforge_sidecar import template
 from openforge_trainer import serve, testengine, tokenizer_build
 from openforge_trainer import testengine_protocol as protocol
@@ -178,7 +179,7 @@ def test_vllm_field_shapes_match_the_test_engine(server: str) -> None:
 
 def test_completion_fields_and_policy_header(server: str) -> None:
     response = complete(server, logprobs=3, return_token_ids=True, temperature=0)
-    assert response.headers[serve.VERSION_HEADER] == "3"
+    assert response.headers[endpoints.POLICY_VERSION_HEADER] == "3"
     body = response.json()
     choice = body["choices"][0]
     assert body["model"] == NAME and body["object"] == "text_completion"
@@ -205,7 +206,7 @@ def test_stream_concatenates_to_the_non_streamed_answer(server: str) -> None:
         body = {"logprobs": 1, "return_token_ids": True, "max_tokens": 20, **sampling}
         whole = ok(server, **body)["choices"][0]
         headers, chunks = stream(server, stream_options={"include_usage": True}, **body)
-        assert headers[serve.VERSION_HEADER] == "3"
+        assert headers[endpoints.POLICY_VERSION_HEADER] == "3"
         choices = [c["choices"][0] for c in chunks if c["choices"]]
         assert len(choices) == 20  # one chunk per token
         assert [t for c in choices for t in c["token_ids"]] == whole["token_ids"]
@@ -369,7 +370,7 @@ def test_string_prompt_is_tokenized(server: str) -> None:
 def generate(url: str) -> tuple[list[int], str]:
     response = complete(url, temperature=0, return_token_ids=True)
     assert response.status_code == 200, response.text
-    return response.json()["choices"][0]["token_ids"], response.headers[serve.VERSION_HEADER]
+    return response.json()["choices"][0]["token_ids"], response.headers[endpoints.POLICY_VERSION_HEADER]
 
 
 def post_weights(url: str, **kwargs: Any) -> httpx.Response:
@@ -403,7 +404,7 @@ def test_weight_update_by_path_and_by_pushed_bytes(
     pushed = post_weights(
         url,
         content=state_bytes(models["a"]),
-        headers={"content-type": "application/octet-stream", serve.VERSION_HEADER: "6"},
+        headers={"content-type": "application/octet-stream", endpoints.POLICY_VERSION_HEADER: "6"},
     )
     assert pushed.status_code == 200, pushed.text
     assert pushed.json()["policy_version"] == 6
@@ -454,9 +455,9 @@ def test_bad_updates_are_refused_whole_and_name_the_tensor(
     garbage = post_weights(url, content=b"\x00" * 32, headers=octet)
     assert garbage.status_code == 400 and "not a safetensors" in garbage.json()["message"]
     bad_header = post_weights(
-        url, content=state_bytes(models["b"]), headers={**octet, serve.VERSION_HEADER: "v2"}
+        url, content=state_bytes(models["b"]), headers={**octet, endpoints.POLICY_VERSION_HEADER: "v2"}
     )
-    assert bad_header.status_code == 400 and serve.VERSION_HEADER in bad_header.json()["message"]
+    assert bad_header.status_code == 400 and endpoints.POLICY_VERSION_HEADER in bad_header.json()["message"]
 
     partial = post_weights(
         url, content=state_bytes(models["b"], drop), headers=octet, params={"partial": "true"}
@@ -522,7 +523,7 @@ def test_in_flight_stream_continues_on_new_weights(
     with httpx.stream("POST", f"{url}/v1/completions", json={**LONG, "stream": True}) as response:
         lines = response.iter_lines()
         first = next(lines)
-        assert response.headers[serve.VERSION_HEADER] == "0"
+        assert response.headers[endpoints.POLICY_VERSION_HEADER] == "0"
         assert httpx.post(f"{url}/openforge/v1/pause", timeout=30).json()["running"] == 1
         update = post_weights(url, json={"path": str(models["b"]), "policy_version": 4})
         assert update.json()["policy_version"] == 4

@@ -42,9 +42,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
-WEIGHTS_PATH = "/openforge/v1/weights"
-POLICY_PATH = "/openforge/v1/policy"
-VERSION_HEADER = "x-openforge-policy-version"
+from openforge import endpoints
+
 VLLM_WORKER_METHOD = "update_weights_from_path"
 
 
@@ -87,17 +86,17 @@ class ServePublisher:
             if self.mode == "path":
                 payload = {"path": str(checkpoint.resolve()), "policy_version": policy_version}
                 answer = request_json(
-                    "POST", self.url + WEIGHTS_PATH, payload, timeout=self.timeout
+                    "POST", self.url + endpoints.WEIGHTS, payload, timeout=self.timeout
                 )
             else:
                 answer = request_json(
                     "POST",
-                    self.url + WEIGHTS_PATH,
+                    self.url + endpoints.WEIGHTS,
                     None,
                     body=state_dict_bytes(checkpoint),
                     headers={
                         "content-type": "application/octet-stream",
-                        VERSION_HEADER: str(policy_version),
+                        endpoints.POLICY_VERSION_HEADER: str(policy_version),
                     },
                     timeout=self.timeout,
                 )
@@ -113,7 +112,7 @@ class ServePublisher:
 
     def policy(self) -> dict[str, Any]:
         """What the server is serving: ``{"model", "policy_version"}``."""
-        return request_json("GET", self.url + POLICY_PATH, None, timeout=self.timeout)
+        return request_json("GET", self.url + endpoints.POLICY, None, timeout=self.timeout)
 
     def _result(self, version: int, started: float, *, ok: bool, detail: str) -> PublishResult:
         return PublishResult(self.url, self.kind, version, ok, time.monotonic() - started, detail)

@@ -60,13 +60,13 @@ from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 import torch
+from openforge import endpoints
 from tokenizers import Tokenizer
 
 from openforge_trainer import batching, weights
 from openforge_trainer import testengine_protocol as protocol
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
-VERSION_HEADER = "x-openforge-policy-version"
 GREEDY_EPS = 1e-5  # vLLM treats a temperature below this as greedy
 
 
@@ -388,12 +388,12 @@ class _Handler(BaseHTTPRequestHandler):
                 policy_version=engine.scheduler.policy_version,
             )
             self._json(HTTPStatus.OK, body)
-        elif path == "/openforge/v1/policy":
+        elif path == endpoints.POLICY:
             body = {"model": engine.name, "policy_version": engine.scheduler.policy_version}
             self._json(HTTPStatus.OK, body)
-        elif path == "/openforge/v1/status":
+        elif path == endpoints.STATUS:
             self._json(HTTPStatus.OK, _status(engine))
-        elif path.startswith("/openforge/v1/tokenizer/") and name in engine.files:
+        elif path.startswith(endpoints.TOKENIZER + "/") and name in engine.files:
             self._send(HTTPStatus.OK, engine.files[name], "application/json")
         elif path in POST_ROUTES:
             self._json(HTTPStatus.METHOD_NOT_ALLOWED, {"detail": "Method Not Allowed"})
@@ -423,7 +423,7 @@ class _Handler(BaseHTTPRequestHandler):
         if isinstance(first, batching.ErrorEvent):
             raise protocol.RequestError(first.message, status=500, kind="InternalServerError")
         output = Output(engine, request, seq, first)
-        headers = {VERSION_HEADER: str(first.policy_version)}
+        headers = {endpoints.POLICY_VERSION_HEADER: str(first.policy_version)}
         if request.stream:
             self._stream(stream_bodies(engine, request, prompt_ids, output), seq, headers)
         else:
@@ -437,7 +437,7 @@ class _Handler(BaseHTTPRequestHandler):
         try:
             if content_type == "application/octet-stream":
                 source: Path | bytes = self._read_body()
-                version = _int_header(self.headers.get(VERSION_HEADER))
+                version = _int_header(self.headers.get(endpoints.POLICY_VERSION_HEADER))
                 drain, partial = _query_flag(query, "drain"), _query_flag(query, "partial")
             else:
                 source, version, drain, partial = _weights_request(self._read_body())
@@ -518,9 +518,9 @@ class _Handler(BaseHTTPRequestHandler):
 
 POST_ROUTES: dict[str, Callable[[_Handler], None]] = {
     "/v1/completions": _Handler._completions,
-    "/openforge/v1/weights": _Handler._weights,
-    "/openforge/v1/pause": _Handler._pause,
-    "/openforge/v1/resume": _Handler._resume,
+    endpoints.WEIGHTS: _Handler._weights,
+    endpoints.PAUSE: _Handler._pause,
+    endpoints.RESUME: _Handler._resume,
 }
 
 
@@ -569,7 +569,7 @@ def _int_header(value: str | None) -> int | None:
         return None
     if not value.strip().isdigit():
         raise weights.WeightsError(
-            f"{VERSION_HEADER}: must be a non-negative integer, got {value!r}"
+            f"{endpoints.POLICY_VERSION_HEADER}: must be a non-negative integer, got {value!r}"
         )
     return int(value)
 

@@ -32,6 +32,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+from openforge import endpoints
 from tokenizers import Tokenizer
 
 from openforge_trainer import testengine_chat as chat
@@ -251,10 +252,10 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(HTTPStatus.OK, b"", "application/json")
         elif path == "/v1/models":
             self._json(HTTPStatus.OK, _models_body(engine))
-        elif path == "/openforge/v1/policy":
+        elif path == endpoints.POLICY:
             body = {"model": engine.config.model, "policy_version": engine.config.policy_version}
             self._json(HTTPStatus.OK, body)
-        elif path.startswith("/openforge/v1/tokenizer/") and path.rsplit("/", 1)[1] in engine.files:
+        elif path.startswith(endpoints.TOKENIZER + "/") and path.rsplit("/", 1)[1] in engine.files:
             self._send(HTTPStatus.OK, engine.files[path.rsplit("/", 1)[1]], "application/json")
         elif path == "/v1/completions":
             self._json(HTTPStatus.METHOD_NOT_ALLOWED, {"detail": "Method Not Allowed"})
@@ -334,7 +335,7 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("Cache-Control", "no-cache")
         self.send_header("Transfer-Encoding", "chunked")
         # like `openforge serve`: which policy version produced this answer
-        self.send_header(POLICY_VERSION_HEADER, str(self.server.engine.config.policy_version))
+        self.send_header(endpoints.POLICY_VERSION_HEADER, str(self.server.engine.config.policy_version))
         self.end_headers()
         try:
             for body, token in bodies:
@@ -352,7 +353,6 @@ class _Handler(BaseHTTPRequestHandler):
         self.wfile.flush()
 
 
-POLICY_VERSION_HEADER = "x-openforge-policy-version"
 
 
 def _check_model(engine: ScriptedEngine, model: str | None) -> None:

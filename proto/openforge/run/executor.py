@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from openforge import control
+from openforge import control, endpoints
 from openforge.api import retries, verdict
 from openforge.run import plan, processes
 
@@ -172,7 +172,7 @@ def _finish(sidecar_url: str, token_file: Path, judged: verdict.Verdict) -> dict
     body = json.dumps(judged.finish_body(FINISH_WAIT_SECONDS)).encode()
     try:
         request = urllib.request.Request(
-            f"{sidecar_url}/openforge/v1/rollout/finish", data=body,
+            sidecar_url + endpoints.ROLLOUT_FINISH, data=body,
             headers={"content-type": "application/json", **control.headers(control.read(token_file))},
         )  # fmt: skip
         with urllib.request.urlopen(request, timeout=FINISH_WAIT_SECONDS + 10) as response:

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from openforge import endpoints
 from openforge.api import retries
 from openforge.run import executor, plan
 
@@ -224,7 +225,7 @@ def finished_history(bundle: plan.Bundle, journal: Journal, iterations: int, *, 
 
 
 def policy_version(engine_url: str) -> int:
-    with urllib.request.urlopen(f"{engine_url}/openforge/v1/policy", timeout=10) as response:
+    with urllib.request.urlopen(engine_url + endpoints.POLICY, timeout=10) as response:
         return int(json.load(response).get("policy_version", 0))
 
 
