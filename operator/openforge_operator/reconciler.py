@@ -171,7 +171,10 @@ class Reconciler:
     ) -> tuple[list[dict[str, Any]] | None, Blocked | None]:
         if memory.tasks is not None:
             return memory.tasks, None
-        records = task_records.inline(job.spec.tasks)
+        try:
+            records = task_records.inline(job.spec.tasks)
+        except task_records.TaskError as error:
+            return None, Blocked("TasksUnavailable", str(error))
         ref = job.spec.tasks.config_map_ref
         if records is None and ref is not None:
             namespace = job.metadata.namespace or "default"
@@ -186,6 +189,11 @@ class Reconciler:
                 records = task_records.parse_jsonl(text, where=where)
             except task_records.TaskError as error:
                 return None, Blocked("TasksUnavailable", f"spec.tasks.configMapRef: {error}")
+        if records is not None:
+            try:
+                task_records.check_rollouts(records, job.spec.samples_per_task)
+            except task_records.TaskError as error:
+                return None, Blocked("TasksUnavailable", str(error))
         memory.tasks = records
         return records, None
 

@@ -243,7 +243,7 @@ CASES = [
         "  samplesPerTask: 4",
         '  samplesPerTask: "4"' + MARK,
         "spec.samplesPerTask",
-        "valid integer, got '4' (expected an integer >= 1)",
+        "valid integer, got '4' (expected an integer >= 1 and <= 4096)",
     ),
     (
         "bool as string",

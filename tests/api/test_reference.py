@@ -66,7 +66,7 @@ def test_a_row_says_type_default_required_and_validation() -> None:
         "`1`",
         "",
         "Rollouts per task: the GRPO group size.",
-        ">= 1; samplesPerTask is immutable (rollout indexes depend on it)",
+        ">= 1; <= 4096; samplesPerTask is immutable (rollout indexes depend on it)",
     ]
     assert "| `spec.policy.model` | `string` |  | yes |" in text
     assert "| `spec.tasks.inline[].id` | `string` |  | yes |" in text

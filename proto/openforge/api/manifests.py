@@ -88,9 +88,11 @@ def load_manifests(source: str | os.PathLike[str]) -> list[v1alpha1.Resource]:
     problem in every document, each with its file and line.
     """
     if isinstance(source, os.PathLike) or ("\n" not in source and Path(source).is_file()):
-        name, text = os.fspath(source), Path(source).read_text()
+        name, text = os.fspath(source), read(source)
     else:
         name, text = "<string>", source
+        if len(text.encode()) > MAX_BYTES:
+            raise ManifestError([Problem("", f"the manifests are {len(text.encode())} bytes; at most {MAX_BYTES} are read", None, name)])
     resources: list[v1alpha1.Resource] = []
     problems: list[Problem] = []
     seen: dict[tuple[str, str | None], int] = {}
@@ -125,12 +127,31 @@ def load_manifests(source: str | os.PathLike[str]) -> list[v1alpha1.Resource]:
     return resources
 
 
+MAX_BYTES = 4 * 1024 * 1024
+"""The largest manifest file read (the API server takes objects of at most 1.5 MiB)."""
+
+
+def read(path: str | os.PathLike[str]) -> str:
+    """A manifest file's text, checked before any parsing: its size, and that it is UTF-8
+    (ManifestError naming the file and the byte offset at fault)."""
+    name = os.fspath(path)
+    size = os.stat(path).st_size
+    if size > MAX_BYTES:
+        raise ManifestError([Problem("", f"the file is {size} bytes; a manifest file holds at most {MAX_BYTES}", None, name)])
+    data = Path(path).read_bytes()
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        line = data.count(b"\n", 0, error.start) + 1
+        raise ManifestError([Problem("", f"not UTF-8 text (at byte offset {error.start})", None, name, line)]) from None
+
+
 def line_of(source: str | os.PathLike[str], kind: str, name: str, loc: Loc) -> int | None:
     """The line of ``loc`` (its deepest part present) in the ``kind`` named ``name`` in a
     YAML file, for a problem found after loading (a reference to another object); None
     when the file no longer holds that object."""
     problems: list[Problem] = []
-    for node, data in _documents(os.fspath(source), Path(source).read_text(), problems):
+    for node, data in _documents(os.fspath(source), read(source), problems):
         if isinstance(data, Mapping) and data.get("kind") == kind and (data.get("metadata") or {}).get("name") == name:
             return _line(node, loc)
     return None
@@ -145,7 +166,42 @@ class _Loader(yaml.SafeLoader):
     PyYAML follows YAML 1.1 to the letter, where a float needs a dot and a
     date-like scalar becomes a datetime; the Go YAML library behind kubectl
     reads both the other way, and a manifest must mean the same in both.
+
+    Aliases (``*name``, and the ``<<: *name`` merges they make) are read, but a document
+    whose aliases expand it past :data:`MAX_NODES` is refused before it is constructed: a
+    few lines of nested aliases make billions of nodes (a "billion laughs"), and
+    validating those hung the reader.
     """
+
+
+MAX_NODES = 1_000_000
+"""The most nodes a document may expand to through its aliases."""
+
+
+def _expanded_size(root: yaml.Node) -> int:
+    """How many nodes ``root`` holds with every alias expanded (each shared node counted
+    at each of its uses), capped at :data:`MAX_NODES` + 1."""
+    sizes: dict[int, int] = {}
+    visiting: set[int] = set()
+    stack: list[tuple[yaml.Node, bool]] = [(root, False)]
+    while stack:
+        node, children_done = stack.pop()
+        if id(node) in sizes:
+            continue
+        if not children_done and id(node) in visiting:
+            return MAX_NODES + 1  # an alias inside its own anchor: no end to it
+        visiting.add(id(node))
+        children: list[yaml.Node] = []
+        if isinstance(node, yaml.SequenceNode):
+            children = list(node.value)
+        elif isinstance(node, yaml.MappingNode):
+            children = [part for pair in node.value for part in pair]
+        if not children_done:
+            stack.append((node, True))
+            stack.extend((child, False) for child in children if id(child) not in sizes)
+            continue
+        sizes[id(node)] = min(MAX_NODES + 1, 1 + sum(sizes.get(id(child), 1) for child in children))
+    return sizes[id(root)]
 
 
 _Loader.yaml_implicit_resolvers = {
@@ -169,6 +225,11 @@ def _documents(name: str, text: str, problems: list[Problem]) -> Iterator[tuple[
                 isinstance(node, yaml.ScalarNode) and node.tag == "tag:yaml.org,2002:null"
             ):
                 continue
+            if _expanded_size(node) > MAX_NODES:
+                line = node.start_mark.line + 1
+                message = f"the document's aliases expand it to more than {MAX_NODES} nodes (a billion laughs?): write it out"
+                problems.append(Problem("", message, None, name, line))
+                return
             yield node, loader.construct_document(node)
     except yaml.MarkedYAMLError as error:
         mark = error.problem_mark or error.context_mark

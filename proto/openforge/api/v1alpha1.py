@@ -73,6 +73,14 @@ _ENV_NAME = re.compile(r"^[-._a-zA-Z][-._a-zA-Z0-9]*$")
 _CONDITION_REASON = r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$"
 _HOST_PORT = r"^(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9]([-A-Za-z0-9.]*[A-Za-z0-9])?):[0-9]{1,5}$"
 _HTTP_URL = r"^https?://[^\s/]+(/\S*)?$"
+TASK_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
+"""A task id: letters, digits, ``.``, ``_`` and ``-``, a letter or digit first. Ids name
+files and Kubernetes annotations and reach commands, where a quote, a space or a ``$``
+would be shell code."""
+MAX_TASK_ID = 253
+MAX_TASKS = 10000
+"""Tasks per job, from any source."""
+MAX_SAMPLES_PER_TASK = 4096
 
 ExitCode = Annotated[int, pydantic.Field(ge=0, le=255)]
 
@@ -500,7 +508,10 @@ class KeySelector(Model):
 class TaskRecord(OpenModel):
     """One task: an id plus any fields the harness and grader read."""
 
-    id: str = pydantic.Field(min_length=1, max_length=253, description="Unique within the job.")
+    id: str = pydantic.Field(
+        min_length=1, max_length=MAX_TASK_ID, pattern=TASK_ID_PATTERN,
+        description="Unique within the job: letters, digits, '.', '_' and '-', a letter or digit first.",
+    )  # fmt: skip
 
 
 _ONE_TASK_SOURCE = "set exactly one of inline, configMapRef, file"
@@ -521,7 +532,7 @@ class TaskSource(Model):
     )
 
     inline: list[TaskRecord] | None = pydantic.Field(
-        default=None, min_length=1, max_length=10000, description="The records themselves."
+        default=None, min_length=1, max_length=MAX_TASKS, description="The records themselves."
     )
     config_map_ref: KeySelector | None = pydantic.Field(
         default=None, description="A ConfigMap key holding JSON Lines, one record per line."
@@ -676,6 +687,7 @@ class RolloutJobSpec(Model):
     samples_per_task: int = pydantic.Field(
         default=1,
         ge=1,
+        le=MAX_SAMPLES_PER_TASK,
         description="Rollouts per task: the GRPO group size.",
         json_schema_extra=_immutable("samplesPerTask", "rollout indexes depend on it"),
     )

@@ -9,10 +9,11 @@ argv / env / files of one rollout's harness and grader.
 from __future__ import annotations
 
 import difflib
+import functools
 import json
 import os
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -105,7 +106,30 @@ def load(paths: Sequence[str | os.PathLike[str]]) -> Bundle:
         env.spec.local_process()
     except ValueError as exc:
         raise PlanError(f"{env_path}: spec.template: {exc}") from None
-    return Bundle(env, job, tuple(_tasks(job, job_path)), job_path.resolve().parent, env_path.resolve().parent)
+    tasks = _tasks(job, job_path)
+    _check_templates(env, env_path, tasks)
+    return Bundle(env, job, tuple(tasks), job_path.resolve().parent, env_path.resolve().parent)
+
+
+def _check_templates(env: v1alpha1.HarnessEnv, path: Path, tasks: Sequence[Mapping[str, Any]]) -> None:
+    """Render the task's args, env and file templates for every task now, so that a field
+    one task lacks stops the run before anything starts, naming the line and the task."""
+    delivery = env.spec.task
+    checks: list[tuple[tuple[str | int, ...], Callable[[Mapping[str, Any]], str]]] = [
+        *((("spec", "task", "args", i), functools.partial(templates.render, arg)) for i, arg in enumerate(delivery.args or [])),
+        *((("spec", "task", "env", name), functools.partial(templates.render, value)) for name, value in (delivery.env or {}).items()),
+    ]
+    if delivery.file is not None:
+        checks.append((("spec", "task", "file", "template"), functools.partial(task_records.render_file, delivery.file)))
+    for loc, render in checks:
+        for task in tasks:
+            try:
+                render(task)
+            except templates.TemplateError as error:
+                line = manifests.line_of(path, "HarnessEnv", env.metadata.name or "", loc)
+                where = f"{path}:{line}" if line is not None else str(path)
+                field = ".".join(str(part) for part in loc)
+                raise PlanError(f"{where}: {field}: {error}") from None
 
 
 def missing_env(job: v1alpha1.RolloutJob, path: Path, ref: str, names: list[str]) -> str:
@@ -125,6 +149,16 @@ def missing_env(job: v1alpha1.RolloutJob, path: Path, ref: str, names: list[str]
 
 
 def _tasks(job: v1alpha1.RolloutJob, path: Path) -> list[dict[str, Any]]:
+    try:
+        records = _records(job, path)
+        task_records.check_rollouts(records, job.spec.samples_per_task)
+    except task_records.TaskError as error:
+        line = manifests.line_of(path, "RolloutJob", job.metadata.name or "", error.loc) if error.loc else None
+        raise PlanError(f"{path}:{line}: {error}" if line is not None else f"{path}: {error}") from None
+    return records
+
+
+def _records(job: v1alpha1.RolloutJob, path: Path) -> list[dict[str, Any]]:
     source = job.spec.tasks
     if source.config_map_ref is not None:
         raise PlanError(f"{path}: spec.tasks.configMapRef: a ConfigMap exists only on a cluster; use spec.tasks.file or inline locally")
@@ -135,6 +169,10 @@ def _tasks(job: v1alpha1.RolloutJob, path: Path) -> list[dict[str, Any]]:
     task_file = (path.resolve().parent / source.file).resolve()
     if not task_file.is_file():
         raise PlanError(f"{path}: spec.tasks.file: {source.file} does not exist (looked for {task_file})")
+    size = task_file.stat().st_size
+    limit = task_records.MAX_TASKS * task_records.MAX_TASK_BYTES
+    if size > limit:
+        raise PlanError(f"{path}: spec.tasks.file: {task_file} is {size} bytes; a task file holds at most {limit}")
     try:
         text = task_file.read_text(encoding="utf-8")
     except UnicodeDecodeError as error:
