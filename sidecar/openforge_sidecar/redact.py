@@ -1,35 +1,95 @@
-"""Credentials never reach a record: which headers and query keys to drop."""
+"""Credentials never reach a record: which headers, query keys and body fields to keep.
+
+Headers are an allow-list: a header this module does not know to be safe keeps its name
+and loses its value (``[redacted]``), so that a credential under a name nobody listed
+(``openai-api-key``, ``x-auth-token``, a gateway's own) is never stored. Request bodies
+keep every field but the top-level ones that carry credentials in some client
+(``api_key``, ``access_token`` and their spellings); the conversation inside is content,
+and is kept as the harness sent it.
+"""
 
 from __future__ import annotations
 
+import json
+import re
 from collections.abc import Iterable
 from urllib.parse import parse_qsl, urlencode
 
-SECRET_HEADERS = frozenset(
+SAFE_HEADERS = frozenset(
     {
-        "authorization",
-        "proxy-authorization",
-        "x-api-key",
-        "api-key",
-        "x-goog-api-key",
-        "cookie",
-        "set-cookie",
-        "openai-organization",
-        "openai-project",
-        "anthropic-admin-api-key",
+        "accept",
+        "accept-encoding",
+        "accept-language",
+        "anthropic-beta",
+        "anthropic-version",
+        "cache-control",
+        "connection",
+        "content-encoding",
+        "content-length",
+        "content-type",
+        "host",
+        "openai-beta",
+        "originator",
+        "priority",
+        "te",
+        "traceparent",
+        "transfer-encoding",
+        "user-agent",
+        "x-goog-api-client",
+        "x-request-id",
     }
 )
+"""Headers kept verbatim: what they say is about the client and the request, never who it is."""
+SAFE_HEADER_PREFIXES = ("x-stainless-",)
+"""The OpenAI and Anthropic SDKs' own descriptions of themselves (language, version, retry count)."""
 SECRET_QUERY_KEYS = frozenset({"key", "api_key", "apikey", "access_token", "token"})
+SECRET_BODY_FIELDS = frozenset({"apikey", "accesstoken", "authorization", "clientsecret", "password", "refreshtoken", "secret", "token", "idtoken", "sessiontoken"})
+"""Top-level request fields that carry a credential, by their name lowercased without ``_`` and ``-``."""
+_SECRET_FIELD = re.compile(rb'"(api[-_]?key|access[-_]?token|authorization|client[-_]?secret|password|refresh[-_]?token|secret|token|id[-_]?token|session[-_]?token)"\s*:', re.IGNORECASE)
 REDACTED = "[redacted]"
 
 
+def safe_header(name: str) -> bool:
+    """Whether a header's value is kept (``name`` lowercased)."""
+    return name in SAFE_HEADERS or name.startswith(SAFE_HEADER_PREFIXES)
+
+
 def headers(items: Iterable[tuple[str, str]]) -> dict[str, str]:
-    """The headers worth keeping, with every credential's value replaced."""
+    """Every header's name, with its value unless the header is not known to be safe."""
     kept: dict[str, str] = {}
     for name, value in items:
         lower = name.lower()
-        kept[lower] = REDACTED if lower in SECRET_HEADERS else value
+        kept[lower] = value if safe_header(lower) else REDACTED
     return kept
+
+
+def secret_field(name: str) -> bool:
+    """Whether a top-level request field carries a credential."""
+    return name.lower().replace("_", "").replace("-", "") in SECRET_BODY_FIELDS
+
+
+def body(raw: bytes, fields: Iterable[str] | None = None) -> bytes:
+    """A request body with the values of its top-level credential fields redacted; the
+    bytes unchanged when it has none. ``fields`` are the top-level fields the codec did
+    not model (``ChatRequest.extra``: where a credential would be), which decides without
+    reading the body again; without them (a body the codec refused) a scan decides."""
+    if fields is not None:
+        if not any(secret_field(name) for name in fields):
+            return raw
+    elif not _SECRET_FIELD.search(raw):
+        return raw
+    try:
+        parsed = json.loads(raw)
+    except ValueError:
+        return raw  # not JSON: the codec refused it, and it is stored as it came
+    if not isinstance(parsed, dict):
+        return raw
+    secret = [key for key in parsed if secret_field(key)]
+    if not secret:
+        return raw
+    for key in secret:
+        parsed[key] = REDACTED
+    return json.dumps(parsed, ensure_ascii=False, separators=(",", ":")).encode()
 
 
 def header_fields(fields: Iterable[tuple[bytes, bytes]]) -> dict[str, str]:

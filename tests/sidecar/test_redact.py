@@ -46,3 +46,27 @@ _names = st.sampled_from(
 def test_header_fields_equal_headers_of_mitmproxys_items(fields: list[tuple[bytes, bytes]]) -> None:
     """The one-pass reading of raw fields gives exactly what mitmproxy's Headers.items() gives."""
     assert redact.header_fields(fields) == redact.headers(http.Headers(fields).items())
+
+
+def test_headers_are_an_allow_list_a_credential_under_any_name_is_redacted() -> None:
+    kept = redact.headers(
+        [
+            ("openai-api-key", "sk-1"), ("X-Auth-Token", "t-2"), ("x-my-gateway-credential", "g-3"),
+            ("User-Agent", "codex/1.0"), ("x-stainless-lang", "js"), ("Accept", "text/event-stream"),
+        ]
+    )  # fmt: skip
+    assert kept == {
+        "openai-api-key": redact.REDACTED, "x-auth-token": redact.REDACTED, "x-my-gateway-credential": redact.REDACTED,
+        "user-agent": "codex/1.0", "x-stainless-lang": "js", "accept": "text/event-stream",
+    }  # fmt: skip
+
+
+def test_top_level_credential_fields_of_a_body_are_redacted_and_the_conversation_kept() -> None:
+    raw = b'{"model": "m", "api_key": "sk-1", "accessToken": "t-2", "messages": [{"role": "user", "content": "my password is p", "api_key": "in-content"}]}'
+    out = redact.body(raw, ["api_key", "accessToken"])
+    assert b"sk-1" not in out and b"t-2" not in out
+    assert b'"api_key":"[redacted]"' in out and b"in-content" in out and b"my password is p" in out
+    assert redact.body(raw) == out  # a body the codec refused: the scan finds them too
+    plain = b'{"model": "m", "messages": [{"role": "user", "content": "hi"}], "temperature": 0.5}'
+    assert redact.body(plain, ["temperature"]) is plain and redact.body(plain) is plain  # untouched bytes
+    assert redact.body(b"not json, api_key: x") == b"not json, api_key: x"
