@@ -90,6 +90,20 @@ def classify(pod: dict[str, Any]) -> tuple[str, int] | None:
     return None
 
 
+async def finished_status(api: Any, namespace: str, rollouts: int, timeout: float = 60.0) -> dict[str, Any]:
+    """The RolloutJob's status once its counts cover every rollout: the pods finish before
+    the operator has seen them all, so a status read at once could lag them (it read 5 of
+    8 succeeded on a busy machine)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        body = await api.get(k8s.namespaced(namespace, "rolloutjobs", "scale", api_version="openforge.dev/v1alpha1")) or {}
+        status: dict[str, Any] = body.get("status") or {}
+        counts = status.get("counts") or {}
+        if counts.get("succeeded", 0) + counts.get("failed", 0) >= rollouts or time.monotonic() >= deadline:
+            return status
+        await asyncio.sleep(0.2)
+
+
 async def watch_pods(api: k8s.Api, namespace: str, sides: dict[str, Side], done: asyncio.Event, total: int) -> None:
     """Record every pod of either side as the watch shows it; listed again if the watch expires."""
     path = k8s.pods_path(namespace)
@@ -220,7 +234,7 @@ async def run(kubeconfig: str, *, rollouts: int, parallelism: int, duration: str
         with contextlib.suppress(asyncio.CancelledError):
             await watcher
         cpu1, peak = proc_stats(operator.pid)
-        status = (await api.get(k8s.namespaced(namespace, "rolloutjobs", "scale", api_version="openforge.dev/v1alpha1")) or {}).get("status", {})
+        status = await finished_status(api, namespace, rollouts)
         ours, theirs = sides["rolloutjob"].result(rollouts, t0), sides["job"].result(rollouts, t0)
         ours.update({"operator_cpu_s": round(cpu1 - cpu0, 2), "operator_peak_rss_mib": round(peak, 1), "status_counts": status.get("counts")})
         return {
