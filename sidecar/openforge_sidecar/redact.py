@@ -11,7 +11,6 @@ and is kept as the harness sent it.
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Iterable
 from urllib.parse import parse_qsl, urlencode
 
@@ -45,7 +44,6 @@ SAFE_HEADER_PREFIXES = ("x-stainless-",)
 SECRET_QUERY_KEYS = frozenset({"key", "api_key", "apikey", "access_token", "token"})
 SECRET_BODY_FIELDS = frozenset({"apikey", "accesstoken", "authorization", "clientsecret", "password", "refreshtoken", "secret", "token", "idtoken", "sessiontoken"})
 """Top-level request fields that carry a credential, by their name lowercased without ``_`` and ``-``."""
-_SECRET_FIELD = re.compile(rb'"(api[-_]?key|access[-_]?token|authorization|client[-_]?secret|password|refresh[-_]?token|secret|token|id[-_]?token|session[-_]?token)"\s*:', re.IGNORECASE)
 REDACTED = "[redacted]"
 
 
@@ -72,11 +70,9 @@ def body(raw: bytes, fields: Iterable[str] | None = None) -> bytes:
     """A request body with the values of its top-level credential fields redacted; the
     bytes unchanged when it has none. ``fields`` are the top-level fields the codec did
     not model (``ChatRequest.extra``: where a credential would be), which decides without
-    reading the body again; without them (a body the codec refused) a scan decides."""
-    if fields is not None:
-        if not any(secret_field(name) for name in fields):
-            return raw
-    elif not _SECRET_FIELD.search(raw):
+    reading the body again; without them (a body the codec refused, a rare path) the
+    body is parsed to see."""
+    if fields is not None and not any(secret_field(name) for name in fields):
         return raw
     try:
         parsed = json.loads(raw)
