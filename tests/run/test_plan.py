@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from openforge.api import manifests
+from openforge.api import grading, manifests
 from openforge.run import plan
 
 ENV = """\
@@ -105,7 +105,8 @@ def test_a_harness_env_from_another_file_names_its_files_by_harness_dir(tmp_path
 )
 def test_reward_comes_from_the_graders_last_json_line(tmp_path: Path, stdout: str, exit_code: int, expected: float | None) -> None:
     bundle = plan.load([write(tmp_path)])
-    value, why = plan.reward(bundle, stdout=stdout, exit_code=exit_code)
+    assert bundle.env.spec.grader is not None
+    value, why = grading.reward(bundle.env.spec.grader.reward_from, stdout=stdout, exit_code=exit_code)
     assert value == expected
     assert (why == "") == (expected is not None)
 

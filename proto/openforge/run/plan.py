@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from openforge.api import grading, manifests, rollout_env, rollouts, templates, v1alpha1
+from openforge.api import manifests, rollout_env, rollouts, templates, v1alpha1
 from openforge.api import tasks as task_records
 
 
@@ -227,14 +227,6 @@ def _harness_env(bundle: Bundle, rollout: Rollout, base: Mapping[str, str], side
         for name in spec.base_url.env:
             env[name] = sidecar_url + spec.base_url.suffix
     return env
-
-
-def reward(bundle: Bundle, *, stdout: str, exit_code: int) -> tuple[float | None, str]:
-    """The reward a grader's output gives, and why when there is none."""
-    grader = bundle.env.spec.grader
-    if grader is None:
-        return None, "no grader"
-    return grading.reward(grader.reward_from, stdout=stdout, exit_code=exit_code)
 
 
 def _base_env(bundle: Bundle, rollout: Rollout, workdir: Path) -> dict[str, str]:
