@@ -67,7 +67,7 @@ GRADER_TIMED_OUT = 124
 Verdict = verdict.Verdict
 
 
-def judge(run_dir: Path, *, reward_from: str, failing_exit_codes: frozenset[int], grader_timeout: float | None = None) -> Verdict:
+def judge(run_dir: Path, *, reward_from: str, failing_exit_codes: frozenset[int]) -> Verdict:
     """The verdict of a finished harness, from the entrypoint's files (``verdict.judge``,
     the rule ``openforge run`` follows too).
 
@@ -89,7 +89,7 @@ def judge(run_dir: Path, *, reward_from: str, failing_exit_codes: frozenset[int]
             graded = verdict.Graded(stdout=stdout, exit_code=grader_exit, timed_out=grader_exit == GRADER_TIMED_OUT)
     return verdict.judge(
         exit_code=exit_code, grader=graded, reward_from=None if reward_from == "none" else reward_from,
-        failing_exit_codes=failing_exit_codes, timeout_seconds=grader_timeout,
+        failing_exit_codes=failing_exit_codes,
         sidecar_start_failed=(run_dir / entrypoint.SIDECAR_START_FAILED).exists(),
     )  # fmt: skip
 
