@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import httpx
-from openforge_sidecar import sse
+from openforge.wire import sse
 
 
 class CallFailed(RuntimeError):

@@ -25,8 +25,8 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from openforge.wire.codecs import openai_chat
 from openforge_sidecar import engine, template
-from openforge_sidecar.codecs import openai_chat
 
 SCENARIOS = ("tool_call", "text")
 

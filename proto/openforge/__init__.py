@@ -1,8 +1,18 @@
-"""OpenForge's shared contract.
+"""OpenForge's shared package: what more than one component must agree on.
 
-This package holds what every component agrees on and nothing else: the
-trajectory wire contract generated from ``proto/`` (``openforge.trajectory.v1``)
-and the ``openforge`` command, which dispatches to the components
-(``openforge_sidecar``, ``openforge_trainer``, ...) lazily so that none of
-them is imported unless its subcommand runs.
+- ``openforge.trajectory``: the trajectory contract generated from ``proto/``
+  (records, the collector's gRPC service) and its per-job token auth;
+- ``openforge.wire``: the wire APIs harnesses speak, one codec each, and the
+  canonical conversation they map to;
+- ``openforge.api``: the ``RolloutJob``/``HarnessEnv`` models, the CRDs made
+  from them, and the rules both runners follow (tasks, attempts, the
+  harness's environment, the verdict, grading);
+- ``openforge.endpoints``: the HTTP paths and headers the components serve
+  each other; ``openforge.control``: the token of a sidecar's control endpoint;
+- ``openforge.run``: ``openforge run``, the one-machine runner;
+- ``openforge.cli``: the ``openforge`` command, which imports a component
+  (``openforge_sidecar``, ``openforge_trainer``, ``openforge_operator``) only
+  when its subcommand runs.
+
+Nothing here imports a component (an import-linter contract holds it).
 """

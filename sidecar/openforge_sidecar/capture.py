@@ -36,22 +36,11 @@ from typing import TYPE_CHECKING, Any
 from mitmproxy import ctx, exceptions, http
 from openforge import control, endpoints
 from openforge.trajectory.v1 import trajectory_pb2 as pb
+from openforge.wire import codecs, conversation, fastjson
+from openforge.wire.codecs import Codec
+from openforge.wire.codecs.errors import CodecError
 
-from openforge_sidecar import (
-    codecs,
-    conversation,
-    engine,
-    fastjson,
-    history,
-    records,
-    redact,
-    relay,
-    spool,
-    tee,
-    template,
-)
-from openforge_sidecar.codecs import Codec
-from openforge_sidecar.codecs.errors import CodecError
+from openforge_sidecar import engine, history, records, redact, relay, spool, tee, template
 
 if TYPE_CHECKING:  # imported once the proxy serves, and only with a collector: gRPC is ~8 MB resident
     from openforge_sidecar import exporter as exporting

@@ -14,7 +14,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from openforge_sidecar import conversation, fastjson
+from openforge.wire import conversation, fastjson
 
 
 class EngineError(ValueError):

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from openforge_sidecar import conversation
+from openforge.wire import conversation
 
 
 class Renderer(Protocol):

@@ -6,15 +6,7 @@ import time
 from collections.abc import Mapping, Sequence
 
 from openforge.trajectory.v1 import trajectory_pb2 as pb
-
-from openforge_sidecar import conversation
-
-WIRE_API = {
-    conversation.WireApi.OPENAI_CHAT: pb.WIRE_API_OPENAI_CHAT,
-    conversation.WireApi.OPENAI_RESPONSES: pb.WIRE_API_OPENAI_RESPONSES,
-    conversation.WireApi.ANTHROPIC_MESSAGES: pb.WIRE_API_ANTHROPIC_MESSAGES,
-    conversation.WireApi.GEMINI: pb.WIRE_API_GEMINI,
-}
+from openforge.wire import conversation
 
 
 def started(
@@ -114,7 +106,7 @@ def model_call(
 ) -> pb.ModelCall:
     return pb.ModelCall(
         call_index=call_index,
-        wire_api=WIRE_API[api],
+        wire_api=api.proto_name,
         capture_mode=pb.CAPTURE_MODE_TOKENS if token_mode else pb.CAPTURE_MODE_PASSTHROUGH,
         stream=stream,
         model=model,

@@ -15,8 +15,10 @@ import time
 from array import array
 from collections.abc import Callable
 
-from openforge_sidecar import conversation, engine, fastjson, sse, template, toolparse
-from openforge_sidecar.codecs import Codec
+from openforge.wire import conversation, fastjson, sse
+from openforge.wire.codecs import Codec
+
+from openforge_sidecar import engine, template, toolparse
 
 
 class Relay:

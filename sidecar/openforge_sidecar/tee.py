@@ -15,10 +15,9 @@ from typing import Any, Protocol
 
 import brotli  # type: ignore[import-untyped]
 import zstandard
-
-from openforge_sidecar import conversation, sse
-from openforge_sidecar.codecs import Codec, StreamDecoder
-from openforge_sidecar.codecs.errors import CodecError
+from openforge.wire import conversation, sse
+from openforge.wire.codecs import Codec, StreamDecoder
+from openforge.wire.codecs.errors import CodecError
 
 
 class _Decompressor(Protocol):

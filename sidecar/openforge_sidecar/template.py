@@ -1,7 +1,7 @@
 """The policy's tokenizer and chat template: conversation in, token IDs out.
 
 A :class:`PolicyTokenizer` is what the sidecar knows of the policy's text
-side. It renders canonical :class:`~openforge_sidecar.conversation.Message`
+side. It renders canonical :class:`~openforge.wire.conversation.Message`
 values through the policy's own Jinja chat template (from its HF-style
 ``tokenizer_config.json``), encodes the prompt text to token IDs, and turns
 generated IDs back into text, incrementally while streaming.
@@ -25,9 +25,10 @@ import jinja2
 from jinja2.ext import loopcontrols
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from openforge import endpoints
+from openforge.wire import conversation
 from tokenizers import Tokenizer, decoders
 
-from openforge_sidecar import conversation, segments
+from openforge_sidecar import segments
 
 IMAGE_PLACEHOLDER = "<image>"
 # Stop tokens of the ChatML family, whichever of them the vocabulary has.

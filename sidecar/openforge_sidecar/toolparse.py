@@ -28,7 +28,7 @@ import enum
 import json
 from collections.abc import Callable
 
-from openforge_sidecar import conversation
+from openforge.wire import conversation
 
 THINK_OPEN = "<think>"
 THINK_CLOSE = "</think>"

@@ -11,7 +11,8 @@ import gc
 import weakref
 from typing import Any
 
-from openforge_sidecar import capture, codecs, conversation
+from openforge.wire import codecs, conversation
+from openforge_sidecar import capture
 
 
 class _FakeRelay:

@@ -5,7 +5,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from mitmproxy import http
-from openforge_sidecar import conversation, engine
+from openforge.wire import conversation
+from openforge_sidecar import engine
 
 
 def test_completion_request_caps_max_tokens_to_the_context():

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from openforge_sidecar import conversation as cv
+from openforge.wire import conversation as cv
 from openforge_sidecar import history, template
 
 TINY = Path(__file__).parents[2] / "trainer" / "openforge_trainer" / "assets" / "tiny-tokenizer"

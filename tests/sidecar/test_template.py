@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from openforge_sidecar import conversation as cv
+from openforge.wire import conversation as cv
 from openforge_sidecar import template
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 

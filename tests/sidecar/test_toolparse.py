@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from openforge_sidecar import conversation as cv
+from openforge.wire import conversation as cv
 from openforge_sidecar import template, toolparse
 
 TINY = Path(__file__).parents[2] / "trainer" / "openforge_trainer" / "assets" / "tiny-tokenizer"

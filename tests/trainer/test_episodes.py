@@ -80,7 +80,8 @@ def test_gemini_results_without_ids_pair_by_position_and_name(tmp_path: Path) ->
         Step("done"),
     ]
     episode = stored_episode(tmp_path, "WIRE_API_GEMINI", steps)
-    assert all(a.id == "" for a in episode.actions)
+    # the bodies carry no ids: the actions have the codec's own, in Gemini's style
+    assert all(a.id.startswith("call_") for a in episode.actions)
     assert [a.result.text if a.result else None for a in episode.actions] == [
         "one",
         "two",
@@ -134,7 +135,7 @@ def model_call(
     return store.ModelCall.from_record(record)
 
 
-CHAT_REQUEST = {"messages": [{"role": "user", "content": "hi"}]}
+CHAT_REQUEST = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
 
 
 def chat_response(*calls: tuple[str, str, str]) -> dict[str, object]:
@@ -148,14 +149,16 @@ def chat_response(*calls: tuple[str, str, str]) -> dict[str, object]:
 def test_bad_bodies_are_reported_naming_call_and_field_and_the_rest_is_decoded() -> None:
     calls = [
         model_call(0, b"{not json", chat_response(("c0", "shell", '{"command": "ls"}'))),
-        model_call(1, {"messages": [{"role": "tool", "content": "x"}]}, chat_response()),
+        model_call(1, {"model": "m", "messages": [{"role": "tool", "content": "x"}]}, chat_response()),
         model_call(2, CHAT_REQUEST, {"choices": [{"message": {"tool_calls": [{"function": {}}]}}]}),
     ]
     episode = episodes.episode(rollout(), calls)
-    assert episode.problems[0].startswith("call 0 request_json: not valid JSON")
-    assert episode.problems[1] == "call 1 messages[0].tool_call_id: expected a string, got null"
+    assert episode.problems[0].startswith("call 0 request_json: body is not valid JSON")
+    assert episode.problems[1] == (
+        "call 1 request_json: messages[0].tool_call_id: required field is missing"
+    )
     assert episode.problems[2] == (
-        "call 2 choices[0].message.tool_calls[0].function.name: expected a string, got null"
+        "call 2 response_json: choices[0].message.tool_calls[0].id: required field is missing"
     )
     assert [a.name for a in episode.actions] == ["shell"]
     assert episode.reward is None  # the rollout has no reward
@@ -185,6 +188,7 @@ def test_a_result_with_an_unknown_id_pairs_by_position_when_names_agree() -> Non
     # the harness rewrote the ids in its history; the positions still agree
     first = chat_response(("c0", "shell", '{"command": "ls"}'), ("c1", "read_file", "{}"))
     history = {
+        "model": "m",
         "messages": [
             {"role": "user", "content": "hi"},
             {
@@ -205,50 +209,34 @@ def test_a_result_with_an_unknown_id_pairs_by_position_when_names_agree() -> Non
     assert [a.result.text if a.result else None for a in episode.actions] == ["out", None]
 
 
-def test_responses_builtin_tool_calls_and_gemini_chunks() -> None:
-    local = {
-        "output": [
-            {
-                "type": "local_shell_call",
-                "call_id": "s1",
-                "action": {"type": "exec", "command": ["bash", "-lc", "ls"]},
-            }
-        ]
-    }
-    request = {"input": "go", "tools": [{"type": "local_shell"}]}
-    chunks = [
-        {"candidates": [{"content": {"parts": [{"text": "think", "thought": True}]}}]},
-        {"candidates": [{"content": {"parts": [{"text": "Hi"}]}}]},
-        {"candidates": [{"content": {"parts": [{"functionCall": {"name": "ls", "args": {}}}]}}]},
-    ]
+def test_a_body_its_codec_refuses_is_a_problem_not_a_guess() -> None:
+    # the sidecar refuses such a request (and records it as failed); a reply it
+    # could not read is kept whole, so the analysis names the field it stops at
+    broken = {"output": [{"type": "function_call", "name": "shell", "call_id": "s1"}]}
+    responses = "WIRE_API_OPENAI_RESPONSES"
     episode = episodes.episode(
         rollout(),
         [
-            model_call(0, request, local, api="WIRE_API_OPENAI_RESPONSES"),
-            model_call(1, {"contents": []}, chunks, api="WIRE_API_GEMINI"),
+            model_call(0, {"model": "m", "input": "go"}, broken, api=responses),
+            model_call(1, {"model": "m", "input": [{"type": "audio"}]}, None, api=responses),
         ],
     )
-    assert episode.problems == ()
-    assert episode.tools_offered == {"local_shell"}
-    assert [(a.name, a.arguments) for a in episode.actions] == [
-        ("local_shell", {"type": "exec", "command": ["bash", "-lc", "ls"]}),
-        ("ls", {}),
-    ]
-    assert episode.turns[1].text == "Hi"
+    assert episode.problems == (
+        "call 0 response_json: output[0].arguments: required field is missing",
+        "call 1 request_json: input[0].type: unsupported input item type 'audio'",
+    )
+    assert episode.actions == ()
 
 
-def test_content_text_of_every_shape() -> None:
-    assert episodes.content_text(None) == ""
-    assert episodes.content_text("a") == "a"
-    assert episodes.content_text([{"type": "text", "text": "a"}, {"type": "image"}, "b"]) == "ab"
-    assert episodes.content_text({"text": "a"}) == "a"
-    assert episodes.content_text({"exit": 1}) == '{"exit":1}'
+GEMINI_REQUEST = {"contents": [{"role": "user", "parts": [{"text": "hi"}]}]}
+GEMINI_REPLY = {"candidates": [{"content": {"role": "model", "parts": [{"text": "done"}]}}]}
 
 
 def test_gemini_snake_case_and_non_function_tools() -> None:
     request = {
         "tools": [{"google_search": {}}, {"function_declarations": [{"name": "ls"}]}],
         "contents": [
+            {"role": "user", "parts": [{"text": "hi"}]},
             {"role": "model", "parts": [{"function_call": {"id": "g1", "name": "ls", "args": {}}}]},
             {
                 "role": "user",
@@ -262,8 +250,8 @@ def test_gemini_snake_case_and_non_function_tools() -> None:
     episode = episodes.episode(
         rollout(),
         [
-            model_call(0, {"contents": []}, first, api="WIRE_API_GEMINI"),
-            model_call(1, request, {"candidates": []}, api="WIRE_API_GEMINI"),
+            model_call(0, GEMINI_REQUEST, first, api="WIRE_API_GEMINI"),
+            model_call(1, request, GEMINI_REPLY, api="WIRE_API_GEMINI"),
         ],
     )
     assert episode.problems == ()

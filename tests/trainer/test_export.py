@@ -186,7 +186,7 @@ def test_jsonl_and_parquet_read_back_equal(tmp_path: Path) -> None:
 
 def _chat_request(*image_urls: str) -> bytes:
     content = [{"type": "text", "text": "look"}] + [{"type": "image_url", "image_url": {"url": u}} for u in image_urls]
-    return json.dumps({"messages": [{"role": "user", "content": content}]}).encode()
+    return json.dumps({"model": "policy", "messages": [{"role": "user", "content": content}]}).encode()
 
 
 def test_a_row_carries_the_images_of_its_segments_last_request(tmp_path: Path) -> None:
@@ -210,5 +210,5 @@ def test_text_rows_have_no_images_and_an_unreadable_request_names_the_call() -> 
     broken = call(0, [1], [2])
     broken.wire_api = trajectory_pb2.WIRE_API_OPENAI_CHAT
     broken.request_json = b"{not json"
-    with pytest.raises(export.ExportError, match=r"rollout 'r' call 0: request body is not JSON"):
+    with pytest.raises(export.ExportError, match=r"rollout 'r' call 0: request_json: body is not valid JSON"):
         export.rollout_rows(ROLLOUT, stored_calls(broken))

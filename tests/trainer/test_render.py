@@ -34,7 +34,7 @@ def chat_call(
         call_index=index,
         wire_api=trajectory_pb2.WIRE_API_OPENAI_CHAT,
         request_json=json.dumps(
-            {"messages": messages, "tools": [{"type": "function", "function": {"name": "shell"}}]}
+            {"model": "policy", "messages": messages, "tools": [{"type": "function", "function": {"name": "shell"}}]}
         ).encode(),
         response_json=json.dumps({"choices": [{"message": reply}]}).encode(),
         http_status=200,

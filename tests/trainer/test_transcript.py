@@ -22,7 +22,8 @@ def fixture(name: str) -> bytes:
 def test_codex_responses_follow_up() -> None:
     request = transcript.read_request(transcript.RESPONSES, fixture("codex/3-v1_responses.json"))
     roles = [m.role for m in request.messages]
-    assert roles == ["developer", "developer", "user", "user", "assistant", "tool"]
+    # the canonical roles the policy's template saw: Codex's developer turns are system turns
+    assert roles == ["system", "system", "user", "user", "assistant", "tool"]
     assistant, tool = request.messages[-2:]
     assert assistant.reasoning == "Thinking about it."
     [call] = assistant.tool_calls
@@ -85,7 +86,7 @@ def test_chat_and_anthropic_replies() -> None:
     }
     reply = transcript.read_response(transcript.ANTHROPIC, json.dumps(anthropic).encode())
     assert reply is not None and reply.tool_calls == [
-        transcript.ToolCall("Read", '{"path": "a"}', "t1")
+        transcript.ToolCall("Read", '{"path":"a"}', "t1")  # the codec's compact JSON
     ]
 
 
@@ -110,12 +111,22 @@ def test_gemini_request_and_reply() -> None:
     assert message is not None and (message.role, message.text) == ("assistant", "a")
 
 
-def test_unreadable_bodies_read_as_nothing() -> None:
-    assert transcript.read_request(transcript.CHAT, b"not json") == transcript.Request([], [])
+def test_bodies_the_codec_refuses_are_shown_with_its_error() -> None:
+    assert transcript.read_request(transcript.CHAT, b"") == transcript.Request([], [])
     assert transcript.read_response(transcript.CHAT, b"") is None
     error = {"error": {"message": "prompt too long"}}
     assert transcript.read_response(transcript.CHAT, json.dumps(error).encode()) is None
-    # an odd part is shown as its JSON rather than dropped
-    odd = {"messages": [{"role": "user", "content": [{"type": "audio", "data": "x"}]}]}
+    [message] = transcript.read_request(transcript.CHAT, b"not json").messages
+    assert message.role == transcript.UNREADABLE
+    assert message.text.startswith("body is not valid JSON") and message.text.endswith("not json")
+    # a part the sidecar refused: the error names the field, the body is shown as sent
+    odd = {"model": "m", "messages": [{"role": "user", "content": [{"type": "audio"}]}]}
     [message] = transcript.read_request(transcript.CHAT, json.dumps(odd).encode()).messages
-    assert json.loads(message.text) == {"type": "audio", "data": "x"}
+    assert message.role == transcript.UNREADABLE
+    first, shown = message.text.split("\n", 1)
+    assert first.startswith("messages[0].content[0].type: unsupported") and json.loads(shown) == odd
+    [message] = transcript.read_request("WIRE_API_UNSPECIFIED", b"{}").messages
+    assert message.role == transcript.UNREADABLE and "WIRE_API_UNSPECIFIED" in message.text
+    big = json.dumps({"messages": "x" * 10_000}).encode()
+    [message] = transcript.read_request(transcript.CHAT, big).messages
+    assert message.text.endswith(f"({len(big) - transcript.SHOWN_BYTES} more bytes)")

@@ -2,26 +2,27 @@
 
 The sidecar records every request body exactly as the harness sent it, so an
 image (a ``data:`` URL with the PNG's base64, or an Anthropic/Gemini base64
-source) is in the store bit for bit. It renders each image part into the
-prompt as the chat template's image placeholder (``<image>``, one token in
+source) is in the store bit for bit. The sidecar renders each image part into
+the prompt as the chat template's image placeholder (``<image>``, one token in
 the tiny tokenizer): the *n*-th placeholder in a call's prompt tokens is the
 *n*-th image this module returns for that call's request.
 
-The order follows the sidecar's codecs: messages in order; in an Anthropic
-``user`` turn or a Gemini ``user`` content, the tool results (with any images
-inside them) come first, then the turn's other parts, because that is how the
-codecs split such a turn into ``tool`` messages and a ``user`` message.
-Images are returned as URLs: ``data:<media type>;base64,<data>`` for inline
-data (the codecs' own form), the URL as sent otherwise. :func:`image_bytes`
-decodes a data URL.
+The request is read by the same codec the sidecar parsed it with
+(:mod:`openforge.wire.codecs`), so the order is the canonical conversation's:
+messages in order, each message's parts in order, a tool result's images
+inside the result (an Anthropic ``user`` turn or a Gemini ``user`` content is
+split into its tool results first, then the rest of the turn, as the template
+sees it). Images are returned as URLs: ``data:<media type>;base64,<data>`` for
+inline data, the URL as sent otherwise. :func:`image_bytes` decodes a data URL.
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
-import json
-from typing import Any
+
+from openforge.wire import codecs, conversation
+from openforge.wire.codecs.errors import CodecError
 
 
 class ImageError(ValueError):
@@ -33,13 +34,14 @@ def request_images(wire_api: str, request_json: bytes) -> list[str]:
     if not request_json:
         return []
     try:
-        body = json.loads(request_json)
-    except ValueError as error:
-        raise ImageError(f"request body is not JSON: {error}") from error
-    if not isinstance(body, dict):
-        return []
-    reader = _READERS.get(wire_api.removeprefix("WIRE_API_").lower())
-    return reader(body) if reader is not None else []
+        api = conversation.WireApi.from_proto_name(wire_api)
+    except ValueError:
+        return []  # WIRE_API_UNSPECIFIED: no codec, no images
+    try:
+        request = codecs.for_api(api).parse_request(request_json)
+    except CodecError as error:
+        raise ImageError(f"request_json: {error}") from error
+    return [image.url for message in request.messages for image in _images(message.parts)]
 
 
 def image_bytes(url: str) -> bytes:
@@ -53,94 +55,11 @@ def image_bytes(url: str) -> bytes:
         raise ImageError(f"bad base64 in data: URL ({error})") from error
 
 
-def _list(value: Any) -> list[Any]:
-    return value if isinstance(value, list) else []
-
-
-def _dicts(value: Any) -> list[dict[str, Any]]:
-    return [item for item in _list(value) if isinstance(item, dict)]
-
-
-# --- OpenAI Chat Completions ---------------------------------------------------------
-
-
-def _openai_chat(body: dict[str, Any]) -> list[str]:
-    out: list[str] = []
-    for message in _dicts(body.get("messages")):
-        for part in _dicts(message.get("content")):
-            if part.get("type") == "image_url":
-                image = part.get("image_url")
-                url = image.get("url") if isinstance(image, dict) else image
-                if isinstance(url, str):
-                    out.append(url)
+def _images(parts: tuple[conversation.Part, ...]) -> list[conversation.ImagePart]:
+    out: list[conversation.ImagePart] = []
+    for part in parts:
+        if isinstance(part, conversation.ImagePart):
+            out.append(part)
+        elif isinstance(part, conversation.ToolResultPart):
+            out += [p for p in part.content if isinstance(p, conversation.ImagePart)]
     return out
-
-
-# --- OpenAI Responses -----------------------------------------------------------------
-
-
-def _openai_responses(body: dict[str, Any]) -> list[str]:
-    out: list[str] = []
-    for item in _dicts(body.get("input")):
-        content = item.get("output") if item.get("type") == "function_call_output" else item.get("content")
-        for part in _dicts(content):
-            if part.get("type") == "input_image" and isinstance(part.get("image_url"), str):
-                out.append(part["image_url"])
-    return out
-
-
-# --- Anthropic Messages ----------------------------------------------------------------
-
-
-def _anthropic_image(block: dict[str, Any]) -> str | None:
-    source = block.get("source")
-    if not isinstance(source, dict):
-        return None
-    if source.get("type") == "base64":
-        return f"data:{source.get('media_type')};base64,{source.get('data')}"
-    url = source.get("url")
-    return url if isinstance(url, str) else None
-
-
-def _anthropic_messages(body: dict[str, Any]) -> list[str]:
-    out: list[str] = []
-    for message in _dicts(body.get("messages")):
-        blocks = _dicts(message.get("content"))
-        results = [b for b in blocks if b.get("type") == "tool_result"]
-        nested = [p for r in results for p in _dicts(r.get("content")) if p.get("type") == "image"]
-        direct = [b for b in blocks if b.get("type") == "image"]
-        out += [url for url in map(_anthropic_image, nested + direct) if url is not None]
-    return out
-
-
-# --- Gemini ----------------------------------------------------------------------------
-
-
-def _gemini_image(part: dict[str, Any]) -> str | None:
-    inline = part.get("inlineData", part.get("inline_data"))
-    if isinstance(inline, dict):
-        mime = inline.get("mimeType", inline.get("mime_type"))
-        return f"data:{mime};base64,{inline.get('data')}"
-    file = part.get("fileData", part.get("file_data"))
-    if isinstance(file, dict):
-        uri = file.get("fileUri", file.get("file_uri"))
-        return uri if isinstance(uri, str) else None
-    return None
-
-
-def _gemini(body: dict[str, Any]) -> list[str]:
-    out: list[str] = []
-    for content in _dicts(body.get("contents")):
-        parts = _dicts(content.get("parts"))
-        responses = [p.get("functionResponse", p.get("function_response")) for p in parts]
-        nested = [q for r in responses if isinstance(r, dict) for q in _dicts(r.get("parts"))]
-        out += [url for url in map(_gemini_image, nested + parts) if url is not None]
-    return out
-
-
-_READERS = {
-    "openai_chat": _openai_chat,
-    "openai_responses": _openai_responses,
-    "anthropic_messages": _anthropic_messages,
-    "gemini": _gemini,
-}

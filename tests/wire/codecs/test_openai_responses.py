@@ -23,10 +23,10 @@ from codec_strategies import (
 )
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from openforge_sidecar import conversation as conv
-from openforge_sidecar import sse
-from openforge_sidecar.codecs import openai_responses
-from openforge_sidecar.codecs.errors import CodecError
+from openforge.wire import conversation as conv
+from openforge.wire import sse
+from openforge.wire.codecs import openai_responses
+from openforge.wire.codecs.errors import CodecError
 
 CODEC = openai_responses.CODEC
 PNG = "data:image/png;base64," + base64.b64encode(bytes(range(256)) * 3).decode()

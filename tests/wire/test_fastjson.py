@@ -6,7 +6,7 @@ import json
 import tracemalloc
 
 import pytest
-from openforge_sidecar import fastjson
+from openforge.wire import fastjson
 
 CASES = [
     {"a": [1, 2.5, None, True], "é": "ü 日本", "nested": {"k": []}},

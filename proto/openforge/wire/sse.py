@@ -15,7 +15,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from openforge_sidecar import fastjson
+from openforge.wire import fastjson
 
 _LINE_END = re.compile(r"\r\n|\r|\n")
 

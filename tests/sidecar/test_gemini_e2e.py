@@ -21,7 +21,7 @@ import pytest
 from google import genai
 from google.genai import errors as genai_errors
 from google.genai import types
-from openforge_sidecar import conversation as conv
+from openforge.wire import conversation as conv
 from openforge_sidecar import template
 from openforge_trainer import store
 

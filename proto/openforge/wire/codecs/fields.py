@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from openforge_sidecar import fastjson
-from openforge_sidecar.codecs.errors import CodecError
+from openforge.wire import fastjson
+from openforge.wire.codecs.errors import CodecError
 
 _MISSING: Any = object()
 

@@ -23,10 +23,10 @@ from codec_strategies import (
 )
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from openforge_sidecar import conversation as conv
-from openforge_sidecar import sse
-from openforge_sidecar.codecs import for_path, openai_chat
-from openforge_sidecar.codecs.errors import CodecError
+from openforge.wire import conversation as conv
+from openforge.wire import sse
+from openforge.wire.codecs import for_path, openai_chat
+from openforge.wire.codecs.errors import CodecError
 
 CODEC = openai_chat.CODEC
 PNG = "data:image/png;base64," + base64.b64encode(b"\x89PNG\r\n\x1a\n" + bytes(range(256))).decode()

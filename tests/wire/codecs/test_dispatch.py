@@ -6,7 +6,7 @@ import json
 import subprocess
 import sys
 
-from openforge_sidecar import codecs
+from openforge.wire import codecs
 
 
 def test_the_suffix_table_is_each_codec_s_own_paths() -> None:
@@ -22,8 +22,9 @@ def test_the_suffix_table_is_each_codec_s_own_paths() -> None:
 def test_a_codec_module_is_imported_when_a_request_first_needs_it() -> None:
     probe = """
 import json, sys
-from openforge_sidecar import capture, codecs
-loaded = lambda: sorted(m.rsplit(".", 1)[1] for m in sys.modules if m.startswith("openforge_sidecar.codecs."))
+from openforge_sidecar import capture
+from openforge.wire import codecs
+loaded = lambda: sorted(m.rsplit(".", 1)[1] for m in sys.modules if m.startswith("openforge.wire.codecs."))
 before = loaded()
 codecs.for_path("/v1/chat/completions"); codecs.counter_for_path("/v1/chat/completions")
 chat = loaded()

@@ -24,10 +24,10 @@ from codec_strategies import (
 )
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from openforge_sidecar import conversation as conv
-from openforge_sidecar import sse
-from openforge_sidecar.codecs import anthropic_messages
-from openforge_sidecar.codecs.errors import CodecError
+from openforge.wire import conversation as conv
+from openforge.wire import sse
+from openforge.wire.codecs import anthropic_messages
+from openforge.wire.codecs.errors import CodecError
 
 CODEC = anthropic_messages.CODEC
 HARNESS_REQUESTS = Path(__file__).parents[2] / "fixtures" / "harness_requests"

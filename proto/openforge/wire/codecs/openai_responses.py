@@ -19,10 +19,10 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from openforge_sidecar import conversation as conv
-from openforge_sidecar import sse
-from openforge_sidecar.codecs import fields, ids, openai_chat
-from openforge_sidecar.codecs.errors import CodecError
+from openforge.wire import conversation as conv
+from openforge.wire import sse
+from openforge.wire.codecs import fields, ids, openai_chat
+from openforge.wire.codecs.errors import CodecError
 
 CUSTOM_TOOL_PARAMETERS: dict[str, Any] = {
     "type": "object",

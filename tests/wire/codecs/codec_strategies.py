@@ -16,9 +16,9 @@ from typing import Any
 
 import httpx
 from hypothesis import strategies as st
-from openforge_sidecar import conversation as conv
-from openforge_sidecar import sse
-from openforge_sidecar.codecs import Codec, fields
+from openforge.wire import conversation as conv
+from openforge.wire import sse
+from openforge.wire.codecs import Codec, fields
 
 texts = st.text(min_size=1, max_size=40)
 names = st.text(alphabet=string.ascii_letters + "_", min_size=1, max_size=12)

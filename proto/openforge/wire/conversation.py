@@ -9,7 +9,7 @@ only these types.
 
 The types are plain frozen dataclasses: they sit on the proxy's hot path, and
 they are built only by codecs, which validate their input and raise
-:class:`~openforge_sidecar.codecs.errors.CodecError` naming the field at fault.
+:class:`~openforge.wire.codecs.errors.CodecError` naming the field at fault.
 """
 
 from __future__ import annotations
@@ -19,14 +19,37 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+#: The proto enum ``openforge.trajectory.v1.WireApi`` names each API
+#: ``WIRE_API_<MEMBER>``; the store and every record spell it that way.
+PROTO_PREFIX = "WIRE_API_"
+
 
 class WireApi(enum.Enum):
-    """A wire API a harness may speak. Values match the proto enum names."""
+    """A wire API a harness may speak.
+
+    Member names are the proto enum's names without :data:`PROTO_PREFIX`
+    (``tests/wire/test_conversation.py`` holds the two to each other); a
+    value is also the name of the codec module that speaks it, and, with
+    ``-`` for ``_``, ``HarnessEnv``'s ``spec.api``.
+    """
 
     OPENAI_CHAT = "openai_chat"
     OPENAI_RESPONSES = "openai_responses"
     ANTHROPIC_MESSAGES = "anthropic_messages"
     GEMINI = "gemini"
+
+    @property
+    def proto_name(self) -> str:
+        """The proto enum's name, e.g. ``WIRE_API_OPENAI_CHAT``."""
+        return PROTO_PREFIX + self.name
+
+    @classmethod
+    def from_proto_name(cls, name: str) -> WireApi:
+        """The API a stored call names; ValueError for any other name."""
+        member = name.removeprefix(PROTO_PREFIX) if name.startswith(PROTO_PREFIX) else ""
+        if member not in cls.__members__:
+            raise ValueError(f"wire API {name!r} is not one of {[api.proto_name for api in cls]}")
+        return cls[member]
 
 
 Role = Literal["system", "user", "assistant", "tool"]

@@ -13,7 +13,7 @@ from __future__ import annotations
 import importlib
 from typing import Any, Protocol
 
-from openforge_sidecar import conversation, sse
+from openforge.wire import conversation, sse
 
 
 class StreamEncoder(Protocol):
@@ -84,7 +84,7 @@ class TokenCounter(Protocol):
 
 
 def all_codecs() -> list[Codec]:
-    from openforge_sidecar.codecs import anthropic_messages, gemini, openai_chat, openai_responses
+    from openforge.wire.codecs import anthropic_messages, gemini, openai_chat, openai_responses
 
     return [openai_chat.CODEC, openai_responses.CODEC, anthropic_messages.CODEC, gemini.CODEC]
 
@@ -124,5 +124,10 @@ def counter_for_path(path: str) -> TokenCounter | None:
     return _module("gemini").counter_for_path(path)  # type: ignore[no-any-return]
 
 
+def for_api(api: conversation.WireApi) -> Codec:
+    """The codec of ``api`` (Gemini's unbound to a model: for reading stored bodies)."""
+    return _module(api.value).CODEC  # type: ignore[no-any-return]
+
+
 def _module(name: str) -> Any:
-    return importlib.import_module(f"openforge_sidecar.codecs.{name}")
+    return importlib.import_module(f"openforge.wire.codecs.{name}")

@@ -26,10 +26,10 @@ from google.genai import errors as genai_errors
 from google.genai import types as genai_types
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from openforge_sidecar import codecs, sse
-from openforge_sidecar import conversation as conv
-from openforge_sidecar.codecs import gemini
-from openforge_sidecar.codecs.errors import CodecError
+from openforge.wire import codecs, sse
+from openforge.wire import conversation as conv
+from openforge.wire.codecs import gemini
+from openforge.wire.codecs.errors import CodecError
 
 STREAM_PATH = "/v1beta/models/policy:streamGenerateContent?alt=sse"
 

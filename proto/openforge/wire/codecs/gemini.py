@@ -39,10 +39,10 @@ import re
 import urllib.parse
 from typing import Any
 
-from openforge_sidecar import conversation as conv
-from openforge_sidecar import sse
-from openforge_sidecar.codecs import fields, ids
-from openforge_sidecar.codecs.errors import CodecError
+from openforge.wire import conversation as conv
+from openforge.wire import sse
+from openforge.wire.codecs import fields, ids
+from openforge.wire.codecs.errors import CodecError
 
 GENERATE = "generateContent"
 STREAM = "streamGenerateContent"

@@ -11,10 +11,10 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from openforge_sidecar import conversation as conv
-from openforge_sidecar import sse
-from openforge_sidecar.codecs import fields, ids
-from openforge_sidecar.codecs.errors import CodecError
+from openforge.wire import conversation as conv
+from openforge.wire import sse
+from openforge.wire.codecs import fields, ids
+from openforge.wire.codecs.errors import CodecError
 
 _MODELLED = frozenset(
     {

@@ -5,7 +5,7 @@ from dataclasses import replace
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from openforge_sidecar import fastjson, sse
+from openforge.wire import fastjson, sse
 
 _no_cr = st.characters(exclude_characters="\r", exclude_categories=["Cs"])
 _one_line = st.characters(exclude_characters="\r\n\0", exclude_categories=["Cs"])
