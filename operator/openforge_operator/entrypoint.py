@@ -21,7 +21,7 @@ script
    under ``timeout`` when the image has it, its stdout and exit code to files;
 3. writes ``harness-done`` into the run directory, an ``emptyDir`` it shares
    with the sidecar container, where the in-pod agent
-   (:mod:`openforge_operator.podagent`) turns those files into the reward,
+   (:mod:`openforge_sidecar.podagent`; the files are :mod:`openforge.podrun`'s) turns those files into the reward,
    reports the rollout to the sidecar (``/openforge/v1/rollout/finish``) and
    waits for the collector's acknowledgement;
 4. waits (at most ``OPENFORGE_FINISH_WAIT`` seconds) for the agent's verdict
@@ -40,19 +40,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-RUN_DIR = "/openforge/run"
-HARNESS_DONE = "harness-done"
-HARNESS_EXIT_CODE = "harness-exit-code"
-GRADER_STDOUT = "grader-stdout"
-GRADER_STDERR = "grader-stderr"
-GRADER_EXIT_CODE = "grader-exit-code"
-FINISHED = "finished"
-SIDECAR_READY = "sidecar-ready"
-SIDECAR_SERVING = "sidecar-serving"
-SIDECAR_START_FAILED = "sidecar-start-failed"
+from openforge import podrun
+
 ARGV0 = "openforge-rollout"
-SIDECAR_NOT_READY_EXIT_CODE = 125
-"""The harness container's exit code when the sidecar never listened (the harness never ran)."""
+SIDECAR_NOT_READY_EXIT_CODE = podrun.SIDECAR_NOT_READY_EXIT_CODE
 
 SCRIPT = r"""set -u
 run="${OPENFORGE_RUN_DIR:-/openforge/run}"

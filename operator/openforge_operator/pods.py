@@ -32,7 +32,7 @@ import posixpath
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from openforge import control
+from openforge import control, podrun
 from openforge.api import retries, rollout_env, rollouts, templates, v1alpha1
 
 from openforge_operator import entrypoint, objects, probe, settings, tasks, tokens
@@ -65,7 +65,7 @@ CA_TRUST_ENV = ("SSL_CERT_FILE", "NODE_EXTRA_CA_CERTS", "REQUESTS_CA_BUNDLE", "C
 PROXY_ENV = ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy")
 NO_PROXY_ENV = ("NO_PROXY", "no_proxy")
 
-AGENT_COMMAND = ["python", "-m", "openforge_operator.podagent"]
+AGENT_COMMAND = ["python", "-m", "openforge_sidecar.podagent"]
 SIDECAR_START_SECONDS = 120
 """How long the harness (or, with a startup probe, the kubelet) waits for the sidecar to listen."""
 SIDECAR_COMMAND = ["python", "-m", "openforge.cli", "sidecar"]
@@ -217,7 +217,7 @@ def _harness(
     )
     mounts: list[dict[str, Any]] = [
         *container.get("volumeMounts", []),
-        {"name": RUN_VOLUME, "mountPath": entrypoint.RUN_DIR},
+        {"name": RUN_VOLUME, "mountPath": podrun.RUN_DIR},
     ]
     if spec.capture.mode != "BaseURL":
         mounts.append({"name": CA_CERT_VOLUME, "mountPath": CA_CERT_DIR, "readOnly": True})
@@ -247,7 +247,7 @@ def _base_env(
             job=objects.job_name(job), rollout_id=name, task=rollout.task, sample=rollout.sample,
             attempt=attempt, workdir=workdir or ".",
         ),
-        "OPENFORGE_RUN_DIR": entrypoint.RUN_DIR,
+        "OPENFORGE_RUN_DIR": podrun.RUN_DIR,
         "OPENFORGE_FINISH_WAIT": str(config.finish_wait_seconds + 30),
         "OPENFORGE_SIDECAR_WAIT": str(SIDECAR_START_SECONDS),
         "OPENFORGE_GRADER_TIMEOUT": str(grader.timeout_seconds if grader is not None else 0),
@@ -290,7 +290,7 @@ def _sidecar(
         "--control-token-file", CONTROL_TOKEN,
     ]  # fmt: skip
     mounts: list[dict[str, Any]] = [
-        {"name": RUN_VOLUME, "mountPath": entrypoint.RUN_DIR},
+        {"name": RUN_VOLUME, "mountPath": podrun.RUN_DIR},
         {"name": SIDECAR_VOLUME, "mountPath": SIDECAR_DIR},
     ]
     if env.spec.capture.mode != "BaseURL":

@@ -9,7 +9,7 @@ from typing import Any
 
 DEFAULT_SIDECAR_IMAGE = "ghcr.io/openforge/sidecar:0.1.0"
 """The sidecar image (sidecar/Dockerfile): ``openforge sidecar``, the in-pod agent
-(``openforge_operator.podagent``) and iptables for Transparent mode, user 1337."""
+(``openforge_sidecar.podagent``) and iptables for Transparent mode, user 1337."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)

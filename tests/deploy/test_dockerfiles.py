@@ -117,7 +117,7 @@ def test_requirements_are_the_dependencies_and_the_named_extras() -> None:
 
 def test_what_the_sidecar_image_runs_needs_neither_torch_nor_kopf() -> None:
     code = (
-        "import openforge_operator.podagent, openforge_sidecar.capture, openforge_sidecar.addon\n"
+        "import openforge_sidecar.podagent, openforge_sidecar.capture, openforge_sidecar.addon\n"
         "from openforge import cli\n"
         "cli.main(['sidecar', '--help'])\n"
     )

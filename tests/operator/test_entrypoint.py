@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
+from openforge import podrun
 from openforge_operator import entrypoint
 
 PY = sys.executable
@@ -38,12 +39,12 @@ def run(
     def agent() -> None:
         if ready_after is not None:
             time.sleep(ready_after)
-            (run_dir / entrypoint.SIDECAR_READY).touch()
+            (run_dir / podrun.SIDECAR_READY).touch()
         deadline = time.monotonic() + wait
         while time.monotonic() < deadline:
-            if (run_dir / entrypoint.HARNESS_DONE).exists():
+            if (run_dir / podrun.HARNESS_DONE).exists():
                 if verdict is not None:
-                    (run_dir / entrypoint.FINISHED).write_text(verdict)
+                    (run_dir / podrun.FINISHED).write_text(verdict)
                 return
             time.sleep(0.05)
 
@@ -123,18 +124,18 @@ def test_the_harness_starts_only_once_the_sidecar_is_ready(tmp_path: Path) -> No
     started = tmp_path / "harness-started"
     done, run_dir = run(tmp_path, [PY, "-c", f"import time; open({str(started)!r}, 'w').write(repr(time.time()))"], None, sidecar_wait=20, ready_after=1.0)
     assert done.returncode == 0
-    ready = (run_dir / entrypoint.SIDECAR_READY).stat().st_mtime
+    ready = (run_dir / podrun.SIDECAR_READY).stat().st_mtime
     assert float(started.read_text()) >= ready, "the harness ran before the sidecar listened"
 
 
 def test_a_sidecar_that_never_listens_fails_the_attempt_without_running_the_harness(tmp_path: Path) -> None:
     started = time.monotonic()
     done, run_dir = run(tmp_path, ["sh", "-c", "echo ran > harness-ran"], None, sidecar_wait=1, verdict=None)
-    assert done.returncode == entrypoint.SIDECAR_NOT_READY_EXIT_CODE
+    assert done.returncode == podrun.SIDECAR_NOT_READY_EXIT_CODE
     assert 0.9 < time.monotonic() - started < 20
-    assert not (run_dir / entrypoint.HARNESS_DONE).exists() and not (tmp_path / "harness-ran").exists()
+    assert not (run_dir / podrun.HARNESS_DONE).exists() and not (tmp_path / "harness-ran").exists()
     message = json.loads((tmp_path / "termination-log").read_text())
-    assert (message["status"], message["reason"], message["exitCode"]) == ("failed", "SidecarFailed", entrypoint.SIDECAR_NOT_READY_EXIT_CODE)
+    assert (message["status"], message["reason"], message["exitCode"]) == ("failed", "SidecarFailed", podrun.SIDECAR_NOT_READY_EXIT_CODE)
     assert "did not listen within 1 s" in message["message"]
 
 
@@ -170,5 +171,15 @@ def test_a_term_is_passed_on_and_a_stopped_rollout_is_neither_graded_nor_reporte
     assert script.wait(timeout=20) == 143
     assert time.monotonic() - stopped_at < 10, "the script waited for its child instead of stopping it"
     assert got.read_text() == "terminated", f"the {stage} never got the TERM"
-    assert not (run_dir / entrypoint.HARNESS_DONE).exists() and not termination.exists()
-    assert (run_dir / entrypoint.HARNESS_EXIT_CODE).exists() == (stage == "grader")
+    assert not (run_dir / podrun.HARNESS_DONE).exists() and not termination.exists()
+    assert (run_dir / podrun.HARNESS_EXIT_CODE).exists() == (stage == "grader")
+
+
+def test_the_script_spells_the_run_directory_s_files_as_podrun_names_them() -> None:
+    # the script is sh, so it cannot import the names: hold its spelling to them
+    written = set(re.findall(r'"\$run/([a-z-]+)"', entrypoint.SCRIPT))
+    shared_by_script = set(podrun.FILES) - {podrun.SIDECAR_SERVING, podrun.SIDECAR_START_FAILED}
+    assert written == shared_by_script
+    assert f"exit {podrun.SIDECAR_NOT_READY_EXIT_CODE}\n" in entrypoint.SCRIPT
+    assert f'"exitCode":{podrun.SIDECAR_NOT_READY_EXIT_CODE},' in entrypoint.SCRIPT
+    assert 'run="${OPENFORGE_RUN_DIR:-' + podrun.RUN_DIR + '}"' in entrypoint.SCRIPT

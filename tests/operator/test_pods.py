@@ -117,7 +117,7 @@ def test_the_sidecar_is_a_native_sidecar_the_harness_waits_for() -> None:
     assert "startupProbe" not in sidecar
     assert env_of(container(pod, "harness"))["OPENFORGE_SIDECAR_WAIT"] == str(pods.SIDECAR_START_SECONDS)
     assert sidecar["image"] == CONFIG.sidecar_image
-    assert sidecar["command"] == ["python", "-m", "openforge_operator.podagent"]
+    assert sidecar["command"] == ["python", "-m", "openforge_sidecar.podagent"]
     security = sidecar["securityContext"]
     assert security["runAsUser"] == CONFIG.sidecar_uid and security["readOnlyRootFilesystem"] is True
     assert security["capabilities"] == {"drop": ["ALL"]} and security["allowPrivilegeEscalation"] is False

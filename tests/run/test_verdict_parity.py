@@ -23,9 +23,11 @@ from typing import Any
 
 import pytest
 import yaml
+from openforge import podrun
 from openforge.api import manifests, retries, v1alpha1, verdict
 from openforge.run import executor, plan
-from openforge_operator import entrypoint, podagent
+from openforge_operator import entrypoint
+from openforge_sidecar import podagent
 
 PY = sys.executable
 PRINT_HALF = [PY, "-c", "print('noise'); print('{\"reward\": 0.5}')"]
@@ -72,13 +74,13 @@ def in_a_pod(tmp_path: Path, harness: list[str], grader: list[str] | None, rewar
     assert isinstance(job, v1alpha1.RolloutJob)
     run_dir = tmp_path / "pod-run"
     run_dir.mkdir()
-    (run_dir / entrypoint.SIDECAR_READY).touch()
+    (run_dir / podrun.SIDECAR_READY).touch()
 
     def agent() -> None:  # the in-pod agent's part the entrypoint waits on
         deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and not (run_dir / entrypoint.HARNESS_DONE).exists():
+        while time.monotonic() < deadline and not (run_dir / podrun.HARNESS_DONE).exists():
             time.sleep(0.05)
-        (run_dir / entrypoint.FINISHED).write_text('{"status": "succeeded"}')
+        (run_dir / podrun.FINISHED).write_text('{"status": "succeeded"}')
 
     thread = threading.Thread(target=agent)
     thread.start()

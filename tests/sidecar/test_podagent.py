@@ -16,10 +16,11 @@ from pathlib import Path
 
 import pytest
 from mitmproxy import certs
+from openforge import podrun
 from openforge.run.processes import free_port
 from openforge.trajectory import auth
-from openforge_operator import entrypoint, podagent
-from openforge_sidecar import spool
+from openforge_operator import entrypoint
+from openforge_sidecar import podagent, spool
 
 FAILING = frozenset(range(1, 256))
 
@@ -52,10 +53,10 @@ def children(pid: int) -> list[int]:
 def files(run_dir: Path, *, harness: int | None, grader_stdout: str | None = None, grader_exit: int = 0) -> Path:
     run_dir.mkdir(parents=True, exist_ok=True)
     if harness is not None:
-        (run_dir / entrypoint.HARNESS_EXIT_CODE).write_text(f"{harness}\n")
+        (run_dir / podrun.HARNESS_EXIT_CODE).write_text(f"{harness}\n")
     if grader_stdout is not None:
-        (run_dir / entrypoint.GRADER_STDOUT).write_text(grader_stdout)
-        (run_dir / entrypoint.GRADER_EXIT_CODE).write_text(f"{grader_exit}\n")
+        (run_dir / podrun.GRADER_STDOUT).write_text(grader_stdout)
+        (run_dir / podrun.GRADER_EXIT_CODE).write_text(f"{grader_exit}\n")
     return run_dir
 
 
@@ -70,7 +71,7 @@ def test_the_grader_s_own_exit_codes_are_read_as_timeout_and_sh_report_them(tmp_
     missing = podagent.judge(files(tmp_path / "b", harness=0, grader_stdout="", grader_exit=127), reward_from="exit-code", failing_exit_codes=FAILING)
     assert (missing.status, missing.reason) == ("failed", "GraderFailed") and "exit 127" in missing.message
     run_dir = files(tmp_path / "c", harness=0, grader_stdout='{"reward": 1}')
-    (run_dir / entrypoint.GRADER_EXIT_CODE).unlink()
+    (run_dir / podrun.GRADER_EXIT_CODE).unlink()
     unrecorded = podagent.judge(run_dir, reward_from="stdout-json", failing_exit_codes=FAILING)
     assert (unrecorded.reason, unrecorded.message) == ("GraderFailed", "the grader could not run: its exit code was never recorded")
 
@@ -111,14 +112,14 @@ def test_the_termination_message_turns_an_unacknowledged_rollout_into_a_sidecar_
 
 
 class Agent:
-    """``python -m openforge_operator.podagent`` around a real passthrough ``openforge sidecar``."""
+    """``python -m openforge_sidecar.podagent`` around a real passthrough ``openforge sidecar``."""
 
     def __init__(self, tmp_path: Path, *extra: str, sidecar_extra: tuple[str, ...] = ()) -> None:
         self.run_dir = tmp_path / "run"
         self.port = free_port()
         self.log = tmp_path / "agent.log"
         listen = f"127.0.0.1:{self.port}"
-        args = [sys.executable, "-m", "openforge_operator.podagent", "--run-dir", str(self.run_dir), "--listen", listen,
+        args = [sys.executable, "-m", "openforge_sidecar.podagent", "--run-dir", str(self.run_dir), "--listen", listen,
                 "--reward-from", "stdout-json", "--failing-exit-codes", "1-255", "--finish-wait", "5", "--poll", "0.05", *extra]  # fmt: skip
         args += ["--", "--listen", listen, "--capture", "passthrough", "--upstream", "http://127.0.0.1:9",
                  "--spool", str(tmp_path / "spool"), "--confdir", str(tmp_path / "confdir"), "--job", "job", "--rollout-id", "job-0-0", *sidecar_extra]  # fmt: skip
@@ -126,7 +127,7 @@ class Agent:
         self.process = subprocess.Popen(args, stdout=self.log.open("wb"), stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
 
     def wait_serving(self, timeout: float = 60) -> None:
-        wait_file(self.run_dir / entrypoint.SIDECAR_SERVING, self.process, timeout)
+        wait_file(self.run_dir / podrun.SIDECAR_SERVING, self.process, timeout)
 
     def stop(self) -> int:
         self.process.send_signal(signal.SIGTERM)
@@ -221,8 +222,8 @@ def test_the_harness_may_call_before_the_sidecar_serves_and_is_answered(tmp_path
     by the sidecar running in the agent's own process."""
     agent = Agent(tmp_path)
     try:
-        wait_file(agent.run_dir / entrypoint.SIDECAR_READY, agent.process, timeout=30)
-        serving_before = (agent.run_dir / entrypoint.SIDECAR_SERVING).exists()
+        wait_file(agent.run_dir / podrun.SIDECAR_READY, agent.process, timeout=30)
+        serving_before = (agent.run_dir / podrun.SIDECAR_SERVING).exists()
         with socket.create_connection(("127.0.0.1", agent.port), timeout=60) as connection:
             connection.sendall(b"GET /openforge/v1/stats HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
             answer = b""
@@ -231,7 +232,7 @@ def test_the_harness_may_call_before_the_sidecar_serves_and_is_answered(tmp_path
         assert not serving_before, "the sidecar already served when the port was bound: nothing was shown"
         assert answer.startswith(b"HTTP/1.1 200"), answer[:200]
         assert json.loads(answer.split(b"\r\n\r\n", 1)[1])["rollout_id"] == "job-0-0"
-        assert (agent.run_dir / entrypoint.SIDECAR_SERVING).exists()
+        assert (agent.run_dir / podrun.SIDECAR_SERVING).exists()
         assert children(agent.process.pid) == [], "the sidecar runs in the agent's own process"
     finally:
         assert agent.stop() == 0
@@ -243,7 +244,7 @@ def test_a_sidecar_that_died_before_it_served_fails_the_attempt(tmp_path: Path) 
     have been refused unrecorded. The rollout is not graded data, whatever its grade."""
     run_dir = tmp_path / "run"
     run_dir.mkdir()
-    (run_dir / entrypoint.SIDECAR_READY).touch()
+    (run_dir / podrun.SIDECAR_READY).touch()
     agent = Agent(tmp_path)
     try:
         wait_port(agent.port, agent.process, timeout=60)
@@ -261,10 +262,10 @@ def test_a_pod_stopped_before_the_harness_finished_records_the_rollout_failed(tm
     for the sidecar, which records the rollout stopped and flushes)."""
     agent = Agent(tmp_path)
     try:
-        wait_file(agent.run_dir / (entrypoint.SIDECAR_SERVING if when == "serving" else entrypoint.SIDECAR_READY), agent.process, 60)
+        wait_file(agent.run_dir / (podrun.SIDECAR_SERVING if when == "serving" else podrun.SIDECAR_READY), agent.process, 60)
     finally:
         assert agent.stop() == 0
-    assert not (agent.run_dir / entrypoint.FINISHED).exists(), "no harness is left to read a verdict"
+    assert not (agent.run_dir / podrun.FINISHED).exists(), "no harness is left to read a verdict"
     stored = list(spool.Spool(agent.spool).records_after(0))
     assert [record.WhichOneof("body") for record in stored] == ["started", "finished"]
     finished = stored[-1].finished
@@ -275,7 +276,7 @@ def test_the_agent_exits_with_its_sidecars_code_so_the_kubelet_restarts_it(tmp_p
     agent = Agent(tmp_path, sidecar_extra=("--capture", "tokens"))  # tokens mode without an engine is refused
     assert agent.process.wait(timeout=60) == 1
     assert "--engine is required" in agent.log.read_text()
-    assert not (agent.run_dir / entrypoint.FINISHED).exists()
+    assert not (agent.run_dir / podrun.FINISHED).exists()
 
 
 def test_the_jobs_ca_is_copied_into_the_writable_confdir_and_used(tmp_path: Path) -> None:
@@ -301,17 +302,17 @@ def test_a_restarted_agent_does_not_report_twice(tmp_path: Path) -> None:
     """With ``finished`` already there, the agent posts nothing: the only finish its
     sidecar records is the one of its stop (a post would have recorded reward 1)."""
     run_dir = files(tmp_path / "run", harness=0, grader_stdout='{"reward": 1}')
-    (run_dir / entrypoint.HARNESS_DONE).touch()
-    (run_dir / entrypoint.FINISHED).write_text('{"status": "succeeded"}')
+    (run_dir / podrun.HARNESS_DONE).touch()
+    (run_dir / podrun.FINISHED).write_text('{"status": "succeeded"}')
     listen = f"127.0.0.1:{free_port()}"
     process = subprocess.Popen(
-        [sys.executable, "-m", "openforge_operator.podagent", "--run-dir", str(run_dir), "--listen", listen, "--poll", "0.05",
+        [sys.executable, "-m", "openforge_sidecar.podagent", "--run-dir", str(run_dir), "--listen", listen, "--poll", "0.05",
          "--", "--listen", listen, "--capture", "passthrough", "--upstream", "http://127.0.0.1:9", "--spool", str(tmp_path / "spool")],
     )  # fmt: skip
     time.sleep(3)
     process.send_signal(signal.SIGTERM)
     assert process.wait(timeout=30) == 0
-    assert (run_dir / entrypoint.FINISHED).read_text() == '{"status": "succeeded"}'
+    assert (run_dir / podrun.FINISHED).read_text() == '{"status": "succeeded"}'
     finished = [record.finished for record in spool.Spool(tmp_path / "spool").records_after(0) if record.HasField("finished")]
     assert [(f.status, f.has_reward) for f in finished] == [("failed", False)]
 
@@ -322,14 +323,14 @@ def test_a_stop_early_in_a_restarted_agent_still_reaches_its_sidecar(tmp_path: P
     (and not to the agent's own handler, which would keep it for good)."""
     run_dir = tmp_path / "run"
     run_dir.mkdir()
-    (run_dir / entrypoint.SIDECAR_READY).touch()
-    (run_dir / entrypoint.SIDECAR_SERVING).touch()
+    (run_dir / podrun.SIDECAR_READY).touch()
+    (run_dir / podrun.SIDECAR_SERVING).touch()
     agent = Agent(tmp_path)
     deadline = time.monotonic() + 30
-    while (run_dir / entrypoint.SIDECAR_SERVING).exists():
+    while (run_dir / podrun.SIDECAR_SERVING).exists():
         assert agent.process.poll() is None and time.monotonic() < deadline, "the earlier start's sidecar-serving stayed"
         time.sleep(0.005)
     assert agent.stop() == 0
-    assert not (run_dir / entrypoint.SIDECAR_START_FAILED).exists(), "the earlier start served: nothing to fail"
+    assert not (run_dir / podrun.SIDECAR_START_FAILED).exists(), "the earlier start served: nothing to fail"
     finished = [record.finished for record in spool.Spool(agent.spool).records_after(0) if record.HasField("finished")]
     assert [(f.status, f.has_reward) for f in finished] == [("failed", False)]

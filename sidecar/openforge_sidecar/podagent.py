@@ -1,6 +1,6 @@
 """The in-pod agent: main process of a rollout pod's sidecar container.
 
-Run as ``python -m openforge_operator.podagent [options] -- SIDECAR-ARGS``. In
+Run as ``python -m openforge_sidecar.podagent [options] -- SIDECAR-ARGS``. In
 one Python process (a pod's start-up pays for one interpreter and one set of
 imports, not two) it
 
@@ -24,7 +24,7 @@ imports, not two) it
   (``sidecar-start-failed``), and its verdict is SidecarFailed whatever the
   harness did;
 - in a second thread, when the harness container's entrypoint
-  (:mod:`openforge_operator.entrypoint`) writes ``harness-done`` into the run
+  (``openforge_operator.entrypoint``) writes ``harness-done`` into the run
   directory, turns the harness's exit code and the grader's output into a
   reward and a verdict by the rule ``openforge run`` follows too (``openforge.api.verdict``), reports the rollout
   to the sidecar (``POST /openforge/v1/rollout/finish``, which records it and
@@ -52,10 +52,8 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from openforge import cli, endpoints
+from openforge import cli, endpoints, podrun
 from openforge.api import rollouts, verdict
-
-from openforge_operator import entrypoint
 
 CA_FILE = "mitmproxy-ca.pem"
 BACKLOG = 128
@@ -75,12 +73,12 @@ def judge(run_dir: Path, *, reward_from: str, failing_exit_codes: frozenset[int]
     grader ran under ``timeout`` (exit code 124: it ran past its timeout); a shell's 126
     or 127 with nothing printed means its command could not be run.
     """
-    harness_exit = _read_int(run_dir / entrypoint.HARNESS_EXIT_CODE)
+    harness_exit = _read_int(run_dir / podrun.HARNESS_EXIT_CODE)
     exit_code = STOPPED_EXIT_CODE if harness_exit is None else harness_exit
     graded: verdict.Graded | None = None
     if reward_from != "none":
-        stdout = _read_text(run_dir / entrypoint.GRADER_STDOUT)
-        grader_exit = _read_int(run_dir / entrypoint.GRADER_EXIT_CODE)
+        stdout = _read_text(run_dir / podrun.GRADER_STDOUT)
+        grader_exit = _read_int(run_dir / podrun.GRADER_EXIT_CODE)
         if grader_exit is None:
             graded = verdict.Graded(stdout=stdout, error="its exit code was never recorded")
         elif grader_exit in (126, 127) and not stdout.strip():
@@ -90,7 +88,7 @@ def judge(run_dir: Path, *, reward_from: str, failing_exit_codes: frozenset[int]
     return verdict.judge(
         exit_code=exit_code, grader=graded, reward_from=None if reward_from == "none" else reward_from,
         failing_exit_codes=failing_exit_codes,
-        sidecar_start_failed=(run_dir / entrypoint.SIDECAR_START_FAILED).exists(),
+        sidecar_start_failed=(run_dir / podrun.SIDECAR_START_FAILED).exists(),
     )  # fmt: skip
 
 
@@ -151,7 +149,7 @@ class Agent:
         signal.signal(signal.SIGINT, self._keep_stop)
         self._prepare()
         fd = listen(self.options.listen).detach()  # the sidecar's socket from now on
-        (self.run_dir / entrypoint.SIDECAR_READY).touch()
+        (self.run_dir / podrun.SIDECAR_READY).touch()
         threading.Thread(target=self._pass_on_stop, name="openforge-podagent-stop", daemon=True).start()
         threading.Thread(target=self._watch, name="openforge-podagent", daemon=True).start()
         # SIGTERM and SIGINT stop the sidecar (its own handlers): it records a
@@ -159,15 +157,15 @@ class Agent:
         return cli.main([
             "sidecar", *self.sidecar_args,
             "--listen-fd", str(fd),
-            "--ready-file", str(self.run_dir / entrypoint.SIDECAR_SERVING),
+            "--ready-file", str(self.run_dir / podrun.SIDECAR_SERVING),
             "--finish-on-stop",
         ])  # fmt: skip
 
     def _prepare(self) -> None:
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        ready, serving = self.run_dir / entrypoint.SIDECAR_READY, self.run_dir / entrypoint.SIDECAR_SERVING
+        ready, serving = self.run_dir / podrun.SIDECAR_READY, self.run_dir / podrun.SIDECAR_SERVING
         if ready.exists() and not serving.exists():
-            (self.run_dir / entrypoint.SIDECAR_START_FAILED).touch()
+            (self.run_dir / podrun.SIDECAR_START_FAILED).touch()
         serving.unlink(missing_ok=True)  # an earlier start's: this one creates its own
         if self.options.ca_file:
             confdir = Path(self.options.confdir)
@@ -181,14 +179,14 @@ class Agent:
     def _pass_on_stop(self) -> None:
         # The sidecar's handlers replace ours before it serves: a stop asked
         # until then was kept (and any later one is the sidecar's own).
-        serving = self.run_dir / entrypoint.SIDECAR_SERVING
+        serving = self.run_dir / podrun.SIDECAR_SERVING
         while not serving.exists():
             time.sleep(self.options.poll)
         if self.stop_asked is not None:
             os.kill(os.getpid(), self.stop_asked)
 
     def _watch(self) -> None:
-        done = self.run_dir / entrypoint.HARNESS_DONE
+        done = self.run_dir / podrun.HARNESS_DONE
         while not done.exists():
             time.sleep(self.options.poll)
         if not self._reported():
@@ -199,13 +197,13 @@ class Agent:
         return judge(self.run_dir, reward_from=self.options.reward_from, failing_exit_codes=failing)
 
     def _reported(self) -> bool:
-        return (self.run_dir / entrypoint.FINISHED).exists()
+        return (self.run_dir / podrun.FINISHED).exists()
 
     def _report(self, verdict: Verdict, *, wait: float) -> None:
         deadline = time.monotonic() + wait + 10
         result = post_finish(self.options.listen, verdict, wait_seconds=wait, deadline=deadline, token_file=self.options.control_token_file)
         message = termination_message(verdict, result)
-        _create(self.run_dir / entrypoint.FINISHED, json.dumps(message, separators=(",", ":")))
+        _create(self.run_dir / podrun.FINISHED, json.dumps(message, separators=(",", ":")))
 
 
 def listen(address: str) -> socket.socket:
@@ -232,10 +230,10 @@ def _create(path: Path, text: str) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m openforge_operator.podagent",
+        prog="python -m openforge_sidecar.podagent",
         description="Run the capture sidecar in a rollout pod and report the rollout when the harness is done.",
     )
-    parser.add_argument("--run-dir", default=entrypoint.RUN_DIR, help="directory shared with the harness container")
+    parser.add_argument("--run-dir", default=podrun.RUN_DIR, help="directory shared with the harness container")
     parser.add_argument("--listen", required=True, help="the sidecar's host:port (its --listen)")
     parser.add_argument("--ca-file", default="", help="the job's CA (key and certificate) to copy into --confdir")
     parser.add_argument("--confdir", default="", help="the sidecar's mitmproxy confdir")
