@@ -97,7 +97,7 @@ def prompts(count: int, s: Settings, seed: int) -> list[list[int]]:
 
 def start_server(model_dir: Path, threads: int) -> tuple[subprocess.Popen[str], str]:
     process = subprocess.Popen(
-        [sys.executable, "-m", "openforge_trainer.serve", "--model", str(model_dir),
+        [sys.executable, "-m", "openforge_trainer.serving.server", "--model", str(model_dir),
          "--port", "0", "--threads", str(threads), "--max-batch", str(max(LEVELS)),
          "--model-name", "bench"],
         stdout=subprocess.PIPE,

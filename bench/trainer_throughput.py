@@ -43,13 +43,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from openforge_trainer import (
-    checkpoint,
-    rollout_sampler,
-    store,
-    train_config,
-    trainer_loop,
-)
+from openforge_trainer.collection import store
+from openforge_trainer.training import checkpoint, rollout_sampler
+from openforge_trainer.training import config as train_config
+from openforge_trainer.training import loop as trainer_loop
 
 TARGET_OVERHEAD = 0.10
 JOB = "bench"

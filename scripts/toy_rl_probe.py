@@ -2,7 +2,7 @@
 
 Not the production trainer: a plain on-policy GRPO-style loop (group-relative
 advantages, one update per batch, so no ratio or clipping) over episodes
-played in-process by :mod:`openforge_trainer.policy_eval`, token for token as
+played in-process by :mod:`openforge_trainer.tiny.policy_eval`, token for token as
 the ReAct harness and the sidecar would. It exists to find hyperparameters
 for the real trainer and to show the curve:
 
@@ -38,7 +38,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from openforge_trainer import policy_eval, update_guard, warmstart
+from openforge_trainer.tiny import policy_eval, warmstart
+from openforge_trainer.training import update_guard
 from transformers import AutoModelForCausalLM
 
 
@@ -114,7 +115,7 @@ def update_size(
     """How far one update moved the policy on the batch's own tokens.
 
     ``pos_tok`` and ``kl`` are what the trainer's step guard judges
-    (:func:`openforge_trainer.update_guard.measure`); the rest are per
+    (:func:`openforge_trainer.training.update_guard.measure`); the rest are per
     episode: ``pos_shift``/``neg_shift`` the mean change of a positive/negative
     episode's log-likelihood, ``gain`` the advantage-weighted change,
     ``surr`` the token-level importance-ratio surrogate, ``seq_kl`` the k3 KL

@@ -36,7 +36,7 @@ def test_wheel_holds_every_package_and_the_tokenizer_assets(wheel: Path) -> None
         "openforge_sidecar/addon.py",
         "openforge/wire/codecs/openai_responses.py",
         "openforge/wire/conversation.py",
-        "openforge_trainer/collector.py",
+        "openforge_trainer/collection/collector.py",
         "openforge_trainer/assets/tiny-tokenizer/tokenizer.json",
         "openforge_trainer/assets/tiny-tokenizer/tokenizer_config.json",
     ):
@@ -48,7 +48,7 @@ def test_wheel_imports_cleanly_outside_the_checkout(wheel: Path, tmp_path: Path)
     site = tmp_path / "site"
     zipfile.ZipFile(wheel).extractall(site)
     script = (
-        "import openforge.trajectory.v1.trajectory_pb2_grpc, openforge_sidecar.capture, openforge_trainer.collector;"
+        "import openforge.trajectory.v1.trajectory_pb2_grpc, openforge_sidecar.capture, openforge_trainer.collection.collector;"
         "import openforge.wire.codecs.gemini, openforge.wire.codecs.openai_responses;"
         "import openforge_sidecar, openforge_trainer, openforge, sys;"
         f"assert all(m.__file__.startswith({str(site)!r}) for m in (openforge, openforge_sidecar, openforge_trainer)), "

@@ -19,14 +19,14 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "sidecar": ("openforge_sidecar.cli", "main", "run the capture sidecar (mitmproxy + capture addon)"),
     "collector": ("openforge_trainer.cli", "collector_main", "run the trajectory collector (gRPC + durable store)"),
     "trajectories": ("openforge_trainer.cli", "trajectories_main", "inspect and export captured trajectories"),
-    "test-engine": ("openforge_trainer.testengine", "main", "serve the deterministic token-in/token-out test engine"),
-    "tokenizer": ("openforge_trainer.tokenizer_build", "main", "build the tiny offline tokenizer and chat template"),
-    "serve": ("openforge_trainer.serve", "main", "serve a Hugging Face causal LM over vLLM's /v1/completions (continuous batching, live weight updates)"),
-    "train": ("openforge_trainer.train_cli", "main", "train the policy on captured rollouts (GRPO) and publish new weights"),
-    "model": ("openforge_trainer.model_cli", "main", "build, warm-start and evaluate the tiny offline policy"),
+    "test-engine": ("openforge_trainer.testengine.engine", "main", "serve the deterministic token-in/token-out test engine"),
+    "tokenizer": ("openforge_trainer.tiny.tokenizer_build", "main", "build the tiny offline tokenizer and chat template"),
+    "serve": ("openforge_trainer.serving.server", "main", "serve a Hugging Face causal LM over vLLM's /v1/completions (continuous batching, live weight updates)"),
+    "train": ("openforge_trainer.training.cli", "main", "train the policy on captured rollouts (GRPO) and publish new weights"),
+    "model": ("openforge_trainer.tiny.cli", "main", "build, warm-start and evaluate the tiny offline policy"),
     "crds": ("openforge.api.crds", "main", "write crds/ from the API models"),
     "operator": ("openforge_operator.cli", "main", "run the Kubernetes operator (kopf) for RolloutJob and HarnessEnv"),
-    "analyze": ("openforge_trainer.analyze_cli", "main", "behaviour metrics of stored trajectories per harness and policy version"),
+    "analyze": ("openforge_trainer.analysis.cli", "main", "behaviour metrics of stored trajectories per harness and policy version"),
 }
 
 

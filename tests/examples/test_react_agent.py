@@ -20,7 +20,8 @@ from types import ModuleType
 from typing import Any
 
 import pytest
-from openforge_trainer import policy_eval, store, tokenizer_build, warmstart
+from openforge_trainer.collection import store
+from openforge_trainer.tiny import policy_eval, tokenizer_build, warmstart
 from tokenizers import Tokenizer
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -304,7 +304,7 @@ def check(result: Run, *, engine_answer: Callable[[list[int]], dict[str, Any]]) 
     ``engine_answer(prompt_ids)`` asks the engine directly (unstreamed) what
     it generates for a prompt: each captured call must be exactly that.
     """
-    from openforge_trainer import store
+    from openforge_trainer.collection import store
 
     assert result.returncode == 0, result.output[-3000:]
     finished = result.journal()
@@ -383,7 +383,7 @@ class Row:
 
 def measure(result: Run) -> Row:
     """The matrix row of a checked run (numbers from the store and the sidecars' counts)."""
-    from openforge_trainer import store
+    from openforge_trainer.collection import store
 
     with store.Store(result.run_dir / "store.db") as db:
         rollouts = db.rollouts(result.job)
@@ -473,7 +473,7 @@ def main(argv: list[str]) -> int:
     import tempfile
 
     import httpx
-    from openforge_trainer import testengine
+    from openforge_trainer.testengine import engine as testengine
 
     names = args.only or catalog_dirs()
     unknown = sorted(set(names) - set(CATALOG))

@@ -23,7 +23,7 @@ from typing import Any
 
 import httpx
 import pytest
-from openforge_trainer import store
+from openforge_trainer.collection import store
 
 INSTALL_SCRIPT = "scripts/install_harnesses.sh"
 

@@ -20,7 +20,7 @@ from typing import Any
 import conformance
 import httpx
 import pytest
-from openforge_trainer import testengine
+from openforge_trainer.testengine import engine as testengine
 
 pytestmark = pytest.mark.harness
 

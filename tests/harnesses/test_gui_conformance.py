@@ -4,7 +4,7 @@ The agent (``examples/harnesses/gui-browser``) works on a web-forms task
 (``examples/tasks/web-forms``): ``serve.py`` serves the task's site on
 127.0.0.1 around it, and the site's own log grades it. Its base URL points at
 a real sidecar (reverse mode, tokens capture) in front of the deterministic
-test engine, whose GUI script (``openforge_trainer.testengine_gui``) reads the
+test engine, whose GUI script (``openforge_trainer.testengine.gui``) reads the
 task's steps and each observation's element list and answers with
 ``click``/``type_text``/``press_key`` tool calls; a real collector stores the
 calls.
@@ -15,7 +15,7 @@ extends the previous one (one segment); each screenshot the agent sent is in
 the recorded request byte for byte (the PNG inside the data URL equals the
 file the agent wrote); the exported training row carries every image once, in
 the order of the ``<image>`` placeholders in its tokens (veRL's agent-loop
-output of such a row is tested in tests/trainer/test_verl_agent_loop.py). Also:
+output of such a row is tested in tests/trainer/training/test_verl_agent_loop.py). Also:
 ``openforge run`` runs the manifest's local recipe against the test engine.
 """
 
@@ -34,7 +34,9 @@ from typing import Any
 import pytest
 import yaml
 from harness_stack import CaptureStack
-from openforge_trainer import export, request_images, store, tokenizer_build
+from openforge_trainer.collection import store
+from openforge_trainer.tiny import tokenizer_build
+from openforge_trainer.trajectories import export, request_images
 from PIL import Image
 from tokenizers import Tokenizer
 
@@ -134,7 +136,7 @@ def test_gui_agent_completes_a_task_token_exact_with_lossless_screenshots(
     image_positions = [i for i, t in enumerate(row.response_ids) if t == image_token]
     assert all(row.response_mask[i] == 0 for i in image_positions)
 
-    # Decodable, and veRL's agent loop gets the same pixels (tests/trainer/test_verl_agent_loop.py).
+    # Decodable, and veRL's agent loop gets the same pixels (tests/trainer/training/test_verl_agent_loop.py).
     with Image.open(io.BytesIO(request_images.image_bytes(row.images[-1]))) as last:
         assert last.size == (800, 600)
 

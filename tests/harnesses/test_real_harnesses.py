@@ -29,7 +29,7 @@ from typing import Any
 
 import pytest
 from harness_stack import CaptureStack, HarnessBins, check_extends, require_binary
-from openforge_trainer import store
+from openforge_trainer.collection import store
 
 pytestmark = pytest.mark.harness
 

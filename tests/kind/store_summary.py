@@ -1,14 +1,14 @@
 """Run inside the collector container (``kubectl exec -i ... python - STORE JOB``): the job's
 rollouts and their calls from the real store, as one JSON object on stdout.
 
-Standard library plus the trainer image's own ``openforge_trainer.store``; the test
+Standard library plus the trainer image's own ``openforge_trainer.collection.store``; the test
 reads nothing from the store but this.
 """
 
 import json
 import sys
 
-from openforge_trainer import store
+from openforge_trainer.collection import store
 
 path, job = sys.argv[1], sys.argv[2]
 db = store.Store(path)

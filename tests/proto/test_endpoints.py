@@ -45,7 +45,7 @@ def test_no_module_but_endpoints_spells_an_openforge_path_or_header() -> None:
 
 
 def test_the_servers_route_tables_are_the_constants() -> None:
-    from openforge_trainer import serve
+    from openforge_trainer.serving import server as serve
 
     ours = {path for path in serve.POST_ROUTES if path.startswith(endpoints.PREFIX)}
     assert ours == {endpoints.WEIGHTS, endpoints.PAUSE, endpoints.RESUME}

@@ -43,7 +43,8 @@ from pathlib import Path
 
 import learning_runs
 import pytest
-from openforge_trainer import store, tokenizer_build, warmstart
+from openforge_trainer.collection import store
+from openforge_trainer.tiny import tokenizer_build, warmstart
 
 ROOT = Path(__file__).resolve().parents[2]
 CODEX_DIR = ROOT / "examples" / "harnesses" / "codex"

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from openforge_trainer import store
+from openforge_trainer.collection import store
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"

@@ -17,7 +17,8 @@ import anthropic
 import httpx
 import openai
 import pytest
-from openforge_trainer import export, store
+from openforge_trainer.collection import store
+from openforge_trainer.trajectories import export
 
 PROMPT = "Please run `echo hi > hello.txt` and then say done."
 SHELL_SCHEMA = {

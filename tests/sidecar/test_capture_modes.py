@@ -23,7 +23,7 @@ from typing import Any
 import httpx
 import openai
 import pytest
-from openforge_trainer import store
+from openforge_trainer.collection import store
 
 COMPLETION = {
     "id": "chatcmpl-up",

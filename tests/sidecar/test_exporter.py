@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from openforge.trajectory.v1 import trajectory_pb2
 from openforge_sidecar import exporter, spool
-from openforge_trainer import collector
+from openforge_trainer.collection import collector
 
 
 def records(rollout: str, count: int, start: int = 0) -> list[trajectory_pb2.Record]:

@@ -23,7 +23,7 @@ from google.genai import errors as genai_errors
 from google.genai import types
 from openforge.wire import conversation as conv
 from openforge_sidecar import template
-from openforge_trainer import store
+from openforge_trainer.collection import store
 
 PROMPT = "Please run `echo hi > hello.txt` and then say done."
 SHELL = types.FunctionDeclaration(

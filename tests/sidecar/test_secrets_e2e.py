@@ -56,7 +56,7 @@ def test_no_credential_reaches_the_spool_or_the_log(procs: Any, tmp_path: Path) 
 
 
 def test_no_credential_reaches_the_store_and_the_header_names_stay(procs: Any, tmp_path: Path) -> None:
-    from openforge_trainer import store
+    from openforge_trainer.collection import store
 
     engine = procs.engine()
     collector = procs.collector(tmp_path / "store.db")

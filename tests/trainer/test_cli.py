@@ -12,7 +12,9 @@ import grpc
 import pytest
 from openforge.trajectory import auth
 from openforge.trajectory.v1 import trajectory_pb2, trajectory_pb2_grpc
-from openforge_trainer import cli, export, store
+from openforge_trainer import cli
+from openforge_trainer.collection import store
+from openforge_trainer.trajectories import export
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"
@@ -25,7 +27,7 @@ def rollout_records(rollout: str, sample: int, reward: float) -> list[trajectory
             {
                 "message": {
                     "content": "Let me look.",
-                    "tool_calls": [{"function": {"name": "shell", "arguments": '{"cmd": "ls"}'}}],
+                    "tool_calls": [{"id": "call_1", "type": "function", "function": {"name": "shell", "arguments": '{"cmd": "ls"}'}}],
                 }
             }
         ]

@@ -19,8 +19,9 @@ from typing import Any
 from openforge.trajectory import auth
 from rich.console import Console
 
-from openforge_trainer import collector, export, render
-from openforge_trainer import store as store_module
+from openforge_trainer.collection import collector
+from openforge_trainer.collection import store as store_module
+from openforge_trainer.trajectories import export, render
 
 # -- openforge collector -------------------------------------------------------
 

@@ -1,0 +1,500 @@
+"""The training loop on rollouts a tiny real model sampled into a real store.
+
+Every test samples its rollouts with the model it then trains (torch,
+temperature 1, the sampled tokens' raw log-probs recorded), so the captured
+log-probs are those of the policy's own weights, as the sidecar records them
+from an engine serving that policy.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from openforge.trajectory.v1 import trajectory_pb2
+from openforge_trainer.collection import store
+from openforge_trainer.training import checkpoint, metrics, rollout_sampler
+from openforge_trainer.training import config as train_config
+from openforge_trainer.training import loop as trainer_loop
+from safetensors.torch import load_file
+
+torch.set_num_threads(1)
+JOB = "job"
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return rollout_sampler.build_tiny_model(tmp_path_factory.mktemp("policy") / "model", seed=3)
+
+
+def first_token_parity(completions: Sequence[Sequence[int]]) -> float:
+    return float(completions[0][0] % 2 == 0)
+
+
+def sample_into(
+    db_path: Path,
+    model_dir: Path,
+    tasks: Sequence[str],
+    *,
+    version: int = 0,
+    seed: int = 0,
+    samples: int = 4,
+) -> list[str]:
+    model = trainer_loop.load_model(model_dir, dtype="float32", device="cpu")
+    with store.Store(db_path) as db:
+        return rollout_sampler.write_rollouts(
+            db,
+            model,
+            job=JOB,
+            tasks=tasks,
+            samples=samples,
+            turns=2,
+            max_new_tokens=6,
+            policy_version=version,
+            seed=seed,
+            reward=first_token_parity,
+        )
+
+
+def settings(tmp_path: Path, model_dir: Path, **overrides: Any) -> train_config.TrainConfig:
+    values: dict[str, Any] = {
+        "store": tmp_path / "store.db",
+        "job": JOB,
+        "model": model_dir,
+        "run_dir": tmp_path / "run",
+        "groups_per_step": 2,
+        "lr": 1e-3,
+        "wait_for_groups": 0,
+        "poll_interval": 0.01,
+    }
+    return train_config.load(**{**values, **overrides})
+
+
+def quiet(line: str) -> None:
+    del line
+
+
+def trainer(config: train_config.TrainConfig) -> trainer_loop.Trainer:
+    return trainer_loop.Trainer(config, publishers=[], log=quiet)
+
+
+def test_recomputed_log_probs_equal_the_captured_ones_before_any_update(
+    tmp_path: Path, model_dir: Path
+) -> None:
+    sample_into(tmp_path / "store.db", model_dir, ["a", "b"])
+    run = trainer(settings(tmp_path, model_dir, micro_batch_tokens=64))
+    selection = trainer_loop.select_groups(run.store, run.config, run.state, limit=2)
+    batch = run.make_batch(selection.groups)
+    mask = batch.batch["response_mask"].bool()
+    recomputed = run.current_log_probs(batch)
+    captured = batch.batch["rollout_log_probs"]
+    assert mask.sum() > 20
+    assert (recomputed - captured)[mask].abs().max() < 1e-4
+    record = run.train_step(selection)  # the same check, inside the loop's first micro-step
+    assert record["micro_batches"] > 1
+    assert record["logprob_diff_max"] < 1e-4
+    run.close()
+
+
+def test_one_step_raises_the_log_probs_of_positive_advantage_tokens(
+    tmp_path: Path, model_dir: Path
+) -> None:
+    sample_into(tmp_path / "store.db", model_dir, ["a", "b"])
+    run = trainer(settings(tmp_path, model_dir))
+    batch = run.make_batch(
+        trainer_loop.select_groups(run.store, run.config, run.state, limit=2).groups
+    )
+    advantages = batch.batch["advantages"]
+    positive, negative = advantages > 0, advantages < 0
+    assert positive.any() and negative.any()
+    before = run.current_log_probs(batch)
+    update = run.update(batch)
+    after = run.current_log_probs(batch)
+    assert update["update_skipped"] == 0.0 and update["grad_norm"] > 0
+    change = after - before
+    assert change[positive].mean() > 1e-4  # without the optimiser step this is exactly 0
+    assert change[negative].mean() < -1e-4
+    run.close()
+
+
+def positive_shift_of_one_update(
+    tmp_path: Path, model_dir: Path, **overrides: Any
+) -> tuple[float, dict[str, float]]:
+    tmp_path.mkdir(exist_ok=True)
+    sample_into(tmp_path / "store.db", model_dir, ["a", "b"])
+    run = trainer(settings(tmp_path, model_dir, **overrides))
+    batch = run.make_batch(
+        trainer_loop.select_groups(run.store, run.config, run.state, limit=2).groups
+    )
+    positive = batch.batch["advantages"] > 0
+    before = run.current_log_probs(batch)
+    update = run.update(batch)
+    shift = float((run.current_log_probs(batch) - before)[positive].mean())
+    run.close()
+    return shift, update
+
+
+def test_the_update_guard_halves_a_step_that_unlearns_what_worked(
+    tmp_path: Path, model_dir: Path
+) -> None:
+    # at lr 1 one Adam step overshoots: the positive-advantage tokens fall
+    shift, update = positive_shift_of_one_update(tmp_path / "plain", model_dir, lr=1.0)
+    assert shift < -1.0 and "update_scale" not in update
+    shift, update = positive_shift_of_one_update(
+        tmp_path / "guarded", model_dir, lr=1.0, update_backtracks=4
+    )
+    assert 0 < update["update_scale"] < 1
+    assert update["update_backtracks"] == -math.log2(update["update_scale"])
+    assert shift >= 0 and update["update_positive_shift"] == pytest.approx(shift, abs=1e-4)
+    # a sane step passes the guard untouched
+    _, update = positive_shift_of_one_update(
+        tmp_path / "small", model_dir, lr=1e-3, update_backtracks=4
+    )
+    assert update["update_scale"] == 1.0 and update["update_backtracks"] == 0.0
+
+
+def test_the_update_guard_drops_a_step_it_cannot_shrink_into_the_kl_bound(
+    tmp_path: Path, model_dir: Path
+) -> None:
+    shift, update = positive_shift_of_one_update(
+        tmp_path, model_dir, lr=1e-3, update_backtracks=2, max_update_kl=1e-12
+    )
+    assert update["update_scale"] == 0.0 and update["update_backtracks"] == 3.0
+    assert shift == pytest.approx(0.0, abs=1e-6)  # the parameters are back where they were
+    assert update["grad_norm"] > 0
+
+
+def test_micro_batching_does_not_change_the_update(tmp_path: Path, model_dir: Path) -> None:
+    sample_into(tmp_path / "store.db", model_dir, ["a", "b"])
+    runs = [
+        trainer(settings(tmp_path, model_dir, run_dir=tmp_path / name, micro_batch_tokens=budget))
+        for name, budget in (("whole", 100_000), ("split", 1))
+    ]
+    records = []
+    for run in runs:
+        selection = trainer_loop.select_groups(run.store, run.config, run.state, limit=2)
+        records.append(run.update(run.make_batch(selection.groups)))
+    assert records[0]["micro_batches"] == 1 and records[1]["micro_batches"] == 8
+    assert records[0]["loss"] == pytest.approx(records[1]["loss"], abs=1e-6)
+    assert records[0]["grad_norm"] == pytest.approx(records[1]["grad_norm"], rel=1e-4)
+    for (name, one), two in zip(
+        runs[0].model.named_parameters(), runs[1].model.parameters(), strict=True
+    ):
+        assert torch.allclose(one, two, atol=1e-6), name
+    for run in runs:
+        run.close()
+
+
+def trained_marks(db_path: Path) -> dict[str, str | None]:
+    with store.Store(db_path) as db:
+        return {r.rollout_id: r.trained_checkpoint for r in db.rollouts(JOB)}
+
+
+def test_checkpoint_then_marks_then_the_next_groups(tmp_path: Path, model_dir: Path) -> None:
+    ids = sample_into(tmp_path / "store.db", model_dir, ["a", "b", "c", "d"])
+    config = settings(tmp_path, model_dir, steps=2)
+    run = trainer(config)
+    assert run.run() == 2
+    run.close()
+    first, second = checkpoint.path_for(config.run_dir, 1), checkpoint.path_for(config.run_dir, 2)
+    marks = trained_marks(config.store)
+    assert sorted(marks) == sorted(ids)
+    assert sorted(marks.values()) == [str(first)] * 8 + [str(second)] * 8  # every rollout once
+    state = checkpoint.load_state(second)
+    assert (state.step, state.policy_version) == (2, 2)
+    assert {
+        rid: str(checkpoint.path_for(config.run_dir, step)) for rid, step in state.trained.items()
+    } == marks
+    assert sorted(state.trained_tasks.items()) == [("a@v0", 1), ("b@v0", 1), ("c@v0", 2), ("d@v0", 2)]
+    assert sorted(p.name for p in (config.run_dir / "checkpoints").iterdir()) == [
+        first.name,
+        second.name,
+    ]
+
+
+def test_a_crash_between_checkpoint_and_marks_is_repaired_on_restart(
+    tmp_path: Path, model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sample_into(tmp_path / "store.db", model_dir, ["a", "b", "c", "d"])
+    config = settings(tmp_path, model_dir, steps=2)
+    crashing = trainer(config)
+
+    def crash(*args: object, **kwargs: object) -> int:
+        raise RuntimeError("killed after the checkpoint, before the marks")
+
+    monkeypatch.setattr(crashing.store, "mark_trained", crash)
+    with pytest.raises(RuntimeError, match="before the marks"):
+        crashing.run()
+    crashing.close()
+    first = checkpoint.path_for(config.run_dir, 1)
+    assert first.is_dir()
+    assert set(trained_marks(config.store).values()) == {None}
+
+    restarted = trainer(config)
+    assert restarted.state.step == 1 and restarted.remarked == 8
+    marks = trained_marks(config.store)
+    assert sorted(marks.values(), key=str) == [str(first)] * 8 + [None] * 8
+    assert restarted.run() == 1  # the remaining groups, not the first ones again
+    restarted.close()
+    marks = trained_marks(config.store)
+    second = str(checkpoint.path_for(config.run_dir, 2))
+    assert sorted(marks.values()) == [str(first)] * 8 + [second] * 8
+    assert sorted(checkpoint.load_state(Path(second)).trained_tasks.items()) == [
+        ("a@v0", 1),
+        ("b@v0", 1),
+        ("c@v0", 2),
+        ("d@v0", 2),
+    ]
+
+
+def test_a_crash_before_the_checkpoint_trains_the_groups_once_after_restart(
+    tmp_path: Path, model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sample_into(tmp_path / "store.db", model_dir, ["a", "b", "c", "d"])
+    config = settings(tmp_path, model_dir, steps=2)
+    crashing = trainer(config)
+    crashing.train_step(trainer_loop.select_groups(crashing.store, config, crashing.state, limit=2))
+    real_save = checkpoint.save
+
+    def crash(*args: object, **kwargs: object) -> Path:
+        raise RuntimeError("killed while writing the checkpoint")
+
+    monkeypatch.setattr(checkpoint, "save", crash)
+    failed = trainer_loop.select_groups(crashing.store, config, crashing.state, limit=2)
+    with pytest.raises(RuntimeError, match="writing the checkpoint"):
+        crashing.train_step(failed)
+    crashing.close()
+    monkeypatch.setattr(checkpoint, "save", real_save)
+    first = checkpoint.path_for(config.run_dir, 1)
+    assert checkpoint.latest(config.run_dir) == first
+    assert sorted(trained_marks(config.store).values(), key=str) == [str(first)] * 8 + [None] * 8
+
+    restarted = trainer(config)  # back at step 1, with step 1's weights
+    saved = load_file(first / "model.safetensors")
+    for name, tensor in restarted.model.state_dict().items():
+        if name in saved:
+            assert torch.equal(tensor, saved[name]), name
+    assert restarted.run() == 1
+    restarted.close()
+    state = checkpoint.load_state(checkpoint.path_for(config.run_dir, 2))
+    assert sorted(task for task, step in state.trained_tasks.items() if step == 2) == sorted(
+        group.task_id for group in failed.groups
+    )
+    marks = trained_marks(config.store)
+    second = str(checkpoint.path_for(config.run_dir, 2))
+    assert sorted(marks.values()) == [str(first)] * 8 + [second] * 8
+
+
+def test_the_staleness_limit_skips_and_counts_old_groups(tmp_path: Path, model_dir: Path) -> None:
+    sample_into(tmp_path / "store.db", model_dir, ["a", "b", "c"], samples=2)
+    config = settings(tmp_path, model_dir, groups_per_step=1, max_staleness=1)
+    run = trainer(config)
+    assert run.run() == 2  # a at staleness 0, b at 1; c would be 2 > 1
+    stale = {rid: reason for rid, reason in run.state.skipped.items() if "-c-" in rid}
+    assert len(stale) == 2
+    assert all(
+        r.startswith("stale: sampled at policy version 0, trainer at 2") for r in stale.values()
+    )
+    sample_into(tmp_path / "store.db", model_dir, ["d"], version=2, seed=7, samples=2)
+    assert run.run() == 1  # fresh rollouts train
+    run.close()
+    last = metrics.read(config.run_dir / metrics.JSONL)[-1]
+    assert (last["skipped_stale_total"], last["staleness_max"], last["step"]) == (2, 0, 3)
+    assert set(trained_marks(config.store).values()) - {None} == {
+        str(checkpoint.path_for(config.run_dir, step)) for step in (1, 2, 3)
+    }
+    assert [v for k, v in trained_marks(config.store).items() if "-c-" in k] == [None, None]
+
+
+def record(rollout: str, task: str, sample: int, *, body: str, **fields: Any) -> Any:
+    kinds = {
+        "started": trajectory_pb2.RolloutStarted,
+        "call": trajectory_pb2.ModelCall,
+        "finished": trajectory_pb2.RolloutFinished,
+    }
+    values = {"task_id": task, "sample_index": sample, "attempt": 1} if body == "started" else {}
+    return trajectory_pb2.Record(**{body: kinds[body](**{**values, **fields})})
+
+
+def put(db_path: Path, rollout: str, records: list[Any]) -> None:
+    for sequence, item in enumerate(records, start=1):
+        item.sequence, item.job, item.rollout_id = sequence, JOB, rollout
+        item.idempotency_key = f"{rollout}/{item.WhichOneof('body')}/{sequence}"
+    with store.Store(db_path) as db:
+        db.put(records)
+
+
+def test_selection_waits_for_whole_groups_and_skips_what_cannot_train(
+    tmp_path: Path, model_dir: Path
+) -> None:
+    db_path = tmp_path / "store.db"
+    sample_into(db_path, model_dir, ["a", "b"], samples=3)
+    # task a: one more rollout still running -> not ready while group_size is 0
+    put(db_path, "a-running", [record("a-running", "a", 7, body="started")])
+    # task b: a retry of sample 0 supersedes the first attempt; a rollout without a reward
+    call = {"call_index": 0, "prompt_token_ids": [1, 11, 12], "completion_token_ids": [13, 2]}
+    put(
+        db_path,
+        "b-retry",
+        [
+            record("b-retry", "b", 0, body="started", attempt=2),
+            record("b-retry", "b", 0, body="call", completion_logprobs=[-0.5, -0.5], **call),
+            record("b-retry", "b", 0, body="finished", has_reward=True, reward=1.0, call_count=1),
+        ],
+    )
+    put(
+        db_path,
+        "b-noreward",
+        [
+            record("b-noreward", "b", 5, body="started"),
+            record("b-noreward", "b", 5, body="call", completion_logprobs=[-0.5, -0.5], **call),
+            record("b-noreward", "b", 5, body="finished", call_count=1),
+        ],
+    )
+    # task e: logprobs were not captured (passthrough) -> too small a group once skipped
+    put(
+        db_path,
+        "e-0",
+        [
+            record("e-0", "e", 0, body="started"),
+            record("e-0", "e", 0, body="call", **call),
+            record("e-0", "e", 0, body="finished", has_reward=True, reward=1.0, call_count=1),
+        ],
+    )
+    config = settings(tmp_path, model_dir, groups_per_step=5)
+    state = checkpoint.TrainerState()
+    with store.Store(db_path) as db:
+        selection = trainer_loop.select_groups(db, config, state, limit=5)
+        assert [g.task_id for g in selection.groups] == ["b@v0"]
+        b_ids = sorted(r.rollout_id for r in selection.groups[0].rollouts)
+        assert b_ids == sorted(["b-retry", "job-b-1-v0-s0", "job-b-2-v0-s0"])
+        assert selection.skipped == {
+            "job-b-0-v0-s0": "superseded by attempt 2",
+            "b-noreward": "no reward",
+        }
+        # with an expected group size, three complete rollouts of a are enough
+        sized = settings(tmp_path, model_dir, group_size=3)
+        assert "a@v0" in [
+            g.task_id for g in trainer_loop.select_groups(db, sized, state, limit=5).groups
+        ]
+        # a late rollout of a task that was already trained is skipped, never trained
+        state.trained_tasks["b@v0"] = 1
+        late = trainer_loop.select_groups(db, config, state, limit=5)
+        assert late.skipped["b-retry"] == "late: task 'b@v0' was trained at step 1"
+    # a group of two where one rollout has no logprobs is left with one: skipped whole
+    put(
+        db_path,
+        "e-1",
+        [
+            record("e-1", "e", 1, body="started"),
+            record("e-1", "e", 1, body="call", completion_logprobs=[-0.5, -0.5], **call),
+            record("e-1", "e", 1, body="finished", has_reward=True, reward=0.0, call_count=1),
+        ],
+    )
+    with store.Store(db_path) as db:
+        skipped = trainer_loop.select_groups(db, config, checkpoint.TrainerState(), limit=5).skipped
+    assert skipped["e-0"] == "call 0: logprobs were not captured"
+    assert skipped["e-1"] == "group too small: 1 usable rollout(s) in 'e@v0'"
+
+
+def test_metrics_are_written_as_jsonl_tensorboard_and_a_png(
+    tmp_path: Path, model_dir: Path
+) -> None:
+    from PIL import Image
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    sample_into(tmp_path / "store.db", model_dir, ["a", "b", "c", "d"])
+    config = settings(tmp_path, model_dir, steps=2, kl_coef=0.05)
+    run = trainer(config)
+    records = []
+    while run.state.step < 2:
+        records.append(
+            run.train_step(trainer_loop.select_groups(run.store, config, run.state, limit=2))
+        )
+    run.close()
+    lines = [json.loads(line) for line in (config.run_dir / metrics.JSONL).read_text().splitlines()]
+    assert [line["step"] for line in lines] == [1, 2]
+    for line, returned in zip(lines, records, strict=True):
+        assert line == pytest.approx(returned)
+    for key in (
+        "reward_mean",
+        "reward_std",
+        "reward_min",
+        "reward_max",
+        "pass_rate",
+        "kl",
+        "entropy",
+        "pg_clipfrac",
+        "tokens_per_s",
+        "staleness_mean",
+        "grad_norm",
+        "loss",
+        "logprob_diff_max",
+    ):
+        assert key in lines[0], key
+    assert lines[0]["kl"] == pytest.approx(0.0, abs=1e-6)  # the policy is still the reference
+    assert lines[1]["kl"] > 0
+    with store.Store(config.store) as db:
+        first = str(checkpoint.path_for(config.run_dir, 1))
+        rewards = [r.reward for r in db.rollouts(JOB) if r.trained_checkpoint == first]
+    assert lines[0]["reward_mean"] == pytest.approx(sum(rewards) / 8)
+    assert lines[0]["pass_rate"] == pytest.approx(sum(r >= 1.0 for r in rewards) / 8)
+    events = EventAccumulator(str(config.run_dir / metrics.TENSORBOARD))
+    events.Reload()
+    assert [(e.step, pytest.approx(e.value)) for e in events.Scalars("reward_mean")] == [
+        (1, lines[0]["reward_mean"]),
+        (2, lines[1]["reward_mean"]),
+    ]
+    with Image.open(config.run_dir / metrics.CURVE) as image:
+        assert image.format == "PNG" and image.size[0] > 100
+
+
+def test_resume_restores_optimizer_and_drops_metrics_of_unsaved_steps(
+    tmp_path: Path, model_dir: Path
+) -> None:
+    sample_into(tmp_path / "store.db", model_dir, ["a", "b"])
+    config = settings(tmp_path, model_dir, steps=1)
+    run = trainer(config)
+    run.run()
+    moments = {k: v["exp_avg"].clone() for k, v in enumerate(run.optimizer.state.values())}
+    run.close()
+    with open(
+        config.run_dir / metrics.JSONL, "a"
+    ) as handle:  # a step whose checkpoint never landed
+        handle.write(json.dumps({"step": 2, "reward_mean": 9.0}) + "\n")
+    again = trainer(config)
+    restored = {k: v["exp_avg"] for k, v in enumerate(again.optimizer.state.values())}
+    assert restored.keys() == moments.keys()
+    assert all(torch.equal(moments[k], restored[k]) for k in moments)
+    assert [r["step"] for r in again.metrics.history] == [1]
+    again.close()
+    assert (
+        dataclasses.asdict(checkpoint.load_state(checkpoint.path_for(config.run_dir, 1)))["step"]
+        == 1
+    )
+
+
+def test_a_task_revisited_by_a_newer_policy_is_a_new_group(tmp_path: Path, model_dir: Path) -> None:
+    """Iterations sample the same tasks again: the group is (task, policy version),
+    so the second visit is trained, not skipped as late."""
+    first = sample_into(tmp_path / "store.db", model_dir, ["a"])
+    config = settings(tmp_path, model_dir, steps=1)
+    run = trainer(config)
+    assert run.run() == 1
+    run.close()
+    second = sample_into(tmp_path / "store.db", model_dir, ["a"], version=1, seed=1)
+    assert not set(first) & set(second)
+    run = trainer(settings(tmp_path, model_dir, steps=2))
+    assert run.run() == 1  # resumes at step 1, trains step 2
+    run.close()
+    state = checkpoint.load_state(checkpoint.path_for(config.run_dir, 2))
+    assert state.trained_tasks == {"a@v0": 1, "a@v1": 2}
+    assert sorted(trained_marks(config.store).values()) == sorted(
+        [str(checkpoint.path_for(config.run_dir, 1))] * len(first) + [str(checkpoint.path_for(config.run_dir, 2))] * len(second)
+    )

@@ -1,0 +1,215 @@
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from openforge.trajectory.v1 import trajectory_pb2
+from openforge_trainer.collection import store
+from openforge_trainer.trajectories import export
+
+
+def call(
+    index: int,
+    prompt: Sequence[int],
+    completion: Sequence[int],
+    logprobs: Sequence[float] | None = None,
+    *,
+    segment: int = 0,
+    version: int = 1,
+) -> trajectory_pb2.ModelCall:
+    return trajectory_pb2.ModelCall(
+        call_index=index,
+        prompt_token_ids=list(prompt),
+        completion_token_ids=list(completion),
+        completion_logprobs=list(logprobs if logprobs is not None else [-0.5] * len(completion)),
+        segment_index=segment,
+        policy_version=version,
+    )
+
+
+def stored_calls(*calls: trajectory_pb2.ModelCall) -> list[store.ModelCall]:
+    return [
+        store.ModelCall.from_record(
+            trajectory_pb2.Record(idempotency_key=f"r/call/{c.call_index}", rollout_id="r", call=c)
+        )
+        for c in calls
+    ]
+
+
+ROLLOUT = store.Rollout(
+    rollout_id="r",
+    job="job",
+    task_id="t",
+    sample_index=2,
+    attempt=1,
+    harness="codex",
+    policy_version=1,
+    started=True,
+    status="succeeded",
+    exit_code=0,
+    reward=0.75,
+    has_reward=True,
+    call_count_expected=3,
+    calls_stored=3,
+    finished=True,
+    trained_at=None,
+    trained_checkpoint=None,
+    calls_present=3,
+)
+
+# Three agent turns: each prompt is the last prompt + completion + a tool result.
+MULTI_TURN = (
+    call(0, [1, 2, 3], [10, 11], [-0.5, -0.25], version=4),
+    call(1, [1, 2, 3, 10, 11, 20, 21], [12], [-0.125], version=5),
+    call(2, [1, 2, 3, 10, 11, 20, 21, 12, 22], [13, 14], [-1.0, -2.0], version=5),
+)
+
+
+def test_multi_turn_calls_make_one_row_with_aligned_mask_and_logprobs() -> None:
+    rows, stats = export.rollout_rows(ROLLOUT, stored_calls(*MULTI_TURN))
+    (row,) = rows
+    assert row.prompt_ids == [1, 2, 3]
+    assert row.response_ids == [10, 11, 20, 21, 12, 22, 13, 14]
+    assert row.response_mask == [1, 1, 0, 0, 1, 0, 1, 1]
+    assert row.response_logprobs == [-0.5, -0.25, 0.0, 0.0, -0.125, 0.0, -1.0, -2.0]
+    assert len(row.response_ids) == len(row.response_mask) == len(row.response_logprobs)
+    assert (row.reward, row.has_reward, row.num_turns) == (0.75, True, 3)
+    assert (row.rollout_id, row.job, row.task_id, row.sample_index) == ("r", "job", "t", 2)
+    assert (row.policy_version, row.policy_versions) == (4, [4, 5, 5])
+    assert row.call_indices == [0, 1, 2]
+    assert (stats.extended, stats.followers, stats.merge_rate) == (2, 2, 1.0)
+
+
+def test_history_rewrite_starts_a_new_segment_even_when_the_index_says_otherwise() -> None:
+    calls = stored_calls(
+        *MULTI_TURN,
+        # The harness compacted its history; the sidecar (wrongly) kept segment 0.
+        call(3, [1, 2, 3, 99], [15], [-0.75], segment=0),
+        call(4, [1, 2, 3, 99, 15, 23], [16], [-0.5], segment=0),
+    )
+    rows, stats = export.rollout_rows(ROLLOUT, calls)
+    assert [row.segment_index for row in rows] == [0, 1]
+    assert [row.call_indices for row in rows] == [[0, 1, 2], [3, 4]]
+    second = rows[1]
+    assert second.prompt_ids == [1, 2, 3, 99]
+    assert second.response_ids == [15, 23, 16]
+    assert second.response_mask == [1, 0, 1]
+    assert second.response_logprobs == [-0.75, 0.0, -0.5]
+    assert stats.split_on_mismatch == 1
+    assert (stats.extended, stats.followers) == (3, 4)
+    assert stats.merge_rate == 0.75
+
+
+def test_tokens_decide_when_the_index_claims_a_split() -> None:
+    calls = stored_calls(MULTI_TURN[0], call(1, [1, 2, 3, 10, 11, 5], [6], segment=1))
+    rows, stats = export.rollout_rows(ROLLOUT, calls)
+    assert len(rows) == 1
+    assert stats.merged_across_index == 1
+
+
+def test_untokenized_calls_are_skipped_and_missing_logprobs_are_zero() -> None:
+    calls = stored_calls(
+        trajectory_pb2.ModelCall(call_index=0),  # passthrough without token IDs
+        call(1, [1, 2], [3, 4], []),
+    )
+    (row,), stats = export.rollout_rows(ROLLOUT, calls)
+    assert row.response_logprobs == [0.0, 0.0]
+    assert row.response_mask == [1, 1]
+    assert stats.untokenized == 1
+    assert stats.followers == 0 and stats.merge_rate == 0.0
+
+
+def test_logprob_count_mismatch_names_the_field() -> None:
+    calls = stored_calls(call(0, [1], [2, 3], [-0.5]))
+    with pytest.raises(
+        export.ExportError, match=r"call 0: completion_logprobs has 1 entries for 2"
+    ):
+        export.rollout_rows(ROLLOUT, calls)
+
+
+def _store_with_rollouts(path: Path) -> store.Store:
+    db = store.Store(path)
+    for sample, reward in ((0, 1.0), (1, 0.0)):
+        rollout = f"r{sample}"
+        records = [
+            trajectory_pb2.Record(
+                idempotency_key=f"{rollout}/started/0",
+                started=trajectory_pb2.RolloutStarted(task_id="t", sample_index=sample),
+            ),
+            *(
+                trajectory_pb2.Record(idempotency_key=f"{rollout}/call/{c.call_index}", call=c)
+                for c in MULTI_TURN
+            ),
+            trajectory_pb2.Record(
+                idempotency_key=f"{rollout}/finished/0",
+                finished=trajectory_pb2.RolloutFinished(
+                    has_reward=True, reward=reward, call_count=3, status="succeeded"
+                ),
+            ),
+        ]
+        for sequence, record in enumerate(records, start=1):
+            record.sequence, record.job, record.rollout_id = sequence, "job", rollout
+        db.put(records)
+    # An unfinished rollout is not exported.
+    db.put(
+        [
+            trajectory_pb2.Record(
+                idempotency_key="r9/call/0",
+                sequence=1,
+                job="job",
+                rollout_id="r9",
+                call=MULTI_TURN[0],
+            )
+        ]
+    )
+    return db
+
+
+def test_jsonl_and_parquet_read_back_equal(tmp_path: Path) -> None:
+    with _store_with_rollouts(tmp_path / "store.db") as db:
+        rows, stats = export.job_rows(db, "job")
+    assert [row.rollout_id for row in rows] == ["r0", "r1"]
+    assert stats.rollouts == 2 and stats.rows == 2
+    assert export.write_jsonl(rows, tmp_path / "rows.jsonl") == 2
+    assert export.write_parquet(rows, tmp_path / "rows.parquet") == 2
+    expected = [row.to_dict() for row in rows]
+    assert export.read_jsonl(tmp_path / "rows.jsonl") == expected
+    assert export.read_parquet(tmp_path / "rows.parquet") == expected
+    schema = pq.read_schema(tmp_path / "rows.parquet")
+    assert schema.field("response_ids").type == pa.list_(pa.int32())
+    assert schema.field("response_logprobs").type == pa.list_(pa.float32())
+    assert expected[1]["reward"] == 0.0 and expected[0]["reward"] == 1.0
+
+
+def _chat_request(*image_urls: str) -> bytes:
+    content = [{"type": "text", "text": "look"}] + [{"type": "image_url", "image_url": {"url": u}} for u in image_urls]
+    return json.dumps({"model": "policy", "messages": [{"role": "user", "content": content}]}).encode()
+
+
+def test_a_row_carries_the_images_of_its_segments_last_request(tmp_path: Path) -> None:
+    first, second, third = (call(i, c.prompt_token_ids, c.completion_token_ids, c.completion_logprobs)
+                            for i, c in enumerate(MULTI_TURN))  # fmt: skip
+    first.wire_api = second.wire_api = third.wire_api = trajectory_pb2.WIRE_API_OPENAI_CHAT
+    first.request_json = _chat_request("data:image/png;base64,QUFB")
+    second.request_json = _chat_request("data:image/png;base64,QUFB", "data:image/png;base64,QkJC")
+    third.request_json = _chat_request("data:image/png;base64,QUFB", "data:image/png;base64,QkJC", "https://x/c.png")
+    (row,), _ = export.rollout_rows(ROLLOUT, stored_calls(first, second, third))
+    assert row.images == ["data:image/png;base64,QUFB", "data:image/png;base64,QkJC", "https://x/c.png"]
+    assert export.write_jsonl([row], tmp_path / "rows.jsonl") == export.write_parquet([row], tmp_path / "rows.parquet") == 1
+    assert export.read_jsonl(tmp_path / "rows.jsonl")[0]["images"] == row.images
+    assert export.read_parquet(tmp_path / "rows.parquet")[0]["images"] == row.images
+    assert pq.read_schema(tmp_path / "rows.parquet").field("images").type == pa.list_(pa.string())
+
+
+def test_text_rows_have_no_images_and_an_unreadable_request_names_the_call() -> None:
+    (row,), _ = export.rollout_rows(ROLLOUT, stored_calls(*MULTI_TURN))
+    assert row.images == []
+    broken = call(0, [1], [2])
+    broken.wire_api = trajectory_pb2.WIRE_API_OPENAI_CHAT
+    broken.request_json = b"{not json"
+    with pytest.raises(export.ExportError, match=r"rollout 'r' call 0: request_json: body is not valid JSON"):
+        export.rollout_rows(ROLLOUT, stored_calls(broken))

@@ -1,0 +1,1 @@
+"""Training: ``openforge train`` (``cli``, ``config``), the GRPO loop (``loop``) over batches of captured rollouts (``rollout_sampler``, ``rl_batch``) with veRL's algorithms (``algorithms``), its guard, checkpoints and metrics, and the veRL agent-loop adapter."""

@@ -1,0 +1,681 @@
+"""The training loop: ready task groups -> veRL batch -> one update -> checkpoint -> marks -> publish.
+
+One step, in order (the order is what makes a crash harmless):
+
+1. **select** (:func:`select_groups`): task groups of the job whose rollouts
+   are complete and untrained, oldest policy first. Rollouts that can never
+   be trained are skipped with a reason and counted: sampled more than
+   ``max_staleness`` policy versions ago, no reward, logprobs not captured,
+   superseded by a later attempt, a group left with fewer than two usable
+   rollouts, or a late rollout of a task whose group was already trained.
+2. **batch** (:mod:`rl_batch`): their rows as one veRL ``DataProto``;
+   per-rollout advantages from veRL's estimator (GRPO by default).
+3. **update** (:meth:`Trainer.update`): micro-batches within a token budget;
+   each recomputes the current log-probs with a full-sequence forward pass
+   (float32 log-softmax, temperature 1) and backpropagates veRL's clipped PPO
+   loss against the captured log-probs (the policy that sampled); then one
+   AdamW step after global-norm clipping. The first micro-batch also reports
+   mean/max |recomputed - captured|: ~0 when the weights are those that
+   sampled, which checks token exactness across the whole capture path.
+4. **checkpoint** (:mod:`checkpoint`), atomically, with the trainer state
+   (step, policy version, trained rollout ids).
+5. **mark** the rollouts trained in the store, only now that the checkpoint
+   is durable. On restart, :meth:`Trainer.reconcile` re-marks any rollout the
+   checkpoint holds but the store does not (a crash between 4 and 5); a crash
+   before 4 leaves the groups unmarked and the model at the previous
+   checkpoint, so they are trained once, by the restarted trainer.
+6. **publish** the checkpoint to every inference server with the new policy
+   version, then write the step's metrics.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import threading
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import transformers
+from verl import DataProto
+
+from openforge_trainer.collection import store as store_module
+from openforge_trainer.serving import publish
+from openforge_trainer.training import algorithms, checkpoint, rl_batch, update_guard
+from openforge_trainer.training import config as train_config
+from openforge_trainer.training import metrics as metrics_module
+from openforge_trainer.trajectories import export
+
+MIN_GROUP = 2  # rollouts a group needs to compare anything
+
+
+@dataclasses.dataclass(frozen=True)
+class Group:
+    """One task's rollouts, ready to train, with their rows."""
+
+    task_id: str
+    rollouts: tuple[store_module.Rollout, ...]
+    rows: tuple[export.Row, ...]
+    staleness: int  # trainer policy version - oldest version that sampled a token
+
+
+@dataclasses.dataclass
+class Selection:
+    groups: list[Group] = dataclasses.field(default_factory=list)
+    skipped: dict[str, str] = dataclasses.field(default_factory=dict)  # rollout id -> reason
+
+
+# -- selection -------------------------------------------------------------------
+
+
+def select_groups(
+    db: store_module.Store,
+    config: train_config.TrainConfig,
+    state: checkpoint.TrainerState,
+    *,
+    limit: int,
+) -> Selection:
+    """Up to ``limit`` trainable groups, and the rollouts newly found untrainable."""
+    selection = Selection()
+    candidates: list[tuple[int, str, list[store_module.Rollout]]] = []
+    for task, members in _untrained_by_task(db, config.job, state).items():
+        complete = [rollout for rollout in members if rollout.complete]
+        if task in state.trained_tasks:
+            for rollout in complete:
+                selection.skipped[rollout.rollout_id] = (
+                    f"late: task {task!r} was trained at step {state.trained_tasks[task]}"
+                )
+            continue
+        if _ready(config, complete, running=len(members) - len(complete)):
+            oldest = min(rollout.policy_version for rollout in complete)
+            candidates.append((oldest, task, complete))
+    for _, task, complete in sorted(candidates, key=lambda item: (item[0], item[1])):
+        if len(selection.groups) == limit:
+            break
+        group = _prepare(db, config, state, task, complete, selection.skipped)
+        if group is not None:
+            selection.groups.append(group)
+    return selection
+
+
+def _untrained_by_task(
+    db: store_module.Store, job: str, state: checkpoint.TrainerState
+) -> dict[str, list[store_module.Rollout]]:
+    by_task: dict[str, list[store_module.Rollout]] = {}
+    for rollout in db.rollouts(job):
+        done = rollout.rollout_id in state.trained or rollout.rollout_id in state.skipped
+        if done or rollout.trained_at is not None or not rollout.started:
+            continue
+        by_task.setdefault(group_key(rollout), []).append(rollout)
+    return by_task
+
+
+def group_key(rollout: store_module.Rollout) -> str:
+    """A GRPO group: one task's rollouts sampled from one policy version.
+
+    Training revisits the same tasks (iterations, epochs); each visit is a
+    new group, compared only with rollouts of the same policy.
+    """
+    return f"{rollout.task_id}@v{rollout.policy_version}"
+
+
+def _ready(
+    config: train_config.TrainConfig, complete: list[store_module.Rollout], *, running: int
+) -> bool:
+    if config.group_size:
+        return len(complete) >= config.group_size
+    return len(complete) >= MIN_GROUP and running == 0
+
+
+def _prepare(
+    db: store_module.Store,
+    config: train_config.TrainConfig,
+    state: checkpoint.TrainerState,
+    task: str,
+    complete: list[store_module.Rollout],
+    skipped: dict[str, str],
+) -> Group | None:
+    usable: list[tuple[store_module.Rollout, list[export.Row]]] = []
+    for rollout in _latest_attempts(complete, skipped):
+        rows, reason = _rows(db, rollout)
+        if reason:
+            skipped[rollout.rollout_id] = reason
+        else:
+            usable.append((rollout, rows))
+    ids = [rollout.rollout_id for rollout, _ in usable]
+    if len(usable) < MIN_GROUP:
+        for rollout_id in ids:
+            skipped[rollout_id] = f"group too small: {len(usable)} usable rollout(s) in {task!r}"
+        return None
+    oldest = min(row.policy_version for _, rows in usable for row in rows)
+    staleness = state.policy_version - oldest
+    if staleness > config.max_staleness:
+        for rollout_id in ids:
+            skipped[rollout_id] = (
+                f"stale: sampled at policy version {oldest}, trainer at {state.policy_version} "
+                f"(max_staleness {config.max_staleness})"
+            )
+        return None
+    return Group(
+        task_id=task,
+        rollouts=tuple(rollout for rollout, _ in usable),
+        rows=tuple(row for _, rows in usable for row in rows),
+        staleness=staleness,
+    )
+
+
+def _latest_attempts(
+    complete: list[store_module.Rollout], skipped: dict[str, str]
+) -> list[store_module.Rollout]:
+    latest: dict[int, store_module.Rollout] = {}
+    for rollout in sorted(complete, key=lambda r: (r.sample_index, r.attempt, r.rollout_id)):
+        previous = latest.get(rollout.sample_index)
+        if previous is not None:
+            skipped[previous.rollout_id] = f"superseded by attempt {rollout.attempt}"
+        latest[rollout.sample_index] = rollout
+    return list(latest.values())
+
+
+def _rows(db: store_module.Store, rollout: store_module.Rollout) -> tuple[list[export.Row], str]:
+    """The rollout's trainable rows, or an empty list and why there are none."""
+    if not rollout.has_reward:
+        return [], "no reward"
+    calls = db.calls(rollout.rollout_id)
+    for call in calls:
+        if call.completion_token_ids and not call.completion_logprobs:
+            return [], f"call {call.call_index}: logprobs were not captured"
+    try:
+        rows, _ = export.rollout_rows(rollout, calls)
+    except export.ExportError as exc:
+        return [], f"export: {exc}"
+    rows = [row for row in rows if any(row.response_mask)]
+    return (rows, "") if rows else ([], "no model tokens")
+
+
+# -- the trainer -------------------------------------------------------------------
+
+
+def load_model(path: Path, *, dtype: str, device: str) -> Any:
+    transformers.utils.logging.disable_progress_bar()  # type: ignore[no-untyped-call]
+    model: Any = transformers.AutoModelForCausalLM.from_pretrained(
+        path, dtype=getattr(torch, dtype)
+    )
+    return model.to(device)
+
+
+def micro_batches(
+    prompt_lengths: Sequence[int], response_lengths: Sequence[int], budget: int
+) -> list[list[int]]:
+    """Row indices grouped so that rows x (widest prompt + widest response) <= budget.
+
+    Rows go longest first (less padding); a row over the budget alone makes a batch.
+    """
+    order = sorted(
+        range(len(prompt_lengths)), key=lambda i: -(prompt_lengths[i] + response_lengths[i])
+    )
+    batches: list[list[int]] = []
+    current: list[int] = []
+    widest_prompt = widest_response = 0
+    for i in order:
+        prompt = max(widest_prompt, prompt_lengths[i])
+        response = max(widest_response, response_lengths[i])
+        if current and (len(current) + 1) * (prompt + response) > budget:
+            batches.append(current)
+            current, prompt, response = [], prompt_lengths[i], response_lengths[i]
+        current.append(i)
+        widest_prompt, widest_response = prompt, response
+    if current:
+        batches.append(current)
+    return batches
+
+
+class Trainer:
+    """Owns the model, optimiser, store connection, metrics and publishers of one run."""
+
+    def __init__(
+        self,
+        config: train_config.TrainConfig,
+        *,
+        publishers: Sequence[publish.Publisher] | None = None,
+        log: Callable[[str], None] = print,
+    ) -> None:
+        self.config = config
+        self.log = log
+        last = checkpoint.latest(config.run_dir)
+        self.state = (
+            checkpoint.load_state(last)
+            if last is not None
+            else checkpoint.TrainerState(base_model=str(config.model))
+        )
+        self.source = last if last is not None else config.model
+        torch.manual_seed(config.seed + self.state.step)
+        self.model = load_model(self.source, dtype=config.dtype, device=config.device)
+        self.model.train()
+        self.optimizer = torch.optim.AdamW(
+            self.model.parameters(),
+            lr=config.lr,
+            betas=(config.adam_beta1, config.adam_beta2),
+            eps=config.adam_eps,
+            weight_decay=config.weight_decay,
+        )
+        if last is not None:
+            checkpoint.load_optimizer(last, self.optimizer)
+        self.reference = None
+        if config.kl_coef > 0:
+            base = Path(self.state.base_model or config.model)
+            self.reference = load_model(base, dtype=config.dtype, device=config.device).eval()
+            self.reference.requires_grad_(False)
+        self.actor = algorithms.actor_config(
+            clip_ratio_low=config.clip_ratio_low,
+            clip_ratio_high=config.clip_ratio_high,
+            clip_ratio_c=config.clip_ratio_c,
+            loss_agg_mode=config.loss_agg_mode,
+            policy_loss=config.policy_loss,
+        )
+        pad = self.model.config.pad_token_id
+        self.pad_token_id = int(pad) if pad is not None else 0
+        self.store = store_module.Store(config.store)
+        self.metrics = metrics_module.MetricsWriter(
+            config.run_dir, resume_step=self.state.step, title=f"{config.job}: reward per training step"
+        )
+        self.publishers: list[publish.Publisher] = (
+            list(publishers) if publishers is not None else default_publishers(config)
+        )
+        self.skipped_total = len(self.state.skipped)
+        self.resumed_from = last
+        self.remarked = self.reconcile()
+
+    def close(self) -> None:
+        self.metrics.close()
+        self.store.close()
+
+    # -- restart -------------------------------------------------------------------
+
+    def reconcile(self) -> int:
+        """Mark trained in the store every rollout the checkpoint says was trained."""
+        by_step: dict[int, list[str]] = {}
+        for rollout_id, step in self.state.trained.items():
+            rollout = self.store.rollout(rollout_id)
+            if rollout is not None and rollout.trained_at is None:
+                by_step.setdefault(step, []).append(rollout_id)
+        for step, ids in sorted(by_step.items()):
+            self.store.mark_trained(ids, str(checkpoint.path_for(self.config.run_dir, step)))
+        remarked = sum(len(ids) for ids in by_step.values())
+        if remarked:
+            self.log(
+                f"openforge train: re-marked {remarked} rollouts trained (from the checkpoint)"
+            )
+        return remarked
+
+    # -- the loop ------------------------------------------------------------------
+
+    def run(self, stop: threading.Event | None = None) -> int:
+        """Train until ``steps`` is reached, ``stop`` is set or groups run out; steps trained."""
+        stop = stop or threading.Event()
+        if self.resumed_from is not None and self.publishers:
+            self._publish(self.resumed_from, self.state.policy_version)
+        trained = 0
+        while not stop.is_set():
+            if self.config.steps is not None and self.state.step >= self.config.steps:
+                break
+            selection = self.wait_for_groups(stop)
+            if not selection.groups:
+                break
+            self.train_step(selection)
+            trained += 1
+        return trained
+
+    def wait_for_groups(self, stop: threading.Event) -> Selection:
+        """Poll the store until ``groups_per_step`` groups are ready, time runs out or stop."""
+        deadline = (
+            math.inf
+            if self.config.wait_for_groups is None
+            else time.monotonic() + self.config.wait_for_groups
+        )
+        while True:
+            selection = select_groups(
+                self.store, self.config, self.state, limit=self.config.groups_per_step
+            )
+            self._skip(selection.skipped)
+            enough = len(selection.groups) >= self.config.groups_per_step
+            if enough or time.monotonic() >= deadline or stop.is_set():
+                if not selection.groups and not stop.is_set():
+                    self.log(
+                        f"openforge train: no ready groups after {self.config.wait_for_groups} s"
+                    )
+                return selection
+            stop.wait(min(self.config.poll_interval, max(0.0, deadline - time.monotonic())))
+
+    def _skip(self, skipped: dict[str, str]) -> None:
+        for rollout_id, reason in skipped.items():
+            if rollout_id not in self.state.skipped:
+                self.state.skipped[rollout_id] = reason
+                self.log(f"openforge train: skipping rollout {rollout_id}: {reason}")
+
+    def train_step(self, selection: Selection) -> dict[str, float]:
+        """Batch, update, checkpoint, mark, publish and record one step; its metrics."""
+        started = time.monotonic()
+        groups = selection.groups
+        batch = self.make_batch(groups)
+        update = self.update(batch)
+        rollout_ids = [rollout.rollout_id for group in groups for rollout in group.rollouts]
+        step = self.state.step + 1
+        state = dataclasses.replace(
+            self.state,
+            step=step,
+            policy_version=self.state.policy_version + 1,
+            trained={**self.state.trained, **dict.fromkeys(rollout_ids, step)},
+            trained_tasks={**self.state.trained_tasks, **{g.task_id: step for g in groups}},
+            skipped=dict(self.state.skipped),
+        )
+        saved_at = time.monotonic()
+        path = checkpoint.save(
+            self.config.run_dir,
+            state=state,
+            model=self.model,
+            optimizer=self.optimizer,
+            assets_from=self.source,
+            keep=self.config.keep_checkpoints,
+        )
+        self.source = path
+        self.state = state
+        checkpoint_seconds = time.monotonic() - saved_at
+        self.store.mark_trained(rollout_ids, str(path))
+        published = self._publish(path, state.policy_version)
+        record = self._record(groups, batch, update, published)
+        record.update(
+            checkpoint_seconds=checkpoint_seconds, step_seconds=time.monotonic() - started
+        )
+        self.metrics.write(record)
+        self.log(_summary(record))
+        return record
+
+    def make_batch(self, groups: Sequence[Group]) -> DataProto:
+        """The step's veRL batch, with ``advantages`` and ``old_log_probs`` added."""
+        rows = [row for group in groups for row in group.rows]
+        batch = rl_batch.build(rows, pad_token_id=self.pad_token_id)
+        order, row_rollout = rl_batch.rollout_index(batch)
+        rewards = {r.rollout_id: r.reward for group in groups for r in group.rollouts}
+        tasks = {r.rollout_id: f"{r.job}/{r.task_id}" for group in groups for r in group.rollouts}
+        advantages, per_rollout = algorithms.row_advantages(
+            self.config.adv_estimator,
+            scores=torch.tensor([rewards[rid] for rid in order], dtype=torch.float32),
+            groups=algorithms.group_ids([tasks[rid] for rid in order]),
+            row_rollout=row_rollout,
+            response_mask=batch.batch["response_mask"],
+            norm_by_std=self.config.norm_adv_by_std,
+        )
+        batch.batch["advantages"] = advantages
+        batch.batch["old_log_probs"] = batch.batch["rollout_log_probs"]
+        batch.meta_info["rollout_advantages"] = per_rollout.tolist()
+        return batch
+
+    def update(self, batch: DataProto) -> dict[str, float]:
+        """One optimiser step on ``batch`` (micro-batched); the update's metrics."""
+        started = time.monotonic()
+        tensors = batch.batch
+        mask = tensors["response_mask"]
+        total_tokens = int(mask.sum())
+        rows = len(batch)
+        width = int(batch.meta_info["prompt_width"])
+        attention = tensors["attention_mask"]
+        prompt_lengths = attention[:, :width].sum(-1).tolist()
+        response_lengths = attention[:, width:].sum(-1).tolist()
+        sums: dict[str, float] = {}
+        self.optimizer.zero_grad(set_to_none=True)
+        # the step's own log-probs before it, for the step guard (update_guard)
+        before = (
+            torch.zeros(tensors["responses"].shape, dtype=torch.float32)
+            if self.config.update_backtracks
+            else None
+        )
+        parts = micro_batches(prompt_lengths, response_lengths, self.config.micro_batch_tokens)
+        for number, rows_in in enumerate(parts):
+            part = _slice(
+                tensors, rows_in, width, prompt_lengths, response_lengths, self.config.device
+            )
+            part_sums, log_prob = self._micro_step(
+                part, total_tokens=total_tokens, rows=rows, first=number == 0
+            )
+            if before is not None:
+                before[torch.tensor(rows_in), : log_prob.shape[1]] = log_prob.cpu()
+            for key, value in part_sums.items():
+                sums[key] = sums.get(key, 0.0) + value
+        parameters = [p for p in self.model.parameters() if p.grad is not None]
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(parameters, self.config.max_grad_norm))
+        finite = math.isfinite(grad_norm)
+        guarded: dict[str, float] = {}
+        if finite:
+            start = [p.detach().clone() for p in parameters] if before is not None else []
+            self.optimizer.step()
+            if before is not None and start:
+                guarded = self._guard(batch, before, parameters, start)
+        self.optimizer.zero_grad(set_to_none=True)
+        seconds = time.monotonic() - started
+        processed = int(attention.sum())
+        tokens = max(total_tokens, 1)
+        result = {
+            "loss": sums.get("loss", 0.0),
+            "pg_loss": sums.get("pg_loss", 0.0),
+            "pg_clipfrac": sums.get("pg_clipfrac", 0.0) / tokens,
+            "pg_clipfrac_lower": sums.get("pg_clipfrac_lower", 0.0) / tokens,
+            "ppo_kl": sums.get("ppo_kl", 0.0) / tokens,
+            "entropy": sums.get("entropy", 0.0) / tokens,
+            "grad_norm": grad_norm,
+            "update_skipped": float(not finite),
+            "logprob_diff_mean": sums.get("logprob_diff_mean", 0.0),
+            "logprob_diff_max": sums.get("logprob_diff_max", 0.0),
+            "micro_batches": float(len(parts)),
+            "tokens": float(processed),
+            "response_tokens": float(total_tokens),
+            "update_seconds": seconds,
+            "tokens_per_s": processed / seconds if seconds > 0 else 0.0,
+        }
+        if self.reference is not None:
+            result["kl"] = sums.get("kl", 0.0) / tokens
+        result.update(guarded)
+        return result
+
+    def _guard(
+        self,
+        batch: DataProto,
+        before: torch.Tensor,
+        parameters: Sequence[torch.nn.Parameter],
+        start: Sequence[torch.Tensor],
+    ) -> dict[str, float]:
+        """Halve the step just taken while it is unacceptable on its batch (update_guard)."""
+        mask = batch.batch["response_mask"]
+        advantages = batch.batch["advantages"]
+        scale = 1.0
+        size = update_guard.measure(before, self.current_log_probs(batch), mask, advantages)
+        backtracks = 0
+        for next_scale in update_guard.scales(self.config.update_backtracks):
+            if size.acceptable(self.config.max_update_kl):
+                break
+            update_guard.interpolate(parameters, start, next_scale / scale)
+            scale, backtracks = next_scale, backtracks + 1
+            if scale == 0.0:
+                size = update_guard.StepSize(positive_shift=0.0, kl=0.0)
+                break
+            size = update_guard.measure(before, self.current_log_probs(batch), mask, advantages)
+        return {
+            "update_scale": scale,
+            "update_backtracks": float(backtracks),
+            "update_positive_shift": size.positive_shift,
+            "update_kl": size.kl,
+        }
+
+    def _micro_step(
+        self, part: dict[str, torch.Tensor], *, total_tokens: int, rows: int, first: bool
+    ) -> tuple[dict[str, float], torch.Tensor]:
+        """Backpropagate one micro-batch's loss; its metric sums and its log-probs [b, r]."""
+        mask = part["response_mask"]
+        tokens = float(mask.sum())
+        response_logits = forward_response_logits(self.model, part)
+        log_prob = algorithms.token_log_probs(response_logits, part["responses"])
+        sums: dict[str, float] = {}
+        if first:
+            valid = mask.bool()
+            diff = (log_prob.detach() - part["old_log_probs"]).abs()[valid]
+            sums["logprob_diff_mean"] = float(diff.mean()) if diff.numel() else 0.0
+            sums["logprob_diff_max"] = float(diff.max()) if diff.numel() else 0.0
+        scale = {"batch_num_tokens": total_tokens, "global_batch_size": rows}
+        pg_loss, pg_metrics = algorithms.policy_loss(
+            self.actor,
+            old_log_prob=part["old_log_probs"],
+            log_prob=log_prob,
+            advantages=part["advantages"],
+            response_mask=mask,
+            **scale,
+        )
+        loss = pg_loss
+        with torch.set_grad_enabled(self.config.entropy_coeff > 0):
+            token_entropy = algorithms.entropy(
+                response_logits if self.config.entropy_coeff > 0 else response_logits.detach()
+            )
+        if self.config.entropy_coeff > 0:
+            bonus = algorithms.aggregate(self.actor, token_entropy, mask, **scale)
+            loss = loss - self.config.entropy_coeff * bonus
+        if self.reference is not None:
+            with torch.no_grad():
+                reference_logits = forward_response_logits(self.reference, part)
+                reference = algorithms.token_log_probs(reference_logits, part["responses"])
+            kl = algorithms.kl_penalty(log_prob, reference, self.config.kl_type)
+            loss = loss + self.config.kl_coef * algorithms.aggregate(self.actor, kl, mask, **scale)
+            sums["kl"] = float((kl.detach() * mask).sum())
+        loss.backward()  # type: ignore[no-untyped-call]
+        sums.update(
+            loss=float(loss.detach()),
+            pg_loss=float(pg_loss.detach()),
+            entropy=float((token_entropy.detach() * mask).sum()),
+            **{key: value * tokens for key, value in pg_metrics.items()},
+        )
+        return sums, log_prob.detach()
+
+    @torch.no_grad()
+    def current_log_probs(self, batch: DataProto) -> torch.Tensor:
+        """The current policy's log-probs of the batch's responses, [B, R] (0 on padding)."""
+        tensors = batch.batch
+        width = int(batch.meta_info["prompt_width"])
+        attention = tensors["attention_mask"]
+        prompt_lengths = attention[:, :width].sum(-1).tolist()
+        response_lengths = attention[:, width:].sum(-1).tolist()
+        result = torch.zeros(tensors["responses"].shape, dtype=torch.float32)
+        for rows in micro_batches(prompt_lengths, response_lengths, self.config.micro_batch_tokens):
+            part = _slice(
+                tensors, rows, width, prompt_lengths, response_lengths, self.config.device
+            )
+            logits = forward_response_logits(self.model, part)
+            log_prob = algorithms.token_log_probs(logits, part["responses"])
+            result[torch.tensor(rows), : log_prob.shape[1]] = log_prob.cpu()
+        padding: torch.Tensor = tensors["attention_mask"][:, width:]
+        return result * padding
+
+    # -- publishing and records ------------------------------------------------------
+
+    def _publish(self, path: Path, version: int) -> list[publish.PublishResult]:
+        results = publish.publish_all(self.publishers, path, version)
+        for result in results:
+            if not result.ok:
+                self.log(f"openforge train: publish to {result.url} failed: {result.detail}")
+        return results
+
+    def _record(
+        self,
+        groups: Sequence[Group],
+        batch: DataProto,
+        update: dict[str, float],
+        published: Sequence[publish.PublishResult],
+    ) -> dict[str, float]:
+        rewards = np.array([r.reward for g in groups for r in g.rollouts], dtype=np.float64)
+        staleness = [g.staleness for g in groups]
+        record: dict[str, float] = {
+            "step": float(self.state.step),
+            "policy_version": float(self.state.policy_version),
+            "groups": float(len(groups)),
+            "rollouts": float(rewards.size),
+            "rows": float(len(batch)),
+            "reward_mean": float(rewards.mean()),
+            "reward_std": float(rewards.std()),
+            "reward_min": float(rewards.min()),
+            "reward_max": float(rewards.max()),
+            "pass_rate": float((rewards >= self.config.pass_threshold).mean()),
+            "advantage_abs_mean": float(np.abs(batch.meta_info["rollout_advantages"]).mean()),
+            "staleness_mean": float(np.mean(staleness)),
+            "staleness_max": float(max(staleness)),
+            "skipped_total": float(len(self.state.skipped)),
+            "skipped_stale_total": float(
+                sum(reason.startswith("stale") for reason in self.state.skipped.values())
+            ),
+            "published_ok": float(sum(result.ok for result in published)),
+            "published_failed": float(sum(not result.ok for result in published)),
+        }
+        record.update(update)
+        record["step"] = float(self.state.step)
+        return record
+
+
+def _slice(
+    tensors: Any,
+    rows: list[int],
+    width: int,
+    prompt_lengths: Sequence[int],
+    response_lengths: Sequence[int],
+    device: str,
+) -> dict[str, Any]:
+    """The micro-batch's rows, trimmed to their own widest prompt and response."""
+    index = torch.tensor(rows, dtype=torch.long)
+    left = width - max(int(prompt_lengths[i]) for i in rows)
+    right = max(int(response_lengths[i]) for i in rows)
+    columns = slice(left, width + right)
+    part: dict[str, Any] = {
+        key: tensors[key][index][:, columns].to(device)
+        for key in ("input_ids", "attention_mask", "position_ids")
+    }
+    for key in ("responses", "response_mask", "old_log_probs", "advantages"):
+        if key in tensors.keys():  # noqa: SIM118 (TensorDict refuses `in`)
+            part[key] = tensors[key][index][:, :right].to(device)
+    part["response_start"] = width - left - 1  # logits at t predict token t+1
+    return part
+
+
+def forward_response_logits(model: Any, part: dict[str, Any]) -> torch.Tensor:
+    """A full-sequence forward pass; the logits that predict each response token [b, R, V]."""
+    logits: torch.Tensor = model(
+        input_ids=part["input_ids"],
+        attention_mask=part["attention_mask"],
+        position_ids=part["position_ids"],
+    ).logits
+    start = part["response_start"]
+    return logits[:, start : start + part["responses"].shape[1]]
+
+
+def default_publishers(config: train_config.TrainConfig) -> list[publish.Publisher]:
+    publishers: list[publish.Publisher] = [
+        publish.ServePublisher(url, mode=config.serve_publish, timeout=config.publish_timeout)
+        for url in config.serve_urls
+    ]
+    publishers += [
+        publish.VLLMPublisher(url, timeout=config.publish_timeout) for url in config.vllm_urls
+    ]
+    return publishers
+
+
+def _summary(record: dict[str, float]) -> str:
+    kl = f" kl {record['kl']:.4f}" if "kl" in record else ""
+    if record.get("update_scale", 1.0) < 1.0:
+        kl += f", step x{record['update_scale']:g}"
+    published = int(record["published_ok"] + record["published_failed"])
+    return (
+        f"step {int(record['step'])} (policy v{int(record['policy_version'])}): "
+        f"{int(record['groups'])} groups, {int(record['rollouts'])} rollouts, "
+        f"reward {record['reward_mean']:.3f}±{record['reward_std']:.3f}, "
+        f"pass {record['pass_rate']:.0%}, loss {record['loss']:.4f}, "
+        f"entropy {record['entropy']:.3f}{kl}, clip {record['pg_clipfrac']:.3f}, "
+        f"grad {record['grad_norm']:.3f}, |Δlogp| {record['logprob_diff_mean']:.2e}, "
+        f"{record['tokens_per_s']:.0f} tok/s, published {int(record['published_ok'])}/{published}"
+    )

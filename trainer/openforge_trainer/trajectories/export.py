@@ -1,0 +1,256 @@
+"""Turns a rollout's captured calls into veRL agent-loop-shaped training rows.
+
+An agent turn's prompt is usually the previous turn's prompt, the previous
+completion, and whatever the harness appended (tool results, a user turn).
+Such calls form one *segment* and become one row: the first call's prompt,
+then a response that interleaves the model's completions (mask 1, with their
+logprobs) and the appended tokens (mask 0, logprob 0.0). This is the layout
+veRL's agent loop produces (``prompt_ids``, ``response_ids``,
+``response_mask``, ``response_logprobs``).
+
+Whether a call extends its predecessor is decided here from the tokens, not
+trusted from the sidecar's ``segment_index``: it extends exactly when its
+``prompt_token_ids`` begin with the previous call's prompt + completion.
+When the sidecar said "same segment" and the tokens disagree, a new segment
+starts and the disagreement is counted (``split_on_mismatch``); a harness
+that rewrites its history (compaction, edited turns) thus yields several
+rows, each token-exact.
+
+Calls without prompt tokens (passthrough capture without token IDs) cannot
+be trained on and are skipped, counted in ``untokenized``.
+
+A row also carries the images its tokens show (``images``: URLs, base64
+``data:`` URLs for inline images, exactly as the harness sent them), read
+from the segment's last request (:mod:`request_images`): the *n*-th image
+placeholder in ``prompt_ids + response_ids`` is ``images[n]``. That is
+veRL's multimodal layout (an ``images`` column beside ``<image>``
+placeholders for ``RLHFDataset``; ``multi_modal_data["images"]`` for the
+agent loop, see :mod:`verl_agent_loop`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from openforge_trainer.collection import store as store_module
+from openforge_trainer.trajectories import request_images
+
+
+class ExportError(Exception):
+    """A stored call cannot be turned into a row (names the field at fault)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Row:
+    rollout_id: str
+    job: str
+    task_id: str
+    sample_index: int
+    segment_index: int  # 0-based, in the order segments were found in this rollout
+    prompt_ids: list[int]
+    response_ids: list[int]
+    response_mask: list[int]
+    response_logprobs: list[float]
+    reward: float
+    has_reward: bool
+    policy_version: int  # the oldest policy that produced any token of the row
+    policy_versions: list[int]  # per call
+    call_indices: list[int]
+    num_turns: int  # model calls in the row
+    images: list[str] = dataclasses.field(default_factory=list)  # in placeholder order
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclasses.dataclass
+class ExportStats:
+    rollouts: int = 0
+    calls: int = 0
+    untokenized: int = 0
+    extended: int = 0  # calls that extended their predecessor
+    followers: int = 0  # tokenized calls after a rollout's first tokenized call
+    split_on_mismatch: int = 0  # sidecar said "extends", tokens said no
+    merged_across_index: int = 0  # sidecar said "new segment", tokens extend
+    rows: int = 0
+
+    @property
+    def merge_rate(self) -> float:
+        """Calls that extended their predecessor / calls after the first (0 when none)."""
+        return self.extended / self.followers if self.followers else 0.0
+
+    def add(self, other: ExportStats) -> None:
+        for field in dataclasses.fields(self):
+            setattr(self, field.name, getattr(self, field.name) + getattr(other, field.name))
+
+
+def extends(previous: store_module.ModelCall, call: store_module.ModelCall) -> bool:
+    """Whether ``call``'s prompt begins with ``previous``'s prompt + completion."""
+    context = previous.prompt_token_ids + previous.completion_token_ids
+    return call.prompt_token_ids[: len(context)] == context
+
+
+def segments(
+    calls: Sequence[store_module.ModelCall],
+) -> tuple[list[list[store_module.ModelCall]], ExportStats]:
+    """Split calls (in call order) into token-verified segments."""
+    stats = ExportStats(calls=len(calls))
+    result: list[list[store_module.ModelCall]] = []
+    for call in sorted(calls, key=lambda c: c.call_index):
+        if not call.prompt_token_ids:
+            stats.untokenized += 1
+            continue
+        if not result:
+            result.append([call])
+            continue
+        stats.followers += 1
+        previous = result[-1][-1]
+        claimed = call.segment_index == previous.segment_index
+        if extends(previous, call):
+            stats.extended += 1
+            stats.merged_across_index += not claimed
+            result[-1].append(call)
+        else:
+            stats.split_on_mismatch += claimed
+            result.append([call])
+    return result, stats
+
+
+def build_row(
+    rollout: store_module.Rollout, segment: Sequence[store_module.ModelCall], index: int
+) -> Row:
+    """One row from one segment (whose calls each extend the previous one)."""
+    first = segment[0]
+    response: list[int] = []
+    mask: list[int] = []
+    logprobs: list[float] = []
+    previous: store_module.ModelCall | None = None
+    for call in segment:
+        if previous is not None:
+            appended = call.prompt_token_ids[
+                len(previous.prompt_token_ids) + len(previous.completion_token_ids) :
+            ]
+            response += appended
+            mask += [0] * len(appended)
+            logprobs += [0.0] * len(appended)
+        response += call.completion_token_ids
+        mask += [1] * len(call.completion_token_ids)
+        logprobs += _logprobs(rollout, call)
+        previous = call
+    versions = [call.policy_version for call in segment]
+    last = segment[-1]
+    try:
+        images = request_images.request_images(last.wire_api, last.request_json)
+    except request_images.ImageError as exc:
+        raise ExportError(f"rollout {rollout.rollout_id!r} call {last.call_index}: {exc}") from exc
+    return Row(
+        rollout_id=rollout.rollout_id,
+        job=rollout.job,
+        task_id=rollout.task_id,
+        sample_index=rollout.sample_index,
+        segment_index=index,
+        prompt_ids=list(first.prompt_token_ids),
+        response_ids=response,
+        response_mask=mask,
+        response_logprobs=logprobs,
+        reward=rollout.reward,
+        has_reward=rollout.has_reward,
+        policy_version=min(versions),
+        policy_versions=versions,
+        call_indices=[call.call_index for call in segment],
+        num_turns=len(segment),
+        images=images,
+    )
+
+
+def _logprobs(rollout: store_module.Rollout, call: store_module.ModelCall) -> list[float]:
+    tokens, logprobs = len(call.completion_token_ids), len(call.completion_logprobs)
+    if logprobs == tokens:
+        return list(call.completion_logprobs)
+    if logprobs == 0:
+        return [0.0] * tokens  # not captured (passthrough): zeros, as for masked tokens
+    raise ExportError(
+        f"rollout {rollout.rollout_id!r} call {call.call_index}: completion_logprobs has "
+        f"{logprobs} entries for {tokens} completion_token_ids"
+    )
+
+
+def rollout_rows(
+    rollout: store_module.Rollout, calls: Sequence[store_module.ModelCall]
+) -> tuple[list[Row], ExportStats]:
+    found, stats = segments(calls)
+    rows = [build_row(rollout, segment, index) for index, segment in enumerate(found)]
+    stats.rollouts = 1
+    stats.rows = len(rows)
+    return rows, stats
+
+
+def job_rows(store: store_module.Store, job: str) -> tuple[list[Row], ExportStats]:
+    """Rows of every complete rollout of ``job``, with the combined stats."""
+    rows: list[Row] = []
+    stats = ExportStats()
+    for rollout in store.complete_rollouts(job):
+        found, found_stats = rollout_rows(rollout, store.calls(rollout.rollout_id))
+        rows += found
+        stats.add(found_stats)
+    return rows, stats
+
+
+# -- writers -------------------------------------------------------------------
+
+SCHEMA = pa.schema(
+    [
+        ("rollout_id", pa.string()),
+        ("job", pa.string()),
+        ("task_id", pa.string()),
+        ("sample_index", pa.int32()),
+        ("segment_index", pa.int32()),
+        ("prompt_ids", pa.list_(pa.int32())),
+        ("response_ids", pa.list_(pa.int32())),
+        ("response_mask", pa.list_(pa.int32())),
+        ("response_logprobs", pa.list_(pa.float32())),
+        ("reward", pa.float64()),
+        ("has_reward", pa.bool_()),
+        ("policy_version", pa.int64()),
+        ("policy_versions", pa.list_(pa.int64())),
+        ("call_indices", pa.list_(pa.int32())),
+        ("num_turns", pa.int32()),
+        ("images", pa.list_(pa.string())),
+    ]
+)
+
+
+def write_jsonl(rows: Iterable[Row], path: Path) -> int:
+    count = 0
+    with open(path, "w", encoding="utf-8") as handle:
+        for row in rows:
+            handle.write(json.dumps(row.to_dict(), separators=(",", ":")) + "\n")
+            count += 1
+    return count
+
+
+def write_parquet(rows: Iterable[Row], path: Path) -> int:
+    dicts = [row.to_dict() for row in rows]
+    table = pa.Table.from_pylist(dicts, schema=SCHEMA)
+    pq.write_table(table, path)
+    return len(dicts)
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    with open(path, encoding="utf-8") as handle:
+        return [json.loads(line) for line in handle if line.strip()]
+
+
+def read_parquet(path: Path) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = pq.read_table(path).to_pylist()
+    return rows
+
+
+WRITERS = {"jsonl": write_jsonl, "parquet": write_parquet}
