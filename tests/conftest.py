@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-from openforge.run.processes import free_port
+from openforge_runner.processes import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY_TOKENIZER = ROOT / "trainer" / "openforge_trainer" / "assets" / "tiny-tokenizer"

@@ -3,8 +3,10 @@ every package and asset and import cleanly without this checkout."""
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
+import tomllib
 import zipfile
 from pathlib import Path
 
@@ -13,16 +15,42 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 
 
+#: Left out of the copy the wheel is built from: a stale ``build/`` would
+#: put modules that no longer exist into the wheel.
+NOT_SOURCES = shutil.ignore_patterns(
+    ".git", "build", "dist", "runs", "*.egg-info", "__pycache__", ".*_cache", "node_modules"
+)
+
+
+def packages() -> list[str]:
+    """Every package pyproject.toml lists for the wheel."""
+    return list(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+
+
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("wheel")
+    source = tmp_path_factory.mktemp("source") / "openforge"
+    shutil.copytree(ROOT, source, ignore=NOT_SOURCES)
     subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(out), str(ROOT)],
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(out), str(source)],
         check=True,
         capture_output=True,
     )
     (built,) = out.glob("openforge-*.whl")
     return built
+
+
+def test_every_package_with_modules_is_listed() -> None:
+    """A subpackage left out of ``packages`` would be missing from the wheel, silently."""
+    roots = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"]
+    found = {
+        ".".join((name, *init.parent.relative_to(ROOT / folder).parts))
+        for name, folder in roots.items()
+        for init in (ROOT / folder).rglob("__init__.py")
+        if "__pycache__" not in init.parts
+    }
+    assert found - {"openforge_trainer.assets"} <= set(packages()), sorted(found - set(packages()))
 
 
 def test_wheel_holds_every_package_and_the_tokenizer_assets(wheel: Path) -> None:
@@ -36,6 +64,7 @@ def test_wheel_holds_every_package_and_the_tokenizer_assets(wheel: Path) -> None
         "openforge_sidecar/addon.py",
         "openforge/wire/codecs/openai_responses.py",
         "openforge/wire/conversation.py",
+        "openforge_runner/runner.py",
         "openforge_trainer/collection/collector.py",
         "openforge_trainer/assets/tiny-tokenizer/tokenizer.json",
         "openforge_trainer/assets/tiny-tokenizer/tokenizer_config.json",
@@ -47,13 +76,13 @@ def test_wheel_holds_every_package_and_the_tokenizer_assets(wheel: Path) -> None
 def test_wheel_imports_cleanly_outside_the_checkout(wheel: Path, tmp_path: Path) -> None:
     site = tmp_path / "site"
     zipfile.ZipFile(wheel).extractall(site)
+    modules = [*packages(), "openforge_sidecar.capture", "openforge_trainer.collection.collector"]
     script = (
-        "import openforge.trajectory.v1.trajectory_pb2_grpc, openforge_sidecar.capture, openforge_trainer.collection.collector;"
-        "import openforge.wire.codecs.gemini, openforge.wire.codecs.openai_responses;"
-        "import openforge_sidecar, openforge_trainer, openforge, sys;"
-        f"assert all(m.__file__.startswith({str(site)!r}) for m in (openforge, openforge_sidecar, openforge_trainer)), "
-        "[m.__file__ for m in (openforge, openforge_sidecar, openforge_trainer)];"
-        "from openforge_trainer import tokenizer_build; assert tokenizer_build.committed_assets().is_dir()"
+        f"import importlib; [importlib.import_module(m) for m in {modules!r}];"
+        "import openforge_sidecar, openforge_trainer, openforge_runner, openforge, sys;"
+        "top = (openforge, openforge_sidecar, openforge_trainer, openforge_runner);"
+        f"assert all(m.__file__.startswith({str(site)!r}) for m in top), [m.__file__ for m in top];"
+        "from openforge_trainer.tiny import tokenizer_build; assert tokenizer_build.committed_assets().is_dir()"
     )
     result = subprocess.run(
         [sys.executable, "-c", script],

@@ -10,7 +10,7 @@ here, as written.
 
 Some commands cannot run inside the test suite, and are mapped to the tests
 that run the same thing: the demo with fewer iterations
-(``tests/run/test_learning.py``), the Codex demo on a slice of its tasks, the
+(``tests/runner/test_learning.py``), the Codex demo on a slice of its tasks, the
 CRD install against the test control plane (``-m cluster``); and
 ``scripts/test.sh`` is the suite itself, run by CI (``.ci/run``), which
 also runs ``scripts/setup.sh`` and ``scripts/install_harnesses.sh``.
@@ -58,7 +58,7 @@ HERE = "tests/test_readme.py::test_cheap_commands_run_as_written"
 REGISTRY: dict[str, tuple[Exercise, ...]] = {
     "bash scripts/setup.sh >/dev/null && ~/.cache/openforge/venv/bin/openforge run examples/react-toy.yaml": (
         Exercise(
-            "tests/run/test_learning.py::test_reward_rises_inside_the_react_harness",
+            "tests/runner/test_learning.py::test_reward_rises_inside_the_react_harness",
             ('"openforge.cli", "run"', '"react-toy.yaml"'),
         ),
         CI,

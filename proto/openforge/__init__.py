@@ -9,7 +9,7 @@
   harness's environment, the verdict, grading);
 - ``openforge.endpoints``: the HTTP paths and headers the components serve
   each other; ``openforge.control``: the token of a sidecar's control endpoint;
-- ``openforge.run``: ``openforge run``, the one-machine runner;
+- ``openforge_runner``: ``openforge run``, the one-machine runner;
 - ``openforge.cli``: the ``openforge`` command, which imports a component
   (``openforge_sidecar``, ``openforge_trainer``, ``openforge_operator``) only
   when its subcommand runs.

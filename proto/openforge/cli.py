@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 
 # subcommand -> (module, function, one-line help)
 COMMANDS: dict[str, tuple[str, str, str]] = {
-    "run": ("openforge.run.cli", "main", "run a RolloutJob (and train on it) on this machine"),
+    "run": ("openforge_runner.cli", "main", "run a RolloutJob (and train on it) on this machine"),
     "sidecar": ("openforge_sidecar.cli", "main", "run the capture sidecar (mitmproxy + capture addon)"),
     "collector": ("openforge_trainer.cli", "collector_main", "run the trajectory collector (gRPC + durable store)"),
     "trajectories": ("openforge_trainer.cli", "trajectories_main", "inspect and export captured trajectories"),

@@ -1,5 +1,5 @@
 """The verdict of one attempt, in the order its rules apply (``openforge.api.verdict``);
-tests/run/test_verdict_parity.py runs both runners' real processes through it."""
+tests/runner/test_verdict_parity.py runs both runners' real processes through it."""
 
 from __future__ import annotations
 

@@ -135,7 +135,7 @@ def operator(kube: kube_cluster.Kube, tmp_path_factory: pytest.TempPathFactory) 
             what=f"serviceaccount default in {namespace}",
         )
     directory = tmp_path_factory.mktemp("operator")
-    from openforge.run.processes import free_port
+    from openforge_runner.processes import free_port
 
     running = Operator(service_account_kubeconfig(kube, directory, suffix), namespaces, directory / "operator.log", free_port())
     running.start()

@@ -46,7 +46,7 @@ def test_the_codex_example_is_the_react_example_with_one_line_changed() -> None:
 
 
 def test_the_one_line_picks_the_harness_and_names_the_job() -> None:
-    from openforge.run import plan
+    from openforge_runner import plan
 
     for name, api in [("react-toy", "openai-chat"), ("codex-toy", "openai-responses")]:
         bundle = plan.load([EXAMPLES / f"{name}.yaml"])

@@ -26,8 +26,8 @@ from typing import Any
 
 import pytest
 from openforge.api import manifests, v1alpha1
-from openforge.run import plan
 from openforge_operator import pods, readiness, settings, tasks
+from openforge_runner import plan
 
 ROOT = Path(__file__).resolve().parents[2]
 CATALOG = ROOT / "examples" / "harnesses"

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from openforge.run.processes import free_port
+from openforge_runner.processes import free_port
 from openforge_sidecar import addon
 
 PROBE = """

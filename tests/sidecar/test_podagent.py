@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 from mitmproxy import certs
 from openforge import podrun
-from openforge.run.processes import free_port
 from openforge.trajectory import auth
 from openforge_operator import entrypoint
+from openforge_runner.processes import free_port
 from openforge_sidecar import podagent, spool
 
 FAILING = frozenset(range(1, 256))

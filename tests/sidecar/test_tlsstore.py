@@ -16,7 +16,7 @@ import httpx
 import pytest
 from cryptography import x509
 from cryptography.x509.oid import NameOID
-from openforge.run.processes import free_port
+from openforge_runner.processes import free_port
 from openforge_sidecar import tlsstore
 
 CA_FILES = {

@@ -9,7 +9,7 @@ the logprobs the trainer recomputes must match the captured ones.
 Without the gradient step the reward would stay where the warm-start put it
 (~0.27 on these tasks, measured in examples/models/tiny-react/README.md).
 
-The statistic (tests/run/learning_runs.py) is the rise of the least-squares
+The statistic (tests/runner/learning_runs.py) is the rise of the least-squares
 line through every iteration's pass rate, which must be at least 0.2, and
 the last two iterations pooled must end above the first. Over 8 iterations
 of 32 rollouts the standard error of the fitted rise is about 0.09 (without

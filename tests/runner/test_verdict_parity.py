@@ -25,8 +25,8 @@ import pytest
 import yaml
 from openforge import podrun
 from openforge.api import manifests, retries, v1alpha1, verdict
-from openforge.run import executor, plan
 from openforge_operator import entrypoint
+from openforge_runner import executor, plan
 from openforge_sidecar import podagent
 
 PY = sys.executable

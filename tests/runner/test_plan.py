@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 from openforge.api import grading, manifests
-from openforge.run import plan
+from openforge_runner import plan
 
 ENV = """\
 apiVersion: openforge.dev/v1alpha1

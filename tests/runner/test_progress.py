@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from openforge.run import progress, runner
+from openforge_runner import progress, runner
 
 
 def stats(iteration: int, total: int, rewards: list[float], *, failed: int = 0) -> runner.IterationStats:

@@ -7,10 +7,10 @@ local processes; iterations loop rollout -> train -> publish weights. Like
 the operator it talks to the components only through their commands and
 wire contracts, never by importing them.
 
-- :mod:`openforge.run.plan`: manifests -> what to start (pure).
-- :mod:`openforge.run.processes`: starting and stopping local services.
-- :mod:`openforge.run.executor`: one rollout, start to grade.
-- :mod:`openforge.run.runner`: iterations, parallelism, retries, resume.
-- :mod:`openforge.run.progress`: the live display.
-- :mod:`openforge.run.cli`: the command.
+- :mod:`openforge_runner.plan`: manifests -> what to start (pure).
+- :mod:`openforge_runner.processes`: starting and stopping local services.
+- :mod:`openforge_runner.executor`: one rollout, start to grade.
+- :mod:`openforge_runner.runner`: iterations, parallelism, retries, resume.
+- :mod:`openforge_runner.progress`: the live display.
+- :mod:`openforge_runner.cli`: the command.
 """

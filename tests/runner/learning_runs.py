@@ -1,7 +1,7 @@
 """Running a learning job with ``openforge run`` and reading its curve back.
 
-Shared by tests/run/test_learning.py (the ReAct demo) and
-tests/run/test_learning_codex.py (inside Codex CLI).
+Shared by tests/runner/test_learning.py (the ReAct demo) and
+tests/runner/test_learning_codex.py (inside Codex CLI).
 """
 
 from __future__ import annotations

@@ -19,8 +19,8 @@ import pytest
 import yaml
 from openforge.api import manifests, v1alpha1
 from openforge.api import tasks as task_records
-from openforge.run import plan
 from openforge_operator import entrypoint, pods, settings, tasks
+from openforge_runner import plan
 
 TASK = {"id": "t-1", "prompt": "café ☕", "n": 2}
 SHARED = ("OPENFORGE_JOB", "OPENFORGE_TASK_ID", "OPENFORGE_TASK_JSON", "OPENFORGE_SAMPLE_INDEX", "OPENFORGE_ATTEMPT")

@@ -23,8 +23,8 @@ from typing import Any
 import pytest
 import yaml
 from openforge.api import manifests, retries, v1alpha1
-from openforge.run import executor, plan, runner
 from openforge_operator import attempts, planner
+from openforge_runner import executor, plan, runner
 
 NOW = datetime.datetime(2026, 1, 2, 3, 4, 5, tzinfo=datetime.UTC)
 

@@ -19,7 +19,8 @@ from types import FrameType
 
 from openforge import cli
 from openforge.api import manifests
-from openforge.run import executor, plan, processes, progress, runner
+
+from openforge_runner import executor, plan, processes, progress, runner
 
 # `openforge train` prints one of these once its settings are valid and its policy is loaded
 TRAINER_READY = ("openforge train: starting", "openforge train: resumed")

@@ -12,7 +12,7 @@ The first request Codex makes must be, token for token, what tiny-codex was
 warm-started on (examples/harnesses/codex/harness.json): if a Codex upgrade
 changes its request, this test says so before the curve does.
 
-The statistic is tests/run/test_learning.py's: the fitted trend over all
+The statistic is tests/runner/test_learning.py's: the fitted trend over all
 iterations must rise by at least 0.2 and the last two iterations must end
 above the first. It runs learn.yaml's 10 iterations: over 10 the fitted
 rise's standard error is about 0.08, so 0.2 fails a policy that does not

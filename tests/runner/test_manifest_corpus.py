@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 from openforge.api import manifests
-from openforge.run import plan
+from openforge_runner import plan
 
 ENV = """\
 apiVersion: openforge.dev/v1alpha1

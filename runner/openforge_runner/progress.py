@@ -12,7 +12,7 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from openforge.run import runner
+from openforge_runner import runner
 
 
 def trainer_metrics(path: Path) -> list[dict[str, Any]]:

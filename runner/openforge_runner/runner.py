@@ -24,7 +24,8 @@ from typing import Any
 
 from openforge import endpoints
 from openforge.api import retries
-from openforge.run import executor, plan
+
+from openforge_runner import executor, plan
 
 
 @dataclass

@@ -23,7 +23,8 @@ from typing import Any
 
 from openforge import control, endpoints
 from openforge.api import retries, verdict
-from openforge.run import plan, processes
+
+from openforge_runner import plan, processes
 
 Status = verdict.Status
 FINISH_WAIT_SECONDS = 60
