@@ -50,7 +50,7 @@ import clients
 import httpx
 import servers
 import workload
-from openforge_sidecar import template
+from openforge_sidecar.policy import template
 
 PATHS = ("direct", "mitmdump", "sidecar_stream", "sidecar_json")
 TOKEN_PATHS = ("direct_tokens", "mitmdump_tokens")  # diagnostics: the proxy hop on its own

@@ -15,7 +15,7 @@ is sent (to the sidecar, or to the engine's own chat endpoint, directly or
 through stock mitmdump). For the token-level diagnostics, the same calls
 are also given as the token-in/token-out ``/v1/completions`` bodies the
 sidecar itself sends the engine: rendered with the policy's chat template
-and built by :func:`openforge_sidecar.engine.completion_request`. Pure: no
+and built by :func:`openforge_sidecar.policy.engine.completion_request`. Pure: no
 I/O here.
 """
 
@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from openforge.wire.codecs import openai_chat
-from openforge_sidecar import engine, template
+from openforge_sidecar.policy import engine, template
 
 SCENARIOS = ("tool_call", "text")
 

@@ -40,10 +40,12 @@ from openforge.wire import codecs, conversation, fastjson
 from openforge.wire.codecs import Codec
 from openforge.wire.codecs.errors import CodecError
 
-from openforge_sidecar import engine, history, records, redact, relay, spool, tee, template
+from openforge_sidecar import relay, tee
+from openforge_sidecar.policy import engine, history, template
+from openforge_sidecar.recording import records, redact, spool
 
 if TYPE_CHECKING:  # imported once the proxy serves, and only with a collector: gRPC is ~8 MB resident
-    from openforge_sidecar import exporter as exporting
+    from openforge_sidecar.recording import exporter as exporting
 
 log = logging.getLogger("openforge.sidecar")
 
@@ -243,7 +245,7 @@ class Capture:
         opts = ctx.options
         if not opts.openforge_collector or self._spool is None or self._exporter is not None:
             return
-        module = await asyncio.to_thread(importlib.import_module, "openforge_sidecar.exporter")
+        module = await asyncio.to_thread(importlib.import_module, "openforge_sidecar.recording.exporter")
         if self._exporter is None:  # a stop may have started it meanwhile
             self._exporter = module.Exporter(self._spool, opts.openforge_collector, token=self._collector_token)
             self._exporter_task = asyncio.create_task(self._exporter.run())

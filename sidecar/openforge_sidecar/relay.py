@@ -18,7 +18,7 @@ from collections.abc import Callable
 from openforge.wire import conversation, fastjson, sse
 from openforge.wire.codecs import Codec
 
-from openforge_sidecar import engine, template, toolparse
+from openforge_sidecar.policy import engine, template, toolparse
 
 
 class Relay:

@@ -19,7 +19,8 @@ from pathlib import Path
 
 import pytest
 from mitmproxy.test import taddons
-from openforge_sidecar import capture, spool
+from openforge_sidecar import capture
+from openforge_sidecar.recording import spool
 
 TINY = Path(__file__).parents[2] / "trainer" / "openforge_trainer" / "assets" / "tiny-tokenizer"
 

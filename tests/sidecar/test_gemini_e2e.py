@@ -22,7 +22,7 @@ from google import genai
 from google.genai import errors as genai_errors
 from google.genai import types
 from openforge.wire import conversation as conv
-from openforge_sidecar import template
+from openforge_sidecar.policy import template
 from openforge_trainer.collection import store
 
 PROMPT = "Please run `echo hi > hello.txt` and then say done."

@@ -20,7 +20,8 @@ from openforge import podrun
 from openforge.trajectory import auth
 from openforge_operator import entrypoint
 from openforge_runner.processes import free_port
-from openforge_sidecar import podagent, spool
+from openforge_sidecar import podagent
+from openforge_sidecar.recording import spool
 
 FAILING = frozenset(range(1, 256))
 

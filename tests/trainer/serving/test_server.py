@@ -18,7 +18,7 @@ import httpx
 import pytest
 import torch
 from openforge import endpoints
-from openforge_sidecar import template
+from openforge_sidecar.policy import template
 from openforge_trainer.serving import completions as protocol
 from openforge_trainer.serving import server as serve
 from openforge_trainer.testengine import engine as testengine

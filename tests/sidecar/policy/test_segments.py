@@ -11,10 +11,10 @@ from typing import Any
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from openforge_sidecar import segments, template
+from openforge_sidecar.policy import segments, template
 from tokenizers import AddedToken, Tokenizer, models, pre_tokenizers
 
-TINY = Path(__file__).parents[2] / "trainer" / "openforge_trainer" / "assets" / "tiny-tokenizer"
+TINY = Path(__file__).parents[3] / "trainer" / "openforge_trainer" / "assets" / "tiny-tokenizer"
 POLICY = template.PolicyTokenizer.load(str(TINY))
 WHOLE = POLICY._tokenizer
 SPECIALS = ["<|im_start|>", "<|im_end|>", "<|endoftext|>", "<tool_call>", "</tool_call>", "<think>"]

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 from openforge.trajectory.v1 import trajectory_pb2
-from openforge_sidecar import spool
+from openforge_sidecar.recording import spool
 
 
 def call_record(n: int, *, rollout: str = "r1", size: int = 8) -> trajectory_pb2.Record:

@@ -33,7 +33,7 @@ import grpc
 from openforge.trajectory import channel
 from openforge.trajectory.v1 import trajectory_pb2, trajectory_pb2_grpc
 
-from openforge_sidecar import spool as spool_module
+from openforge_sidecar.recording import spool as spool_module
 
 log = logging.getLogger(__name__)
 

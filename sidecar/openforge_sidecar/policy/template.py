@@ -28,7 +28,7 @@ from openforge import endpoints
 from openforge.wire import conversation
 from tokenizers import Tokenizer, decoders
 
-from openforge_sidecar import segments
+from openforge_sidecar.policy import segments
 
 IMAGE_PLACEHOLDER = "<image>"
 # Stop tokens of the ChatML family, whichever of them the vocabulary has.
@@ -99,7 +99,7 @@ class PolicyTokenizer:
     def encode(self, text: str) -> list[int]:
         """Token IDs for ``text``; special tokens in it are recognised, none are added.
 
-        Where the tokenizer allows it (:mod:`openforge_sidecar.segments`), the
+        Where the tokenizer allows it (:mod:`openforge_sidecar.policy.segments`), the
         pieces between special tokens are encoded once and reused: the system
         prompt and tools of every call, each earlier message of a conversation.
         """

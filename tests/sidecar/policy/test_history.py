@@ -9,9 +9,9 @@ from pathlib import Path
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from openforge.wire import conversation as cv
-from openforge_sidecar import history, template
+from openforge_sidecar.policy import history, template
 
-TINY = Path(__file__).parents[2] / "trainer" / "openforge_trainer" / "assets" / "tiny-tokenizer"
+TINY = Path(__file__).parents[3] / "trainer" / "openforge_trainer" / "assets" / "tiny-tokenizer"
 SHELL = cv.Tool(name="shell", parameters={"type": "object", "properties": {}})
 
 

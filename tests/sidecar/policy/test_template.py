@@ -13,10 +13,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from openforge.wire import conversation as cv
-from openforge_sidecar import template
+from openforge_sidecar.policy import template
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-TINY = Path(__file__).parents[2] / "trainer" / "openforge_trainer" / "assets" / "tiny-tokenizer"
+TINY = Path(__file__).parents[3] / "trainer" / "openforge_trainer" / "assets" / "tiny-tokenizer"
 
 SHELL = cv.Tool(
     name="shell",

@@ -1,7 +1,7 @@
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from mitmproxy import http
-from openforge_sidecar import redact
+from openforge_sidecar.recording import redact
 
 
 def test_headers_redacts_every_credential_and_keeps_the_rest():

@@ -12,9 +12,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from openforge.wire import conversation as cv
-from openforge_sidecar import template, toolparse
+from openforge_sidecar.policy import template, toolparse
 
-TINY = Path(__file__).parents[2] / "trainer" / "openforge_trainer" / "assets" / "tiny-tokenizer"
+TINY = Path(__file__).parents[3] / "trainer" / "openforge_trainer" / "assets" / "tiny-tokenizer"
 TAGS = ("<think>", "</think>", "<tool_call>", "</tool_call>")
 
 

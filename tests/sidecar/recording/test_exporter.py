@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 from openforge.trajectory.v1 import trajectory_pb2
-from openforge_sidecar import exporter, spool
+from openforge_sidecar.recording import exporter, spool
 from openforge_trainer.collection import collector
 
 
@@ -315,7 +315,7 @@ CHILD = textwrap.dedent(
     import asyncio, sys
     from pathlib import Path
     from openforge.trajectory.v1 import trajectory_pb2
-    from openforge_sidecar import exporter, spool
+    from openforge_sidecar.recording import exporter, spool
 
     async def main():
         s = spool.Spool(Path(sys.argv[1]))

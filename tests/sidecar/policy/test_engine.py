@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from mitmproxy import http
 from openforge.wire import conversation
-from openforge_sidecar import engine
+from openforge_sidecar.policy import engine
 
 
 def test_completion_request_caps_max_tokens_to_the_context():
