@@ -170,7 +170,7 @@ def _grade(bundle: plan.Bundle, rollout: plan.Rollout, sidecar_url: str, workdir
 
 def _finish(sidecar_url: str, token_file: Path, judged: verdict.Verdict) -> dict[str, Any]:
     """Report the rollout to its sidecar, with the control token it made before it listened."""
-    body = json.dumps(judged.finish_body(FINISH_WAIT_SECONDS)).encode()
+    body = json.dumps(judged.report(FINISH_WAIT_SECONDS).body()).encode()
     try:
         request = urllib.request.Request(
             sidecar_url + endpoints.ROLLOUT_FINISH, data=body,

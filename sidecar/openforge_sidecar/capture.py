@@ -20,7 +20,6 @@ import ctypes
 import importlib
 import json
 import logging
-import math
 import os
 import queue
 import threading
@@ -35,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 from mitmproxy import ctx, exceptions, http
 from openforge import control, endpoints
+from openforge.api import verdict
 from openforge.trajectory.v1 import trajectory_pb2 as pb
 from openforge.wire import codecs, conversation, fastjson
 from openforge.wire.codecs import Codec
@@ -672,25 +672,26 @@ class Capture:
                 return
             try:
                 body = json.loads(flow.request.get_content(strict=False) or b"{}")
-                result = _finish_payload(body)
+                report = verdict.Report.parse(body)
             except ValueError as exc:
                 flow.response = _json_response(400, {"error": str(exc)})
                 return
-            await self._finish_rollout(flow, *result)
+            await self._finish_rollout(flow, report)
             return
         flow.response = _json_response(404, {"error": f"no control endpoint {path}"})
 
-    async def _finish_rollout(self, flow: http.HTTPFlow, exit_code: int, reward: float | None, grader_output: str, status: str, wait: float) -> None:
+    async def _finish_rollout(self, flow: http.HTTPFlow, report: verdict.Report) -> None:
         if not self._finished:
             self._finished = True
-            ticket = self._put(self._finished_record(exit_code=exit_code, reward=reward, grader_output=grader_output, status=status))
+            record = self._finished_record(exit_code=report.exit_code, reward=report.reward, grader_output=report.grader_output, status=report.status)
+            ticket = self._put(record)
             assert self._writer is not None
             await asyncio.to_thread(self._writer.wait, ticket)
         acked = True
-        if wait > 0:
+        if report.wait_seconds > 0:
             await self._export()
-        if wait > 0 and self._exporter is not None:
-            acked = await self._exporter.flush(wait)
+        if report.wait_seconds > 0 and self._exporter is not None:
+            acked = await self._exporter.flush(report.wait_seconds)
         flow.response = _json_response(200, {**self.snapshot(), "acknowledged": acked})
 
     def _finished_record(self, *, exit_code: int, reward: float | None, grader_output: str, status: str) -> pb.Record:
@@ -821,41 +822,6 @@ def _json_response(status: int, body: dict[str, Any]) -> http.Response:
 def _response_id(codec: Codec, index: int) -> str:
     prefix = {"openai_chat": "chatcmpl", "openai_responses": "resp", "anthropic_messages": "msg"}.get(codec.api.value, "gen")
     return f"{prefix}_{uuid.uuid4().hex[:24]}{index:04d}"
-
-
-#: What a rollout's finish may say: the record's ``status`` values, its int32 exit
-#: code, and at most an hour's wait for the collector's acknowledgement.
-FINISH_STATUSES = ("succeeded", "failed", "timeout")
-INT32 = (-(2**31), 2**31 - 1)
-MAX_FINISH_WAIT_SECONDS = 3600.0
-
-
-def _finish_payload(body: Any) -> tuple[int, float | None, str, str, float]:
-    """The fields of a ``rollout/finish`` body, checked; ValueError naming the field at fault.
-
-    Checked before anything is recorded: a body that cannot become a record (an exit
-    code past int32, a reward that is no finite number) once made the addon raise, the
-    request went on to the engine, and the rollout's later finishes were acknowledged
-    but never stored.
-    """
-    if not isinstance(body, dict):
-        raise ValueError("body must be a JSON object")
-    exit_code = body.get("exit_code", 0)
-    if not isinstance(exit_code, int) or isinstance(exit_code, bool) or not INT32[0] <= exit_code <= INT32[1]:
-        raise ValueError(f"exit_code must be a 32-bit integer, not {exit_code!r}")
-    reward = body.get("reward")
-    if reward is not None and (not isinstance(reward, int | float) or isinstance(reward, bool) or not math.isfinite(reward)):
-        raise ValueError(f"reward must be a finite number or null, not {reward!r}")
-    grader = body.get("grader_output", "")
-    if not isinstance(grader, str):
-        raise ValueError("grader_output must be a string")
-    status = body.get("status", "succeeded" if exit_code == 0 else "failed")
-    if status not in FINISH_STATUSES:
-        raise ValueError(f"status must be one of {', '.join(FINISH_STATUSES)}, not {status!r}")
-    wait = body.get("wait_seconds", 0)
-    if not isinstance(wait, int | float) or isinstance(wait, bool) or not 0 <= wait <= MAX_FINISH_WAIT_SECONDS:
-        raise ValueError(f"wait_seconds must be a number from 0 to {MAX_FINISH_WAIT_SECONDS:g}, not {wait!r}")
-    return exit_code, None if reward is None else float(reward), grader, str(status), float(wait)
 
 
 @dataclass(slots=True)

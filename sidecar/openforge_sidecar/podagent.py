@@ -99,7 +99,7 @@ def post_finish(listen: str, verdict: Verdict, *, wait_seconds: float, deadline:
 
     from openforge import control
 
-    body = json.dumps(verdict.finish_body(wait_seconds)).encode()
+    body = json.dumps(verdict.report(wait_seconds).body()).encode()
     url = f"http://{listen}{endpoints.ROLLOUT_FINISH}"
     while True:
         try:

@@ -3,6 +3,7 @@ tests/runner/test_verdict_parity.py runs both runners' real processes through it
 
 from __future__ import annotations
 
+import pytest
 from openforge.api import verdict
 
 GRADED = verdict.Graded(stdout='{"reward": 0.5}', exit_code=0)
@@ -44,8 +45,28 @@ def test_without_a_grader_the_exit_code_is_the_reward() -> None:
 
 def test_the_report_body_and_its_settling() -> None:
     judged = judge()
-    assert judged.finish_body(60) == {"exit_code": 0, "reward": 0.5, "grader_output": '{"reward": 0.5}', "status": "succeeded", "wait_seconds": 60}
+    assert judged.report(60).body() == {"exit_code": 0, "reward": 0.5, "grader_output": '{"reward": 0.5}', "status": "succeeded", "wait_seconds": 60}
     assert verdict.settle(judged, {"acknowledged": True, "calls": 2}) == verdict.Settled(judged, True, 2)
     lost = verdict.settle(judged, {"acknowledged": False, "error": "timed out"})
     assert (lost.verdict.reason, lost.acknowledged, lost.verdict.reward) == ("SidecarFailed", False, 0.5)
     assert lost.verdict.message == "the collector did not acknowledge the rollout's records: timed out"
+
+
+def test_a_report_survives_its_body_and_bad_fields_are_named() -> None:
+    report = verdict.Report(exit_code=3, reward=None, grader_output="x", status="failed", wait_seconds=2.5)
+    assert verdict.Report.parse(report.body()) == report
+    assert verdict.Report.parse({}) == verdict.Report()
+    assert verdict.Report.parse({"exit_code": 2}).status == "failed"  # by the exit code
+    for body, field in [
+        ([], "body"),
+        ({"exit_code": 2**31}, "exit_code"),
+        ({"exit_code": True}, "exit_code"),
+        ({"reward": float("nan")}, "reward"),
+        ({"reward": "1"}, "reward"),
+        ({"grader_output": 1}, "grader_output"),
+        ({"status": "done"}, "status"),
+        ({"wait_seconds": 3601}, "wait_seconds"),
+        ({"wait_seconds": -1}, "wait_seconds"),
+    ]:
+        with pytest.raises(ValueError, match=field):
+            verdict.Report.parse(body)

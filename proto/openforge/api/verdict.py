@@ -16,13 +16,16 @@ the collector acknowledge, and store, every record) into the final one. In order
    (``retries.failing_exit_codes``): failed, though graded;
 5. else succeeded: a graded rollout is training data whatever its exit code.
 
-Then, the report: records the collector did not acknowledge, or acknowledged but
-refused to store (a collector token of another job), make the attempt SidecarFailed.
+Then, the report (:class:`Report`, the body of the sidecar's ``rollout/finish``, which
+both runners send and the sidecar parses): records the collector did not acknowledge,
+or acknowledged but refused to store (a collector token of another job), make the
+attempt SidecarFailed.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping
 from typing import Any, Literal
 
@@ -56,15 +59,79 @@ class Verdict:
     """A FailureReason name, or "" (success, or a failing exit code)."""
     message: str = ""
 
-    def finish_body(self, wait_seconds: float) -> dict[str, Any]:
-        """The sidecar's ``/openforge/v1/rollout/finish`` request body."""
-        return {
-            "exit_code": self.exit_code,
-            "reward": self.reward,
-            "grader_output": self.grader_output,
-            "status": self.status,
-            "wait_seconds": wait_seconds,
-        }
+    def report(self, wait_seconds: float) -> Report:
+        """What the sidecar is told: this verdict, and how long to wait for the collector."""
+        return Report(
+            exit_code=self.exit_code,
+            reward=self.reward,
+            grader_output=self.grader_output,
+            status=self.status,
+            wait_seconds=wait_seconds,
+        )
+
+
+#: A report's ``status`` values (the ``finished`` record's), its exit code's range
+#: (the record's int32), and at most an hour's wait for the collector's acknowledgement.
+REPORT_STATUSES = ("succeeded", "failed", "timeout")
+INT32 = (-(2**31), 2**31 - 1)
+MAX_WAIT_SECONDS = 3600.0
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class Report:
+    """The body of the sidecar's ``/openforge/v1/rollout/finish``: the rollout's end."""
+
+    exit_code: int = 0
+    reward: float | None = None
+    grader_output: str = ""
+    status: str = "succeeded"
+    wait_seconds: float = 0.0
+    """How long the sidecar waits for the collector to acknowledge every record (0: not at all)."""
+
+    def body(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def parse(cls, body: Any) -> Report:
+        """A report from a request body, checked; ValueError naming the field at fault.
+
+        Checked before anything is recorded: a body that cannot become a record (an
+        exit code past int32, a reward that is no finite number) once made the sidecar
+        raise, the request went on to the engine, and the rollout's later reports were
+        acknowledged but never stored. ``status`` defaults by the exit code.
+        """
+        if not isinstance(body, dict):
+            raise ValueError("body must be a JSON object")
+        exit_code = body.get("exit_code", 0)
+        if not _is_int(exit_code) or not INT32[0] <= exit_code <= INT32[1]:
+            raise ValueError(f"exit_code must be a 32-bit integer, not {exit_code!r}")
+        reward = body.get("reward")
+        if reward is not None and not (_is_number(reward) and math.isfinite(reward)):
+            raise ValueError(f"reward must be a finite number or null, not {reward!r}")
+        grader = body.get("grader_output", "")
+        if not isinstance(grader, str):
+            raise ValueError("grader_output must be a string")
+        status = body.get("status", "succeeded" if exit_code == 0 else "failed")
+        if status not in REPORT_STATUSES:
+            raise ValueError(f"status must be one of {', '.join(REPORT_STATUSES)}, not {status!r}")
+        wait = body.get("wait_seconds", 0)
+        if not _is_number(wait) or not 0 <= wait <= MAX_WAIT_SECONDS:
+            raise ValueError(f"wait_seconds must be a number from 0 to {MAX_WAIT_SECONDS:g}, not {wait!r}")
+        return cls(
+            exit_code=exit_code,
+            reward=None if reward is None else float(reward),
+            grader_output=grader,
+            status=str(status),
+            wait_seconds=float(wait),
+        )
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
 
 
 def judge(
