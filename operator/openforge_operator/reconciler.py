@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import datetime
+import enum
 import hashlib
 import json
 import logging
@@ -54,14 +55,33 @@ EXPECTATION_SECONDS = 30.0
 CREATE_BACKOFF_SECONDS = 5.0
 
 
+class Made(enum.Enum):
+    """A per-job object the operator created (it exists; a 409 said so, or a 201)."""
+
+    CA = "ca"
+    TOKEN = "token"
+    TASK_FILES = "taskfiles"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Expected:
+    """A pod created but not yet seen by the watch."""
+
+    index: int
+    attempt: int
+    created: float  # time.monotonic()
+
+
 @dataclasses.dataclass
 class JobMemory:
     """What this process remembers of one job between reconciles."""
 
     env_key: tuple[str, str]
-    expected: dict[str, tuple[int, int, float]] = dataclasses.field(default_factory=dict)
+    expected: dict[str, Expected] = dataclasses.field(default_factory=dict)
     tasks: list[dict[str, Any]] | None = None
-    made: set[str] = dataclasses.field(default_factory=set)
+    made: set[Made] = dataclasses.field(default_factory=set)
+    policy_digest: str = ""
+    """The spec of the NetworkPolicy last applied, hashed ("" before the first)."""
     status: dict[str, Any] | None = None
     warned: str | None = None
     backoff_until: float = 0.0
@@ -71,6 +91,15 @@ class JobMemory:
 class Blocked:
     reason: str
     message: str
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Inputs:
+    """What a reconcile works from: the HarnessEnv and the task records, and what blocks it."""
+
+    blocked: Blocked | None
+    env: v1alpha1.HarnessEnv | None
+    records: list[dict[str, Any]] | None
 
 
 class Reconciler:
@@ -106,7 +135,8 @@ class Reconciler:
             await self._warn(body, memory, Blocked("InvalidSpec", str(error)))
             return self._config.resync_seconds
         assert isinstance(job, v1alpha1.RolloutJob)
-        blocked, env, records = await self._inputs(job, env_body, memory)
+        inputs = await self._inputs(job, env_body, memory)
+        blocked, env, records = inputs.blocked, inputs.env, inputs.records
         total = tasks.count(records, job.spec.samples_per_task) if records is not None else None
         observed = self._observe(job, memory)
         now = datetime.datetime.now(datetime.UTC).replace(microsecond=0)
@@ -145,57 +175,55 @@ class Reconciler:
 
     async def _inputs(
         self, job: v1alpha1.RolloutJob, env_body: Mapping[str, Any] | None, memory: JobMemory
-    ) -> tuple[Blocked | None, v1alpha1.HarnessEnv | None, list[dict[str, Any]] | None]:
-        records, task_problem = await self._tasks(job, memory)
+    ) -> Inputs:
+        found = await self._tasks(job, memory)
+        records = None if isinstance(found, Blocked) else found
         problems = v1alpha1.cluster_problems(job)
         if problems:
-            return Blocked("NotRunnableInCluster", "; ".join(problems)), None, records
+            return Inputs(Blocked("NotRunnableInCluster", "; ".join(problems)), None, records)
         env_name = job.spec.harness_env_ref.name
         if env_body is None:
             message = f"HarnessEnv {env_name!r} not found in namespace {job.metadata.namespace}"
-            return Blocked("HarnessEnvNotFound", message), None, records
+            return Inputs(Blocked("HarnessEnvNotFound", message), None, records)
         try:
             env = manifests.parse(dict(env_body))
         except manifests.ManifestError as error:
-            return Blocked("HarnessEnvInvalid", f"HarnessEnv {env_name!r}: {error}"), None, records
+            return Inputs(Blocked("HarnessEnvInvalid", f"HarnessEnv {env_name!r}: {error}"), None, records)
         assert isinstance(env, v1alpha1.HarnessEnv)
         ready = readiness.check(env)
         if not ready.ready:
-            return Blocked("HarnessEnvNotReady", f"HarnessEnv {env_name!r}: {ready.message}"), env, records
-        if task_problem is not None:
-            return task_problem, env, records
-        return None, env, records
+            return Inputs(Blocked("HarnessEnvNotReady", f"HarnessEnv {env_name!r}: {ready.message}"), env, records)
+        return Inputs(found if isinstance(found, Blocked) else None, env, records)
 
-    async def _tasks(
-        self, job: v1alpha1.RolloutJob, memory: JobMemory
-    ) -> tuple[list[dict[str, Any]] | None, Blocked | None]:
+    async def _tasks(self, job: v1alpha1.RolloutJob, memory: JobMemory) -> list[dict[str, Any]] | Blocked | None:
+        """The job's task records (None: the job names none yet), or why they cannot be read."""
         if memory.tasks is not None:
-            return memory.tasks, None
+            return memory.tasks
         try:
             records = task_records.inline(job.spec.tasks)
         except task_records.TaskError as error:
-            return None, Blocked("TasksUnavailable", str(error))
+            return Blocked("TasksUnavailable", str(error))
         ref = job.spec.tasks.config_map_ref
         if records is None and ref is not None:
             namespace = job.metadata.namespace or "default"
             where = f"ConfigMap {ref.name!r} key {ref.key!r}"
             config_map = await self._api.get(k8s.namespaced(namespace, "configmaps", ref.name))
             if config_map is None:
-                return None, Blocked("TasksUnavailable", f"spec.tasks.configMapRef: {where} not found")
+                return Blocked("TasksUnavailable", f"spec.tasks.configMapRef: {where} not found")
             text = (config_map.get("data") or {}).get(ref.key)
             if text is None:
-                return None, Blocked("TasksUnavailable", f"spec.tasks.configMapRef: {where} does not exist")
+                return Blocked("TasksUnavailable", f"spec.tasks.configMapRef: {where} does not exist")
             try:
                 records = task_records.parse_jsonl(text, where=where)
             except task_records.TaskError as error:
-                return None, Blocked("TasksUnavailable", f"spec.tasks.configMapRef: {error}")
+                return Blocked("TasksUnavailable", f"spec.tasks.configMapRef: {error}")
         if records is not None:
             try:
                 task_records.check_rollouts(records, job.spec.samples_per_task)
             except task_records.TaskError as error:
-                return None, Blocked("TasksUnavailable", str(error))
+                return Blocked("TasksUnavailable", str(error))
         memory.tasks = records
-        return records, None
+        return records
 
     def _observe(self, job: v1alpha1.RolloutJob, memory: JobMemory) -> list[attempts.Attempt]:
         uid = objects.job_uid(job)
@@ -204,11 +232,11 @@ class Reconciler:
         observed = [attempts.judge(s, failing_exit_codes=failing) for s in summaries]
         seen = {s.name for s in summaries}
         now = time.monotonic()
-        for name, (index, attempt, created) in list(memory.expected.items()):
-            if name in seen or now - created > EXPECTATION_SECONDS:
+        for name, expected in list(memory.expected.items()):
+            if name in seen or now - expected.created > EXPECTATION_SECONDS:
                 del memory.expected[name]
             else:
-                observed.append(attempts.Attempt(name, index, attempt, "pending"))
+                observed.append(attempts.Attempt(name, expected.index, expected.attempt, "pending"))
         return observed
 
     # -- actions --------------------------------------------------------------------------
@@ -241,7 +269,7 @@ class Reconciler:
         now = time.monotonic()
         for (index, attempt), pod, result in zip(todo, bodies, results, strict=True):
             if not isinstance(result, BaseException):
-                memory.expected[pod["metadata"]["name"]] = (index, attempt, now)
+                memory.expected[pod["metadata"]["name"]] = Expected(index, attempt, now)
         if errors:
             log.warning("creating %d of %d pods of %s failed: %s", len(errors), len(bodies), objects.job_name(job), errors[0])
             await self._warn(body, memory, Blocked("FailedCreate", f"{len(errors)} pods not created: {errors[0]}"))
@@ -258,26 +286,26 @@ class Reconciler:
     ) -> None:
         """The per-job objects pods refer to, created once (a 409 means they exist)."""
         namespace = job.metadata.namespace or "default"
-        if certs.needs_ca(env) and "ca" not in memory.made:
+        if certs.needs_ca(env) and Made.CA not in memory.made:
             key_pem, cert_pem = await asyncio.to_thread(certs.generate_ca, f"openforge {objects.job_name(job)}")
             secret = certs.build_ca_secret(job, key_pem=key_pem, cert_pem=cert_pem)
             await self._api.create(k8s.namespaced(namespace, "secrets"), secret)
-            memory.made.add("ca")
+            memory.made.add(Made.CA)
         master_key = self._config.collector_master_key
-        if master_key is not None and tokens.issues_token(job, self._config) and "token" not in memory.made:
+        if master_key is not None and tokens.issues_token(job, self._config) and Made.TOKEN not in memory.made:
             await self._api.create(k8s.namespaced(namespace, "secrets"), tokens.build_secret(job, master_key))
-            memory.made.add("token")
+            memory.made.add(Made.TOKEN)
         files = tasks.task_files(env, records)
-        if files is not None and "taskfiles" not in memory.made:
+        if files is not None and Made.TASK_FILES not in memory.made:
             await self._api.create(k8s.namespaced(namespace, "configmaps"), objects.build_task_files(job, files))
-            memory.made.add("taskfiles")
+            memory.made.add(Made.TASK_FILES)
         policy = network.build_network_policy(job, env, self._config)
-        digest = "netpol:" + hashlib.sha256(json.dumps(policy["spec"], sort_keys=True).encode()).hexdigest()
-        if digest not in memory.made:
+        digest = hashlib.sha256(json.dumps(policy["spec"], sort_keys=True).encode()).hexdigest()
+        if digest != memory.policy_digest:
             path = k8s.namespaced(namespace, "networkpolicies", api_version="networking.k8s.io/v1")
             if not await self._api.create(path, policy):
                 await self._api.merge_patch(f"{path}/{policy['metadata']['name']}", {"spec": policy["spec"]})
-            memory.made = {m for m in memory.made if not m.startswith("netpol:")} | {digest}
+            memory.policy_digest = digest
 
     async def _write_status(self, body: Mapping[str, Any], status: dict[str, Any], memory: JobMemory) -> None:
         old = memory.status if memory.status is not None else dict(body.get("status") or {})
