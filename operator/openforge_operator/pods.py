@@ -28,6 +28,7 @@ Anatomy of ``<job>-<index>-<attempt>``:
 from __future__ import annotations
 
 import copy
+import dataclasses
 import posixpath
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -117,7 +118,24 @@ def failing_exit_codes(job: v1alpha1.RolloutJob) -> str:
     return rollouts.format_indexes(retries.failing_exit_codes(job.spec))
 
 
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class PodInputs:
+    """What one rollout pod is built from."""
+
+    job: v1alpha1.RolloutJob
+    env: v1alpha1.HarnessEnv
+    rollout: tasks.Rollout
+    attempt: int
+    config: settings.Settings
+
+    @property
+    def name(self) -> str:
+        """The pod's name, which is also the rollout id its records carry."""
+        return objects.pod_name(objects.job_name(self.job), self.rollout.index, self.attempt)
+
+
 def build_pod(
+    *,
     job: v1alpha1.RolloutJob,
     env: v1alpha1.HarnessEnv,
     rollout: tasks.Rollout,
@@ -127,13 +145,13 @@ def build_pod(
     """The pod of attempt ``attempt`` of ``rollout``; raises PodError naming a field it cannot use."""
     if job.spec.policy.endpoint is None:
         raise PodError("spec.policy.endpoint is required in a cluster")
+    inputs = PodInputs(job=job, env=env, rollout=rollout, attempt=attempt, config=config)
     template = env.spec.template.to_dict()
     spec: dict[str, Any] = copy.deepcopy(template["spec"])
-    name = objects.pod_name(objects.job_name(job), rollout.index, attempt)
     containers = spec["containers"]
     position = next(i for i, c in enumerate(containers) if c["name"] == v1alpha1.HARNESS_CONTAINER)
     pod_security = template["spec"].get("securityContext") or {}
-    containers[position] = _harness(job, env, rollout, attempt, name, containers[position], pod_security, config)
+    containers[position] = _harness(inputs, containers[position], pod_security=pod_security)
     for i, container in enumerate(containers):
         if i != position:
             containers[i] = _hardened(container)
@@ -141,7 +159,7 @@ def build_pod(
     # The harness waits for the sidecar itself (its entrypoint); containers of the
     # template's own are held back by a startup probe, as in an injected pod.
     probed = bool(init) or len(containers) > 1
-    sidecar = _sidecar(job, env, rollout, attempt, name, config, startup_probe=probed)
+    sidecar = _sidecar(inputs, startup_probe=probed)
     spec["initContainers"] = [*_redirect(job, env, config), sidecar, *init]
     spec["volumes"] = [*spec.get("volumes", []), *_volumes(job, env, config)]
     if env.spec.task.file is not None:
@@ -157,15 +175,14 @@ def build_pod(
     return {
         "apiVersion": "v1",
         "kind": "Pod",
-        "metadata": _metadata(job, rollout, attempt, name, template.get("metadata") or {}),
+        "metadata": _metadata(inputs, template.get("metadata") or {}),
         "spec": spec,
     }
 
 
-def _metadata(
-    job: v1alpha1.RolloutJob, rollout: tasks.Rollout, attempt: int, name: str, template: Mapping[str, Any]
-) -> dict[str, Any]:
-    meta = objects.metadata(job, name)
+def _metadata(inputs: PodInputs, template: Mapping[str, Any]) -> dict[str, Any]:
+    job, rollout, attempt = inputs.job, inputs.rollout, inputs.attempt
+    meta = objects.metadata(job, inputs.name)
     meta["labels"] = {
         **(template.get("labels") or {}),
         **meta["labels"],
@@ -181,16 +198,8 @@ def _metadata(
     return meta
 
 
-def _harness(
-    job: v1alpha1.RolloutJob,
-    env: v1alpha1.HarnessEnv,
-    rollout: tasks.Rollout,
-    attempt: int,
-    name: str,
-    container: dict[str, Any],
-    pod_security: Mapping[str, Any],
-    config: settings.Settings,
-) -> dict[str, Any]:
+def _harness(inputs: PodInputs, container: dict[str, Any], *, pod_security: Mapping[str, Any]) -> dict[str, Any]:
+    env, rollout, config = inputs.env, inputs.rollout, inputs.config
     spec = env.spec
     where = f"HarnessEnv {env.metadata.name}: spec.template.spec.containers[{v1alpha1.HARNESS_CONTAINER}]"
     if not container.get("command"):
@@ -198,7 +207,7 @@ def _harness(
     if not container.get("image"):
         raise PodError(f"{where}.image is required in a cluster")
     workdir = container.get("workingDir")
-    base = _base_env(job, env, rollout, attempt, name, workdir, config)
+    base = _base_env(inputs, workdir=workdir)
     argv = [*container["command"], *container.get("args", [])]
     try:
         argv += [templates.render(arg, rollout.task) for arg in spec.task.args or []]
@@ -230,22 +239,14 @@ def _harness(
     return harness
 
 
-def _base_env(
-    job: v1alpha1.RolloutJob,
-    env: v1alpha1.HarnessEnv,
-    rollout: tasks.Rollout,
-    attempt: int,
-    name: str,
-    workdir: str | None,
-    config: settings.Settings,
-) -> dict[str, str]:
+def _base_env(inputs: PodInputs, *, workdir: str | None) -> dict[str, str]:
     """What every harness and grader sees about its rollout (``rollout_env.base_env``, as
     ``openforge run`` gives it too), and what only a pod has: its run folder and waits."""
-    grader = env.spec.grader
+    grader, rollout, config = inputs.env.spec.grader, inputs.rollout, inputs.config
     return {
         **rollout_env.base_env(
-            job=objects.job_name(job), rollout_id=name, task=rollout.task, sample=rollout.sample,
-            attempt=attempt, workdir=workdir or ".",
+            job=objects.job_name(inputs.job), rollout_id=inputs.name, task=rollout.task,
+            sample=rollout.sample, attempt=inputs.attempt, workdir=workdir or ".",
         ),
         "OPENFORGE_RUN_DIR": podrun.RUN_DIR,
         "OPENFORGE_FINISH_WAIT": str(config.finish_wait_seconds + 30),
@@ -269,16 +270,8 @@ def _capture_env(env: v1alpha1.HarnessEnv, config: settings.Settings) -> dict[st
     return values
 
 
-def _sidecar(
-    job: v1alpha1.RolloutJob,
-    env: v1alpha1.HarnessEnv,
-    rollout: tasks.Rollout,
-    attempt: int,
-    name: str,
-    config: settings.Settings,
-    *,
-    startup_probe: bool,
-) -> dict[str, Any]:
+def _sidecar(inputs: PodInputs, *, startup_probe: bool) -> dict[str, Any]:
+    job, env, rollout, config, name = inputs.job, inputs.env, inputs.rollout, inputs.config, inputs.name
     listen = f"127.0.0.1:{config.sidecar_port}"
     confdir = posixpath.join(SIDECAR_DIR, "confdir")
     grader = env.spec.grader
@@ -307,7 +300,7 @@ def _sidecar(
         "--rollout-id", name,
         "--task-id", rollout.task_id,
         "--sample-index", str(rollout.sample),
-        "--attempt", str(attempt),
+        "--attempt", str(inputs.attempt),
         "--harness", env.metadata.name or "",
         "--policy-version", str(job.spec.policy.version),
         "--control-token-file", CONTROL_TOKEN,

@@ -254,7 +254,10 @@ class Reconciler:
         try:
             await self._companions(job, env, records, memory)
             bodies = [
-                pods.build_pod(job, env, tasks.rollout(records, job.spec.samples_per_task, index), attempt, self._config)
+                pods.build_pod(
+                    job=job, env=env, rollout=tasks.rollout(records, job.spec.samples_per_task, index),
+                    attempt=attempt, config=self._config,
+                )
                 for index, attempt in todo
             ]
         except (pods.PodError, task_records.TaskError, k8s.ApiError) as error:

@@ -67,7 +67,10 @@ def test_the_operator_builds_a_rollout_pod_from_them() -> None:
     (config_map,) = load("tasks.yaml")
     records = task_records.parse_jsonl(config_map["data"]["tasks.jsonl"], where="tasks")
     rollout = tasks.rollout(records, job.spec.samples_per_task, 5)
-    pod = pods.build_pod(job, env, rollout, 0, settings.Settings(sidecar_image="ghcr.io/openforge/sidecar:0.1.0"))
+    pod = pods.build_pod(
+        job=job, env=env, rollout=rollout, attempt=0,
+        config=settings.Settings(sidecar_image="ghcr.io/openforge/sidecar:0.1.0"),
+    )
     harness = next(c for c in pod["spec"]["containers"] if c["name"] == v1alpha1.HARNESS_CONTAINER)
     argv = harness["args"]
     assert "/opt/openforge/harnesses/react/agent.py" in " ".join(argv)

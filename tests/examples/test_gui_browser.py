@@ -182,7 +182,7 @@ def test_the_harness_env_is_ready_and_becomes_a_rollout_pod() -> None:
     job = job.model_copy(update={"metadata": job.metadata.model_copy(update={"namespace": "rl", "uid": "6f1c2d7e-0a9b-4c3d-8e5f-1a2b3c4d5e6f"})})
     env = env.model_copy(update={"metadata": env.metadata.model_copy(update={"namespace": "rl"})})
     task = {"id": "contact-ada"}
-    pod = pods.build_pod(job, env, tasks.rollout([task], 1, 0), 0, settings.Settings())
+    pod = pods.build_pod(job=job, env=env, rollout=tasks.rollout([task], 1, 0), attempt=0, config=settings.Settings())
     harness = next(c for c in pod["spec"]["containers"] if c["name"] == v1alpha1.HARNESS_CONTAINER)
     assert "/opt/openforge/harnesses/gui-browser/agent.py --no-sandbox" in " ".join(harness["args"])
     assert {e["name"]: e.get("value") for e in harness["env"]}["OPENFORGE_TASK_ID"] == "contact-ada"

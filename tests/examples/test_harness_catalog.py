@@ -114,7 +114,7 @@ def test_the_operator_builds_a_rollout_pod_that_delivers_the_task(name: str) -> 
     env = env.model_copy(update={"metadata": env.metadata.model_copy(update={"namespace": "rl"})})
     rollout = tasks.rollout([task], 1, 0)
     config = settings.Settings()
-    pod = pods.build_pod(job, env, rollout, 0, config)
+    pod = pods.build_pod(job=job, env=env, rollout=rollout, attempt=0, config=config)
     harness = next(c for c in pod["spec"]["containers"] if c["name"] == v1alpha1.HARNESS_CONTAINER)
     environment = {e["name"]: e.get("value") for e in harness["env"]}
     if on_toy_tasks(name):

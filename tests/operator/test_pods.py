@@ -19,7 +19,7 @@ def build(*, env_spec: dict[str, Any] | None = None, job_spec: dict[str, Any] | 
     records = task_records.inline(the_job.spec.tasks)
     assert records is not None
     rollout = tasks.rollout(records, the_job.spec.samples_per_task, index)
-    return pods.build_pod(the_job, env(spec=env_spec), rollout, attempt, config)
+    return pods.build_pod(job=the_job, env=env(spec=env_spec), rollout=rollout, attempt=attempt, config=config)
 
 
 def container(pod: dict[str, Any], name: str) -> dict[str, Any]:

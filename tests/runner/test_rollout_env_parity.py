@@ -67,7 +67,9 @@ def in_a_pod(env: dict[str, Any]) -> tuple[list[str], list[str], dict[str, Any]]
     assert isinstance(job, v1alpha1.RolloutJob) and isinstance(harness_env, v1alpha1.HarnessEnv)
     records = task_records.inline(job.spec.tasks)
     assert records is not None
-    pod = pods.build_pod(job, harness_env, tasks.rollout(records, 3, SAMPLE), ATTEMPT, settings.Settings())
+    pod = pods.build_pod(
+        job=job, env=harness_env, rollout=tasks.rollout(records, 3, SAMPLE), attempt=ATTEMPT, config=settings.Settings()
+    )
     [container] = [c for c in pod["spec"]["containers"] if c["name"] == "harness"]
     assert container["command"] == entrypoint.COMMAND
     args = container["args"]
