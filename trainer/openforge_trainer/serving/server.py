@@ -436,13 +436,19 @@ class _Handler(BaseHTTPRequestHandler):
         content_type = (self.headers.get("Content-Type") or "").split(";", 1)[0].strip()
         try:
             if content_type == "application/octet-stream":
-                source: Path | bytes = self._read_body()
-                version = _int_header(self.headers.get(endpoints.POLICY_VERSION_HEADER))
-                drain, partial = _query_flag(query, "drain"), _query_flag(query, "partial")
+                update = WeightsRequest(
+                    source=self._read_body(),
+                    policy_version=_int_header(self.headers.get(endpoints.POLICY_VERSION_HEADER)),
+                    drain=_query_flag(query, "drain"),
+                    partial=_query_flag(query, "partial"),
+                )
             else:
-                source, version, drain, partial = _weights_request(self._read_body())
+                update = _weights_request(self._read_body())
             result = engine.update_weights(
-                source, policy_version=version, drain=drain, partial=partial
+                update.source,
+                policy_version=update.policy_version,
+                drain=update.drain,
+                partial=update.partial,
             )
         except weights.WeightsError as error:
             raise protocol.RequestError(str(error), param=_param(str(error))) from error
@@ -534,7 +540,18 @@ def _status(engine: Engine) -> dict[str, Any]:
     }
 
 
-def _weights_request(body: bytes) -> tuple[Path, int | None, bool, bool]:
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class WeightsRequest:
+    """A ``POST /openforge/v1/weights``: new weights (a safetensors file's path, or its
+    bytes uploaded), the policy version they are, and how to swap them in."""
+
+    source: Path | bytes
+    policy_version: int | None
+    drain: bool = False
+    partial: bool = False
+
+
+def _weights_request(body: bytes) -> WeightsRequest:
     """Parse ``{"path", "policy_version", "drain", "partial"}``; errors name the field."""
     try:
         data = json.loads(body or b"null")
@@ -555,13 +572,15 @@ def _weights_request(body: bytes) -> tuple[Path, int | None, bool, bool]:
         raise weights.WeightsError(
             f"policy_version: must be a non-negative integer or null, got {version!r}"
         )
-    flags = []
+    flags = {}
     for field in ("drain", "partial"):
         value = data.get(field, False)
         if not isinstance(value, bool):
             raise weights.WeightsError(f"{field}: must be a boolean, got {value!r}")
-        flags.append(value)
-    return Path(path), version, flags[0], flags[1]
+        flags[field] = value
+    return WeightsRequest(
+        source=Path(path), policy_version=version, drain=flags["drain"], partial=flags["partial"]
+    )
 
 
 def _int_header(value: str | None) -> int | None:
