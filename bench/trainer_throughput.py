@@ -232,7 +232,7 @@ def measure(work: Workload, seed: int) -> dict[str, Any]:
             seed=seed,
             max_staleness=10_000,
         )
-        run = trainer_loop.Trainer(config, publishers=[], log=lambda line: None)
+        run = trainer_loop.Trainer.open(config, publishers=[], log=lambda line: None)
         bare = Bare(model_dir, config)
         pipe_times: list[dict[str, float]] = []
         bare_times: list[float] = []

@@ -218,7 +218,7 @@ def test_the_trainer_publishes_each_step_and_again_on_resume(stub: Stub, tmp_pat
         vllm_urls=[stub.url],
     )
     lines: list[str] = []
-    run = trainer_loop.Trainer(config, log=lines.append)
+    run = trainer_loop.Trainer.open(config, log=lines.append)
     run.run()
     run.close()
     first = checkpoint.path_for(config.run_dir, 1)
@@ -229,7 +229,7 @@ def test_the_trainer_publishes_each_step_and_again_on_resume(stub: Stub, tmp_pat
     ]
     assert "published 2/2" in lines[-1]
     stub.seen.clear()
-    resumed = trainer_loop.Trainer(config.model_copy(update={"steps": 2}), log=lines.append)
+    resumed = trainer_loop.Trainer.open(config.model_copy(update={"steps": 2}), log=lines.append)
     resumed.run()
     resumed.close()
     weights = [s.json() for s in stub.seen if s.path == endpoints.WEIGHTS]

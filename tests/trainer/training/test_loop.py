@@ -81,7 +81,7 @@ def quiet(line: str) -> None:
 
 
 def trainer(config: train_config.TrainConfig) -> trainer_loop.Trainer:
-    return trainer_loop.Trainer(config, publishers=[], log=quiet)
+    return trainer_loop.Trainer.open(config, publishers=[], log=quiet)
 
 
 def test_recomputed_log_probs_equal_the_captured_ones_before_any_update(

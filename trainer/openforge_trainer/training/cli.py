@@ -137,7 +137,7 @@ def main(argv: Sequence[str]) -> int:
 
     stop = threading.Event()
     _on_signals(stop)
-    trainer = trainer_loop.Trainer(config, log=lambda line: print(line, flush=True))
+    trainer = trainer_loop.Trainer.open(config, log=lambda line: print(line, flush=True))
     try:
         where = f"resumed at step {trainer.state.step}" if trainer.state.step else "starting"
         print(

@@ -238,37 +238,27 @@ class Trainer:
 
     def __init__(
         self,
-        config: train_config.TrainConfig,
         *,
-        publishers: Sequence[publish.Publisher] | None = None,
+        config: train_config.TrainConfig,
+        state: checkpoint.TrainerState,
+        source: Path,
+        model: Any,
+        optimizer: torch.optim.Optimizer,
+        reference: Any | None,
+        store: store_module.Store,
+        metrics: metrics_module.MetricsWriter,
+        publishers: Sequence[publish.Publisher],
+        resumed_from: Path | None,
         log: Callable[[str], None] = print,
     ) -> None:
+        """Assemble a run from its parts (no I/O); :meth:`open` makes them."""
         self.config = config
         self.log = log
-        last = checkpoint.latest(config.run_dir)
-        self.state = (
-            checkpoint.load_state(last)
-            if last is not None
-            else checkpoint.TrainerState(base_model=str(config.model))
-        )
-        self.source = last if last is not None else config.model
-        torch.manual_seed(config.seed + self.state.step)
-        self.model = load_model(self.source, dtype=config.dtype, device=config.device)
-        self.model.train()
-        self.optimizer = torch.optim.AdamW(
-            self.model.parameters(),
-            lr=config.lr,
-            betas=(config.adam_beta1, config.adam_beta2),
-            eps=config.adam_eps,
-            weight_decay=config.weight_decay,
-        )
-        if last is not None:
-            checkpoint.load_optimizer(last, self.optimizer)
-        self.reference = None
-        if config.kl_coef > 0:
-            base = Path(self.state.base_model or config.model)
-            self.reference = load_model(base, dtype=config.dtype, device=config.device).eval()
-            self.reference.requires_grad_(False)
+        self.state = state
+        self.source = source
+        self.model = model
+        self.optimizer = optimizer
+        self.reference = reference
         self.actor = algorithms.actor_config(
             clip_ratio_low=config.clip_ratio_low,
             clip_ratio_high=config.clip_ratio_high,
@@ -276,18 +266,67 @@ class Trainer:
             loss_agg_mode=config.loss_agg_mode,
             policy_loss=config.policy_loss,
         )
-        pad = self.model.config.pad_token_id
+        pad = model.config.pad_token_id
         self.pad_token_id = int(pad) if pad is not None else 0
-        self.store = store_module.Store(config.store)
-        self.metrics = metrics_module.MetricsWriter(
-            config.run_dir, resume_step=self.state.step, title=f"{config.job}: reward per training step"
+        self.store = store
+        self.metrics = metrics
+        self.publishers = list(publishers)
+        self.skipped_total = len(state.skipped)
+        self.resumed_from = resumed_from
+        self.remarked = 0
+
+    @classmethod
+    def open(
+        cls,
+        config: train_config.TrainConfig,
+        *,
+        publishers: Sequence[publish.Publisher] | None = None,
+        log: Callable[[str], None] = print,
+    ) -> Trainer:
+        """Start or resume the run in ``config.run_dir``: load the last checkpoint (or the
+        base model), its optimiser state and the reference model, open the store and the
+        metrics, and re-mark in the store what the checkpoint says was trained."""
+        last = checkpoint.latest(config.run_dir)
+        state = (
+            checkpoint.load_state(last)
+            if last is not None
+            else checkpoint.TrainerState(base_model=str(config.model))
         )
-        self.publishers: list[publish.Publisher] = (
-            list(publishers) if publishers is not None else default_publishers(config)
+        source = last if last is not None else config.model
+        torch.manual_seed(config.seed + state.step)
+        model = load_model(source, dtype=config.dtype, device=config.device)
+        model.train()
+        optimizer = torch.optim.AdamW(
+            model.parameters(),
+            lr=config.lr,
+            betas=(config.adam_beta1, config.adam_beta2),
+            eps=config.adam_eps,
+            weight_decay=config.weight_decay,
         )
-        self.skipped_total = len(self.state.skipped)
-        self.resumed_from = last
-        self.remarked = self.reconcile()
+        if last is not None:
+            checkpoint.load_optimizer(last, optimizer)
+        reference = None
+        if config.kl_coef > 0:
+            base = Path(state.base_model or config.model)
+            reference = load_model(base, dtype=config.dtype, device=config.device).eval()
+            reference.requires_grad_(False)
+        trainer = cls(
+            config=config,
+            state=state,
+            source=Path(source),
+            model=model,
+            optimizer=optimizer,
+            reference=reference,
+            store=store_module.Store(config.store),
+            metrics=metrics_module.MetricsWriter(
+                config.run_dir, resume_step=state.step, title=f"{config.job}: reward per training step"
+            ),
+            publishers=list(publishers) if publishers is not None else default_publishers(config),
+            resumed_from=last,
+            log=log,
+        )
+        trainer.remarked = trainer.reconcile()
+        return trainer
 
     def close(self) -> None:
         self.metrics.close()
