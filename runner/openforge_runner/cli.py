@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import signal
+import subprocess
 import sys
 import threading
 from pathlib import Path
@@ -56,6 +57,11 @@ def main(argv: list[str]) -> int:
     iterations = args.iterations or (training.iterations if training and training.iterations else 1)
     train = not args.no_train
     run_dir = (args.run_dir or Path("runs") / bundle.name).resolve()
+    train_args = plan.trainer_args(bundle, model=model, run_dir=run_dir, store=run_dir / "store.db", serve=CHECK_SERVE_URL, iterations=iterations) if train else None
+    problem = _check_training(train_args)
+    if problem:
+        print(f"openforge run: RolloutJob {bundle.name}: spec.training: {problem}", file=sys.stderr)
+        return 2
     run_dir.mkdir(parents=True, exist_ok=True)
     finished = runner.finished_history(bundle, runner.Journal(run_dir / "journal.jsonl"), iterations, train=train)
     if finished is not None:  # nothing to start any process for
@@ -82,7 +88,7 @@ def main(argv: list[str]) -> int:
             trainer = _start(services, processes.Service(
                 "trainer", processes.openforge(*plan.trainer_args(bundle, model=model, run_dir=run_dir, store=run_dir / "store.db", serve=engine_url, iterations=iterations)),
                 run_dir / "trainer.log"))
-            trainer.wait_for_line(TRAINER_READY)  # bad spec.training settings stop the run before any rollout
+            trainer.wait_for_line(TRAINER_READY)
         base_version = runner.policy_version(engine_url)
         resume = runner.resume_state(runner.Journal(run_dir / "journal.jsonl"))
         endpoints = executor.Endpoints(engine_url, f"127.0.0.1:{collector.port}", base_version)
@@ -125,6 +131,23 @@ class _Null:
 
     def __exit__(self, *exc: object) -> None:
         return None
+
+
+#: The engine's address is known only once it listens; the settings check stands in this one.
+CHECK_SERVE_URL = "http://127.0.0.1"
+
+
+def _check_training(train_args: list[str] | None) -> str:
+    """What ``openforge train`` (the trainer's own validation, ``--check``) says is wrong
+    with these settings; "" when nothing is (or nothing is trained). Run before anything
+    starts, so that a bad ``spec.training`` option costs no service start and no rollout."""
+    if train_args is None:
+        return ""
+    done = subprocess.run(processes.openforge(*train_args, "--check"), capture_output=True, text=True, check=False)
+    if done.returncode == 0:
+        return ""
+    lines = [line.removeprefix("openforge train: ") for line in done.stderr.strip().splitlines()]
+    return "\n".join(lines) or f"openforge train --check exited with {done.returncode}"
 
 
 def _start(services: list[processes.Service], service: processes.Service) -> processes.Service:

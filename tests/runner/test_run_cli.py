@@ -117,7 +117,7 @@ def test_a_bad_manifest_fails_before_anything_starts(tmp_path: Path) -> None:
 
 
 def test_bad_trainer_options_stop_the_run_before_any_rollout(tmp_path: Path) -> None:
-    """spec.training.options reach `openforge train`, which names a bad one; no rollout runs."""
+    """spec.training.options reach `openforge train --check`, which names a bad one before anything starts."""
     text = (EXAMPLES / "react-toy.yaml").read_text()
     text = text.replace("    model: models/tiny-react", f"    model: {EXAMPLES / 'models' / 'tiny-react'}")
     text = text.replace("file: tasks/toy-tools/demo.jsonl", f"file: {EXAMPLES / 'tasks' / 'toy-tools' / 'demo.jsonl'}")
@@ -126,11 +126,12 @@ def test_bad_trainer_options_stop_the_run_before_any_rollout(tmp_path: Path) -> 
     path = tmp_path / "job.yaml"
     path.write_text(text)
     done = run([str(path), "--run-dir", str(tmp_path / "run"), "--quiet"], env={**os.environ})
-    assert done.returncode == 1, done.stderr
-    assert "trainer exited with 2" in done.stderr
+    assert done.returncode == 2, done.stderr
+    assert "openforge run: RolloutJob react-toy: spec.training: invalid trainer settings" in done.stderr
     assert "max_grad_norm: Input should be greater than 0 (got -1)" in done.stderr
     assert "adam_eps" not in done.stderr  # the valid option passed
-    assert not (tmp_path / "run" / "journal.jsonl").exists() or "rollout" not in (tmp_path / "run" / "journal.jsonl").read_text()
+    assert "Traceback" not in done.stderr
+    assert not (tmp_path / "run").exists()  # checked before anything started or was written
 
 
 def test_training_with_a_policy_endpoint_is_refused_before_anything_starts(tmp_path: Path) -> None:
