@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 COMMANDS: dict[str, tuple[str, str, str]] = {
     "run": ("openforge_runner.cli", "main", "run a RolloutJob (and train on it) on this machine"),
     "sidecar": ("openforge_sidecar.cli", "main", "run the capture sidecar (mitmproxy + capture addon)"),
+    "drain": ("openforge_sidecar.recording.drain", "main", "deliver what stopped sidecars left in their spools; close the rollouts they never finished"),
     "collector": ("openforge_trainer.cli", "collector_main", "run the trajectory collector (gRPC + durable store)"),
     "trajectories": ("openforge_trainer.cli", "trajectories_main", "inspect and export captured trajectories"),
     "test-engine": ("openforge_trainer.testengine.engine", "main", "serve the deterministic token-in/token-out test engine"),

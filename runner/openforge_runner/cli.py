@@ -11,6 +11,7 @@ command again continues where it stopped.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import signal
 import subprocess
 import sys
@@ -74,6 +75,7 @@ def main(argv: list[str]) -> int:
         collector = _start(services, processes.Service(
             "collector", processes.openforge("collector", "--store", str(run_dir / "store.db"), "--listen", f"127.0.0.1:{(cport := processes.free_port())}"),
             run_dir / "collector.log", port=cport))
+        _drain_leftovers(run_dir, collector=f"127.0.0.1:{collector.port}", when="left by an earlier run")
         engine_url = bundle.job.spec.policy.endpoint
         if engine_url is None:
             assert model is not None
@@ -112,6 +114,7 @@ def main(argv: list[str]) -> int:
                     display.update(phase=f"iteration {iteration + 1}: training")
                     version = runner.wait_for_policy(engine_url, iteration + 1, alive=trainer.alive, stop=stop, timeout=1800)
                     job_runner.journal.write({"event": "trained", "iteration": iteration, "policy_version": version})
+        _drain_leftovers(run_dir, collector=f"127.0.0.1:{collector.port}", when="left with records unacknowledged")
         print(progress.summary(history, run_dir=run_dir, trained=trainer is not None))
         if stop.is_set():
             print(f"openforge run: stopped; run the same command again to continue ({run_dir})")
@@ -131,6 +134,20 @@ class _Null:
 
     def __exit__(self, *exc: object) -> None:
         return None
+
+
+def _drain_leftovers(run_dir: Path, *, collector: str, when: str) -> executor.Drained:
+    """Deliver what stopped sidecars left in this run's spools, and close the attempts
+    none of them finished (a killed run's): journalled, and said when it did anything."""
+    spools = sorted((run_dir / "rollouts").glob("*/spool"))
+    drained = executor.drain(spools, collector=collector, reason="the run stopped before this attempt was finished")
+    if drained.delivered or drained.closed or drained.kept or drained.error:
+        runner.Journal(run_dir / "journal.jsonl").write({"event": "drained", **dataclasses.asdict(drained)})
+        line = f"openforge run: spools {when}: {drained.delivered} records delivered, {drained.closed} unfinished attempts recorded lost and failed"
+        if drained.kept or drained.error:
+            line += f"; {drained.kept} records still unacknowledged ({drained.error}), kept for the next run"
+        print(line, file=sys.stderr, flush=True)
+    return drained
 
 
 #: The engine's address is known only once it listens; the settings check stands in this one.

@@ -9,6 +9,7 @@ finish: calls, merge rate, requests passed or answered without the policy).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -28,6 +29,12 @@ from openforge_runner import plan, processes
 
 Status = verdict.Status
 FINISH_WAIT_SECONDS = 60
+SIDECAR_FLUSH_SECONDS = 30
+"""How long a stopped sidecar waits for the collector's acknowledgements."""
+SIDECAR_STOP_SECONDS = SIDECAR_FLUSH_SECONDS + 15
+"""How long the runner waits for a stopped sidecar before it kills it: past its flush."""
+DRAIN_SECONDS = 10.0
+"""How long the drain after a rollout waits for the collector (what is left waits for the next)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,6 +80,7 @@ def run_rollout(
             "--sample-index", str(rollout.sample), "--attempt", str(rollout.attempt),
             "--harness", bundle.env.metadata.name or "", "--policy-version", str(endpoints.policy_version),
             "--control-token-file", str(home / CONTROL_TOKEN),
+            "--flush-timeout", str(SIDECAR_FLUSH_SECONDS), "--finish-on-stop",
         ),
         home / "sidecar.log",
         port=port,
@@ -81,16 +89,80 @@ def run_rollout(
         sidecar.start(timeout=60)
     except processes.ServiceError as exc:
         return Outcome(rollout, "failed", -1, None, "SidecarFailed", str(exc), 0, time.monotonic() - started)
+    died: int | None = None
     try:
         judged = attempt(bundle, rollout, sidecar_url=sidecar.url, home=home, stop=stop)
         if judged is None:
             return Outcome(rollout, "failed", -1, None, INTERRUPTED, "stopped", 0, time.monotonic() - started)
-        finish = _finish(sidecar.url, home / CONTROL_TOKEN, judged)
+        died = None if sidecar.alive() else sidecar.stop()
+        finish = _finish(sidecar.url, home / CONTROL_TOKEN, judged) if died is None else {"acknowledged": False}
         (home / "sidecar.json").write_text(json.dumps(finish, indent=2) + "\n")
     finally:
-        sidecar.stop()
+        sidecar.stop(timeout=SIDECAR_STOP_SECONDS)
     final = verdict.settle(judged, finish).verdict
+    if died is not None:
+        # the sidecar is gone: deliver what its spool holds, and close the attempt it never finished
+        reason = f"its sidecar exited with {died} before the rollout was finished"
+        drained = drain([home / "spool"], collector=endpoints.collector, reason=reason)
+        final = dataclasses.replace(final, status="failed", reason="SidecarFailed", message=f"{reason}; {drained.summary()}")
+    elif not finish.get("acknowledged"):
+        drained = drain([home / "spool"], collector=endpoints.collector, reason="its sidecar stopped with the rollout unfinished")
+        if "error" not in finish and drained.spools and not drained.kept and not drained.error:
+            final = judged  # the sidecar recorded the finish, and every record reached the store after all
+        else:
+            final = dataclasses.replace(final, message=f"{final.message}; {drained.summary()}")
     return Outcome(rollout, final.status, final.exit_code, final.reward, final.reason, final.message, int(finish.get("calls", 0) or 0), time.monotonic() - started)
+
+
+@dataclass(frozen=True, slots=True)
+class Drained:
+    """What ``openforge drain`` did to some spools."""
+
+    spools: int = 0
+    delivered: int = 0
+    """Records the collector acknowledged."""
+    closed: int = 0
+    """Attempts recorded lost and failed, as their sidecars never finished them."""
+    kept: int = 0
+    """Records still unacknowledged (kept in their spools for the next drain)."""
+    error: str = ""
+
+    def summary(self) -> str:
+        text = f"drained its spool: {self.delivered} records delivered"
+        if self.closed:
+            text += ", the attempt recorded lost and failed"
+        if self.kept:
+            text += f", {self.kept} kept unacknowledged in the spool ({self.error})"
+        return text
+
+
+def drain(spools: list[Path], *, collector: str, reason: str, timeout: float = DRAIN_SECONDS) -> Drained:
+    """Run ``openforge drain --close`` over stopped sidecars' spools: deliver their records,
+    close their rollouts if never finished. Never raises: what it could not do is counted."""
+    present = [str(s) for s in spools if s.is_dir()]
+    if not present:
+        return Drained()
+    argv = processes.openforge("drain", *present, "--collector", collector, "--close", "--reason", reason, "--timeout", str(timeout))
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=60 + timeout * len(present), check=False)
+    except subprocess.TimeoutExpired:
+        return Drained(len(present), error="openforge drain did not finish")
+    reports = []
+    for line in done.stdout.splitlines():
+        try:
+            reports.append(json.loads(line))
+        except ValueError:
+            continue
+    if not reports and done.returncode:
+        last = done.stderr.strip().splitlines()
+        return Drained(len(present), error=last[-1] if last else f"openforge drain exited with {done.returncode}")
+    return Drained(
+        spools=len(reports),
+        delivered=sum(int(r["unacked_before"]) - int(r["unacked"]) for r in reports),
+        closed=sum(bool(r["closed"]) for r in reports),
+        kept=sum(int(r["unacked"]) for r in reports),
+        error="; ".join(sorted({str(r["error"]) for r in reports if r["unacked"] and r["error"]})),
+    )
 
 
 def attempt(bundle: plan.Bundle, rollout: plan.Rollout, *, sidecar_url: str, home: Path, stop: threading.Event) -> verdict.Verdict | None:

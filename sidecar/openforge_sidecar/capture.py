@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from mitmproxy import ctx, exceptions, http
-from openforge import control, endpoints
+from openforge import control, endpoints, trajectory
 from openforge.api import verdict
 from openforge.trajectory.v1 import trajectory_pb2 as pb
 from openforge.wire import codecs, conversation, fastjson
@@ -43,6 +43,7 @@ from openforge.wire.codecs.errors import CodecError
 from openforge_sidecar import relay, tee
 from openforge_sidecar.policy import engine, history, template
 from openforge_sidecar.recording import records, redact, spool
+from openforge_sidecar.recording import resume as resuming
 
 if TYPE_CHECKING:  # imported once the proxy serves, and only with a collector: gRPC is ~8 MB resident
     from openforge_sidecar.recording import exporter as exporting
@@ -51,7 +52,6 @@ log = logging.getLogger("openforge.sidecar")
 
 CONTROL_HOST = "openforge.sidecar"
 MODES = ("tokens", "passthrough")
-INFLIGHT_JOURNAL = "inflight.journal"
 STOPPED_EXIT_CODE = -1
 """The exit code recorded for a rollout stopped before it was finished (``openforge_finish_on_stop``)."""
 
@@ -196,10 +196,10 @@ class Capture:
         self._loop = asyncio.get_running_loop()
         directory = Path(opts.openforge_spool)
         self._spool = spool.Spool(directory)
-        resume = _resume(self._spool, directory / INFLIGHT_JOURNAL)
+        resume = resuming.resume(self._spool, directory / resuming.INFLIGHT_JOURNAL)
         self._next_call, self._next_lost, self._finished = resume.next_call, resume.next_lost, resume.finished
         self._restarted = resume.next_call > 0
-        self._journal = os.open(directory / INFLIGHT_JOURNAL, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        self._journal = os.open(directory / resuming.INFLIGHT_JOURNAL, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         if opts.openforge_collector_token_file:
             self._collector_token = Path(opts.openforge_collector_token_file).read_text().strip()
         self._writer = _Writer(self._spool)
@@ -253,8 +253,8 @@ class Capture:
     async def done(self) -> None:
         if ctx.options.openforge_finish_on_stop and not self._finished and self._writer is not None:
             self._finished = True
-            log.warning("stopped before the rollout was finished: recording it as failed")
-            self._put(self._finished_record(exit_code=STOPPED_EXIT_CODE, reward=None, grader_output="", status="failed"))
+            log.warning("stopped before the rollout was finished: recording it as stopped")
+            self._put(self._finished_record(exit_code=STOPPED_EXIT_CODE, reward=None, grader_output="", status=trajectory.STOPPED))
         await self._export()
         if self._writer is not None:
             await asyncio.to_thread(self._writer.close)
@@ -822,41 +822,3 @@ def _json_response(status: int, body: dict[str, Any]) -> http.Response:
 def _response_id(codec: Codec, index: int) -> str:
     prefix = {"openai_chat": "chatcmpl", "openai_responses": "resp", "anthropic_messages": "msg"}.get(codec.api.value, "gen")
     return f"{prefix}_{uuid.uuid4().hex[:24]}{index:04d}"
-
-
-@dataclass(slots=True)
-class _Resume:
-    next_call: int = 0
-    next_lost: int = 0
-    started: bool = False
-    finished: bool = False
-    vanished_calls: list[int] = field(default_factory=list)
-
-
-def _resume(store: spool.Spool, journal: Path) -> _Resume:
-    """Where a sidecar restarted on an existing spool picks up.
-
-    Call indexes continue after the highest one begun (so idempotency keys
-    never collide), and calls that were begun but neither spooled nor
-    already reported lost are returned for reporting.
-    """
-    resume = _Resume()
-    spooled: set[int] = set()
-    reported: set[int] = set()
-    for record in store.records_after(0):
-        kind = record.WhichOneof("body")
-        if kind == "call":
-            spooled.add(record.call.call_index)
-        elif kind == "lost":
-            resume.next_lost += 1
-            if not record.lost.whole_rollout:
-                reported.add(record.lost.call_index)
-        elif kind == "started":
-            resume.started = True
-        elif kind == "finished":
-            resume.finished = True
-    begun = {int(line) for line in journal.read_text().split()} if journal.exists() else set()
-    resume.next_call = max(begun | spooled, default=-1) + 1
-    resume.vanished_calls = sorted(begun - spooled - reported)
-    return resume
-

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -93,7 +94,11 @@ def test_a_stopped_run_continues_on_rerun_without_counting_a_rollout_twice(procs
     assert sorted(keys) == sorted({(i, n) for i in range(2) for n in range(6)}), "every rollout finished exactly once"
     assert finished[: len(before)] == before  # nothing that finished was redone
     with store.Store(run_dir / "store.db") as db:
-        complete = [r for r in db.rollouts("react-toy") if r.complete]
+        complete = [r for r in db.rollouts("react-toy") if r.complete and r.status != "stopped"]
+        # the attempts the stop cut off are closed in the store, as stopped: none is left running
+        cut_off = [r for r in db.rollouts("react-toy") if r.status == "stopped"]
+        assert all(r.complete and not r.has_reward for r in cut_off)
+        assert all(r.finished for r in db.rollouts("react-toy"))
     assert sorted(r.rollout_id for r in complete) == sorted(e["rollout_id"] for e in finished)
     assert "already complete" not in again.stdout
     # once more: nothing is left, and the summary says so
@@ -141,3 +146,62 @@ def test_training_with_a_policy_endpoint_is_refused_before_anything_starts(tmp_p
     assert "spec.policy.endpoint: training locally needs the policy's weights" in done.stderr
     assert "Traceback" not in done.stderr
     assert not (tmp_path / "run").exists()
+
+
+def test_a_sidecar_killed_mid_rollout_is_drained_and_its_attempt_closed(procs: Any, tmp_path: Path) -> None:
+    """The harness makes its calls, then SIGKILLs its own sidecar before the runner reports
+    the rollout: the runner says the sidecar died (not that the collector did not
+    acknowledge), its spool is delivered, and the attempt is closed in the store."""
+    engine = procs.engine()
+    path = manifest(tmp_path, engine.url, tasks=1, samples=1)
+    text = path.read_text().replace("maxAttemptsPerRollout: 2", "maxAttemptsPerRollout: 1")
+    assert "&& exec python" in text
+    # react-toy's agent line, the file's first (prepare.py's line goes on; codex-toy's comes later)
+    agent = '--task-id "$OPENFORGE_TASK_ID" --workdir .\n'
+    text = text.replace("&& exec python", "&& python", 1).replace(
+        agent, agent.rstrip("\n") + ' ; pkill -9 -f "[-]-rollout-id $OPENFORGE_ROLLOUT_ID "\n', 1
+    )
+    path.write_text(text)
+    run_dir = tmp_path / "run"
+    done = run([str(path), "--no-train", "--quiet", "--run-dir", str(run_dir), "--iterations", "1"])
+    assert done.returncode == 0, done.stdout + done.stderr
+    [finish] = [e for e in journal(run_dir) if e["event"] == "finish"]
+    assert (finish["status"], finish["reason"]) == ("failed", "SidecarFailed"), finish
+    assert "its sidecar exited with -9 before the rollout was finished" in finish["message"]
+    # what the exporter had not delivered yet, at least the loss report and the finish
+    delivered = re.search(r"drained its spool: (\d+) records delivered, the attempt recorded lost and failed$", finish["message"])
+    assert delivered is not None and int(delivered[1]) >= 2, finish
+    with store.Store(run_dir / "store.db") as db:
+        rollout = db.rollout("react-toy-i0-0-0")
+        assert rollout is not None and rollout.finished and rollout.status == "stopped"
+        assert len(db.calls("react-toy-i0-0-0")) == 2  # both calls, once each
+        [lost] = db.lost("react-toy")
+        assert lost.whole_rollout and lost.reason.startswith("its sidecar exited with -9")
+
+
+def test_a_killed_run_s_unfinished_attempt_is_closed_when_the_run_starts_again(procs: Any, tmp_path: Path) -> None:
+    """A run killed outright leaves an attempt's spool with no finish (its sidecar was
+    killed too): the next start delivers it and records the attempt lost and failed."""
+    from openforge_sidecar.recording import records as sidecar_records
+    from openforge_sidecar.recording import spool as sidecar_spool
+
+    engine = procs.engine()
+    run_dir = tmp_path / "run"
+    abandoned = "react-toy-i0-0-0"
+    with sidecar_spool.Spool(run_dir / "rollouts" / abandoned / "spool") as left:
+        left.append([sidecar_records.started(
+            job="react-toy", rollout_id=abandoned, task_id="t", sample_index=0, attempt=0,
+            harness="react-toy", policy_version=0, labels={},
+        )])  # fmt: skip
+    (run_dir / "journal.jsonl").write_text(json.dumps({"event": "start", "iteration": 0, "index": 0, "attempt": 0, "rollout_id": abandoned}) + "\n")
+    done = run([str(manifest(tmp_path, engine.url, tasks=1, samples=1)), "--no-train", "--quiet", "--run-dir", str(run_dir), "--iterations", "1"])
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "spools left by an earlier run: 3 records delivered, 1 unfinished attempts recorded lost and failed" in done.stderr
+    with store.Store(run_dir / "store.db") as db:
+        old = db.rollout(abandoned)
+        assert old is not None and old.finished and old.status == "stopped"
+        [lost] = db.lost("react-toy")
+        assert (lost.rollout_id, lost.whole_rollout, lost.reason) == (abandoned, True, "the run stopped before this attempt was finished")
+        retried = db.rollout("react-toy-i0-0-1")  # the attempt the rerun made instead
+        assert retried is not None and retried.status == "succeeded"
+    assert [e["rollout_id"] for e in journal(run_dir) if e["event"] == "finish"] == ["react-toy-i0-0-1"]

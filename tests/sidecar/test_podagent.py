@@ -258,7 +258,7 @@ def test_a_sidecar_that_died_before_it_served_fails_the_attempt(tmp_path: Path) 
 
 
 @pytest.mark.parametrize("when", ["serving", "bound"])
-def test_a_pod_stopped_before_the_harness_finished_records_the_rollout_failed(tmp_path: Path, when: str) -> None:
+def test_a_pod_stopped_before_the_harness_finished_records_the_rollout_stopped(tmp_path: Path, when: str) -> None:
     """Stopped once the sidecar serves, or as early as the port is bound (the stop waits
     for the sidecar, which records the rollout stopped and flushes)."""
     agent = Agent(tmp_path)
@@ -270,7 +270,7 @@ def test_a_pod_stopped_before_the_harness_finished_records_the_rollout_failed(tm
     stored = list(spool.Spool(agent.spool).records_after(0))
     assert [record.WhichOneof("body") for record in stored] == ["started", "finished"]
     finished = stored[-1].finished
-    assert (finished.status, finished.exit_code, finished.has_reward) == ("failed", podagent.STOPPED_EXIT_CODE, False)
+    assert (finished.status, finished.exit_code, finished.has_reward) == ("stopped", podagent.STOPPED_EXIT_CODE, False)
 
 
 def test_the_agent_exits_with_its_sidecars_code_so_the_kubelet_restarts_it(tmp_path: Path) -> None:
@@ -315,7 +315,7 @@ def test_a_restarted_agent_does_not_report_twice(tmp_path: Path) -> None:
     assert process.wait(timeout=30) == 0
     assert (run_dir / podrun.FINISHED).read_text() == '{"status": "succeeded"}'
     finished = [record.finished for record in spool.Spool(tmp_path / "spool").records_after(0) if record.HasField("finished")]
-    assert [(f.status, f.has_reward) for f in finished] == [("failed", False)]
+    assert [(f.status, f.has_reward) for f in finished] == [("stopped", False)]
 
 
 def test_a_stop_early_in_a_restarted_agent_still_reaches_its_sidecar(tmp_path: Path) -> None:
@@ -334,4 +334,4 @@ def test_a_stop_early_in_a_restarted_agent_still_reaches_its_sidecar(tmp_path: P
     assert agent.stop() == 0
     assert not (run_dir / podrun.SIDECAR_START_FAILED).exists(), "the earlier start served: nothing to fail"
     finished = [record.finished for record in spool.Spool(agent.spool).records_after(0) if record.HasField("finished")]
-    assert [(f.status, f.has_reward) for f in finished] == [("failed", False)]
+    assert [(f.status, f.has_reward) for f in finished] == [("stopped", False)]

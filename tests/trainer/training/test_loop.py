@@ -498,3 +498,30 @@ def test_a_task_revisited_by_a_newer_policy_is_a_new_group(tmp_path: Path, model
     assert sorted(trained_marks(config.store).values()) == sorted(
         [str(checkpoint.path_for(config.run_dir, 1))] * len(first) + [str(checkpoint.path_for(config.run_dir, 2))] * len(second)
     )
+
+
+def test_a_stopped_attempt_is_never_trained_nor_counted_towards_its_group(
+    tmp_path: Path, model_dir: Path
+) -> None:
+    """A cut-off attempt (finished ``stopped``) does not make its group ready: the group
+    waits for the attempt that replaces it."""
+    db_path = tmp_path / "store.db"
+    sample_into(db_path, model_dir, ["a"], samples=2)
+    put(db_path, "a-stopped", [
+        record("a-stopped", "a", 2, body="started"),
+        record("a-stopped", "a", 2, body="finished", status="stopped", exit_code=-1),
+    ])  # fmt: skip
+    sized = settings(tmp_path, model_dir, group_size=3)
+    with store.Store(db_path) as db:
+        waiting = trainer_loop.select_groups(db, sized, checkpoint.TrainerState(), limit=5)
+        assert waiting.groups == [] and "a-stopped" not in waiting.skipped
+    call = {"call_index": 0, "prompt_token_ids": [1, 11, 12], "completion_token_ids": [13, 2]}
+    put(db_path, "a-retry", [
+        record("a-retry", "a", 2, body="started", attempt=2),
+        record("a-retry", "a", 2, body="call", completion_logprobs=[-0.5, -0.5], **call),
+        record("a-retry", "a", 2, body="finished", has_reward=True, reward=1.0, call_count=1),
+    ])  # fmt: skip
+    with store.Store(db_path) as db:
+        [group] = trainer_loop.select_groups(db, sized, checkpoint.TrainerState(), limit=5).groups
+        assert "a-retry" in {r.rollout_id for r in group.rollouts}
+        assert "a-stopped" not in {r.rollout_id for r in group.rollouts}

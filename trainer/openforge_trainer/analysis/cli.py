@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from openforge import trajectory
 from rich.console import Console
 from rich.table import Table
 
@@ -117,8 +118,8 @@ def _load(path: Path, jobs: list[str] | None, threshold: float) -> Loaded:
         chosen = jobs or present
         for job in chosen:
             for rollout in store.rollouts(job):
-                if not rollout.finished:
-                    unfinished += 1
+                if not rollout.finished or rollout.status == trajectory.STOPPED:
+                    unfinished += 1  # a stopped attempt was cut off: not an episode
                     continue
                 episode = episodes.episode(rollout, store.calls(rollout.rollout_id))
                 measured.append(analysis.measure(episode, success_threshold=threshold))

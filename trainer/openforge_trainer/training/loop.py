@@ -41,6 +41,7 @@ from typing import Any
 import numpy as np
 import torch
 import transformers
+from openforge import trajectory
 from verl import DataProto
 
 from openforge_trainer.collection import store as store_module
@@ -110,6 +111,8 @@ def _untrained_by_task(
         done = rollout.rollout_id in state.trained or rollout.rollout_id in state.skipped
         if done or rollout.trained_at is not None or not rollout.started:
             continue
+        if rollout.status == trajectory.STOPPED:
+            continue  # cut off: its sample is tried again as a new attempt, which the group waits for
         by_task.setdefault(group_key(rollout), []).append(rollout)
     return by_task
 
