@@ -3,14 +3,11 @@
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
-import time
-from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
-import pytest
 from openforge.trajectory.v1 import trajectory_pb2 as pb
 from openforge_sidecar.recording import records, resume, spool
 from openforge_trainer.collection import store as store_module
@@ -18,49 +15,8 @@ from openforge_trainer.collection import store as store_module
 JOB, ROLLOUT = "job", "job-0-0"
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def openforge(*args: str) -> list[str]:
     return [sys.executable, "-m", "openforge.cli", *args]
-
-
-class Collector:
-    def __init__(self, tmp_path: Path) -> None:
-        self.store = tmp_path / "store.db"
-        self.port = free_port()
-        self.address = f"127.0.0.1:{self.port}"
-        self.process: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> None:
-        self.process = subprocess.Popen(
-            openforge("collector", "--store", str(self.store), "--listen", self.address),
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        )  # fmt: skip
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            with socket.socket() as sock:
-                if sock.connect_ex(("127.0.0.1", self.port)) == 0:
-                    return
-            time.sleep(0.1)
-        raise AssertionError("the collector did not listen")
-
-    def stop(self) -> None:
-        if self.process is not None:
-            self.process.terminate()
-            self.process.wait(30)
-
-
-@pytest.fixture
-def collector(tmp_path: Path) -> Iterator[Collector]:
-    running = Collector(tmp_path)
-    try:
-        yield running
-    finally:
-        running.stop()
 
 
 def call(index: int) -> pb.Record:
@@ -85,25 +41,25 @@ def killed_sidecar_spool(directory: Path, *, begun: int, spooled: int, finished:
     (directory / resume.INFLIGHT_JOURNAL).write_text("".join(f"{i}\n" for i in range(begun)))
 
 
-def drain(*spools: Path, collector: Collector, close: bool = True, timeout: float = 20) -> tuple[int, list[dict[str, object]]]:
-    argv = ["drain", *map(str, spools), "--collector", collector.address, "--timeout", str(timeout)]
+def drain(*spools: Path, port: int, close: bool = True, timeout: float = 20) -> tuple[int, list[dict[str, object]]]:
+    argv = ["drain", *map(str, spools), "--collector", f"127.0.0.1:{port}", "--timeout", str(timeout)]
     argv += ["--close", "--reason", "the sidecar was killed"] if close else []
     done = subprocess.run(openforge(*argv), capture_output=True, text=True, timeout=120)
     assert "Traceback" not in done.stderr, done.stderr
     return done.returncode, [json.loads(line) for line in done.stdout.splitlines()]
 
 
-def test_a_killed_sidecar_s_spool_is_delivered_once_and_its_rollout_closed(tmp_path: Path, collector: Collector) -> None:
+def test_a_killed_sidecar_s_spool_is_delivered_once_and_its_rollout_closed(tmp_path: Path, procs: Any) -> None:
     directory = tmp_path / "spool"
     killed_sidecar_spool(directory, begun=3, spooled=2)
-    collector.start()
-    code, [report] = drain(directory, collector=collector)
+    port = procs.collector().port
+    code, [report] = drain(directory, port=port)
     assert code == 0, report
     assert report | {"spool": ""} == {
         "spool": "", "rollout_id": ROLLOUT, "closed": True, "lost_calls": 1,
         "unacked_before": 6, "unacked": 0, "error": "",
     }  # fmt: skip  started, 2 calls, call 2 lost, the rollout lost, its finish
-    with store_module.Store(collector.store) as db:
+    with store_module.Store(tmp_path / "store.db") as db:
         rollout = db.rollout(ROLLOUT)
         assert rollout is not None and rollout.finished and rollout.status == "stopped"
         assert not rollout.has_reward and rollout.call_count_expected == 3
@@ -115,37 +71,38 @@ def test_a_killed_sidecar_s_spool_is_delivered_once_and_its_rollout_closed(tmp_p
         ]
         count = db.record_count()
     # again: nothing added, nothing stored twice, no connection needed
-    code, [again] = drain(directory, collector=collector)
+    code, [again] = drain(directory, port=port)
     assert (code, again["closed"], again["lost_calls"], again["unacked_before"]) == (0, False, 0, 0)
-    with store_module.Store(collector.store) as db:
+    with store_module.Store(tmp_path / "store.db") as db:
         assert db.record_count() == count
 
 
-def test_with_the_collector_away_the_records_stay_for_the_next_drain(tmp_path: Path, collector: Collector) -> None:
+def test_with_the_collector_away_the_records_stay_for_the_next_drain(tmp_path: Path, procs: Any) -> None:
     directory = tmp_path / "spool"
     killed_sidecar_spool(directory, begun=2, spooled=2)
-    code, [report] = drain(directory, collector=collector, timeout=1)
+    port = procs.free_port()
+    code, [report] = drain(directory, port=port, timeout=1)
     assert code == 1
     assert report["closed"] and report["unacked"] == report["unacked_before"] == 5
     assert "did not acknowledge" in str(report["error"])
-    collector.start()
-    code, [report] = drain(directory, collector=collector)
+    procs.collector(port=port)
+    code, [report] = drain(directory, port=port)
     assert (code, report["closed"], report["unacked"]) == (0, False, 0)  # closed once, by the first
-    with store_module.Store(collector.store) as db:
+    with store_module.Store(tmp_path / "store.db") as db:
         rollout = db.rollout(ROLLOUT)
         assert rollout is not None and rollout.status == "stopped"
         assert len([x for x in db.lost(JOB) if x.whole_rollout]) == 1
 
 
-def test_a_finished_spool_is_only_delivered(tmp_path: Path, collector: Collector) -> None:
+def test_a_finished_spool_is_only_delivered(tmp_path: Path, procs: Any) -> None:
     directory = tmp_path / "spool"
     killed_sidecar_spool(directory, begun=1, spooled=1, finished=True)
-    collector.start()
-    code, [report, missing] = drain(directory, tmp_path / "no-such-spool", collector=collector)
+    port = procs.collector().port
+    code, [report, missing] = drain(directory, tmp_path / "no-such-spool", port=port)
     assert code == 0
     assert (report["closed"], report["unacked_before"], report["unacked"]) == (False, 3, 0)
     assert (missing["rollout_id"], missing["error"]) == ("", "no spool")
-    with store_module.Store(collector.store) as db:
+    with store_module.Store(tmp_path / "store.db") as db:
         rollout = db.rollout(ROLLOUT)
         assert rollout is not None and (rollout.status, rollout.reward) == ("succeeded", 1.0)
         assert db.lost(JOB) == []
