@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from openforge import control, endpoints
+from openforge import control, endpoints, trajectory
 from openforge.api import retries, verdict
 
 from openforge_runner import plan, processes
@@ -81,6 +81,7 @@ def run_rollout(
             "--harness", bundle.env.metadata.name or "", "--policy-version", str(endpoints.policy_version),
             "--control-token-file", str(home / CONTROL_TOKEN),
             "--flush-timeout", str(SIDECAR_FLUSH_SECONDS), "--finish-on-stop",
+            "--label", f"{trajectory.BATCH_LABEL}={rollout.iteration}",
         ),
         home / "sidecar.log",
         port=port,

@@ -168,6 +168,7 @@ class Capture:
         loader.add_option("openforge_attempt", int, 0, "Attempt number of this rollout.")
         loader.add_option("openforge_harness", str, "", "Harness name, for the record.")
         loader.add_option("openforge_policy_version", int, 0, "Policy version when the engine does not report one.")
+        loader.add_option("openforge_labels", str, "{}", "The rollout's started-record labels, as a JSON object of strings.")
         loader.add_option("openforge_max_body", int, 32 * 1024 * 1024, "Largest LLM request body accepted, in bytes.")
         loader.add_option("openforge_ready_file", str, "", "File created once the sidecar serves: its proxy listens and its spool is open.")
         loader.add_option("openforge_finish_on_stop", bool, False, "On shutdown, record a rollout that was never finished as failed (no reward), as a stopped pod's is.")
@@ -215,7 +216,7 @@ class Capture:
                     attempt=opts.openforge_attempt,
                     harness=opts.openforge_harness,
                     policy_version=opts.openforge_policy_version,
-                    labels={},
+                    labels=json.loads(opts.openforge_labels or "{}"),
                 )
             )
         self._serving.set()

@@ -17,6 +17,7 @@ Three network modes:
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import socket
 import sys
@@ -25,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from openforge import cli as front_door
-from openforge import endpoints
+from openforge import endpoints, trajectory
 
 from openforge_sidecar import capture, master
 
@@ -51,6 +52,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--attempt", type=int, default=0)
     parser.add_argument("--harness", default="")
     parser.add_argument("--policy-version", type=int, default=0)
+    parser.add_argument(
+        "--label", action="append", default=[], metavar="KEY=VALUE",
+        help=f"a label of the rollout's started record (repeatable), e.g. {trajectory.BATCH_LABEL}=3",
+    )  # fmt: skip
     parser.add_argument("--confdir", default="", help="mitmproxy confdir holding the CA (regular/transparent modes)")
     parser.add_argument("--listen-fd", type=int, default=-1, help="serve this inherited socket, already listening on --listen, instead of binding one")
     parser.add_argument("--ready-file", default="", help="file to create once the sidecar serves (its spool open)")
@@ -62,6 +67,17 @@ def build_parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     parser.add_argument("--verbose", action="store_true", help="log every flow")
     return parser
+
+
+def labels(pairs: Sequence[str]) -> dict[str, str]:
+    """``--label KEY=VALUE`` flags as a mapping; SystemExit naming a malformed one."""
+    out: dict[str, str] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise SystemExit(f"openforge sidecar: --label must be KEY=VALUE, not {pair!r}")
+        out[key] = value
+    return out
 
 
 def settings(ns: argparse.Namespace) -> list[str]:
@@ -98,6 +114,7 @@ def settings(ns: argparse.Namespace) -> list[str]:
         f"openforge_attempt={ns.attempt}",
         f"openforge_harness={ns.harness}",
         f"openforge_policy_version={ns.policy_version}",
+        f"openforge_labels={json.dumps(labels(ns.label))}",
         f"openforge_ready_file={ns.ready_file}",
         f"openforge_finish_on_stop={'true' if ns.finish_on_stop else 'false'}",
         f"openforge_control_token_file={ns.control_token_file}",

@@ -6,3 +6,8 @@ STOPPED = "stopped"
 """``RolloutFinished.status`` of an attempt cut off before it was finished: its sidecar
 stopped (``--finish-on-stop``) or a drain closed it. It is never trained or measured;
 its runner tries the rollout again as a new attempt."""
+
+BATCH_LABEL = "openforge.dev/batch"
+"""``RolloutStarted.labels`` key of the batch a rollout was started in (``openforge run``:
+the iteration). Rollouts of one task, policy version and batch are one training group,
+and a training step takes the groups of one batch: batches never merge."""

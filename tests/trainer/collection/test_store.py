@@ -207,3 +207,23 @@ def test_a_job_is_claimed_once_and_for_good(tmp_path: Path) -> None:
         assert db.claim_job("job-2", "other/job-2/uid-2") == "other/job-2/uid-2"
     with store.Store(tmp_path / "s.db") as db:
         assert db.job_owner("job") == "rl/job/uid-1"
+
+
+def test_a_store_from_before_batches_gains_the_column_and_keeps_its_rollouts(tmp_path: Path) -> None:
+    path = tmp_path / "old.db"
+    with store.Store(path) as db:
+        db.put([trajectory_pb2.Record(
+            idempotency_key="r/started", job="j", rollout_id="r",
+            started=trajectory_pb2.RolloutStarted(task_id="t", labels={"openforge.dev/batch": "4"}),
+        )])  # fmt: skip
+    with sqlite3.connect(path) as raw:  # as a store made before batches were recorded
+        raw.execute("ALTER TABLE rollouts DROP COLUMN batch")
+    with store.Store(path) as db:
+        rollout = db.rollout("r")
+        assert rollout is not None and (rollout.task_id, rollout.batch) == ("t", "")
+        db.put([trajectory_pb2.Record(
+            idempotency_key="s/started", job="j", rollout_id="s",
+            started=trajectory_pb2.RolloutStarted(task_id="t", labels={"openforge.dev/batch": "4"}),
+        )])  # fmt: skip
+        again = db.rollout("s")
+        assert again is not None and again.batch == "4"

@@ -31,6 +31,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from openforge import trajectory
 from openforge.trajectory.v1 import trajectory_pb2
 
 Record = Any  # trajectory_pb2.Record (the generated module is untyped for mypy)
@@ -66,7 +67,8 @@ CREATE TABLE IF NOT EXISTS rollouts (
     calls_stored INTEGER NOT NULL DEFAULT 0,
     finished INTEGER NOT NULL DEFAULT 0,
     trained_at REAL,
-    trained_checkpoint TEXT
+    trained_checkpoint TEXT,
+    batch TEXT NOT NULL DEFAULT ''
 );
 CREATE INDEX IF NOT EXISTS rollouts_by_job ON rollouts (job, task_id, sample_index);
 CREATE TABLE IF NOT EXISTS job_owners (
@@ -79,7 +81,7 @@ CREATE TABLE IF NOT EXISTS job_owners (
 _ROLLOUT_COLUMNS = (
     "r.rollout_id, r.job, r.task_id, r.sample_index, r.attempt, r.harness, r.policy_version,"
     " r.started, r.status, r.exit_code, r.reward, r.has_reward, r.call_count_expected,"
-    " r.calls_stored, r.finished, r.trained_at, r.trained_checkpoint,"
+    " r.calls_stored, r.finished, r.trained_at, r.trained_checkpoint, r.batch,"
     " (SELECT COUNT(DISTINCT c.call_index) FROM records c"
     "   WHERE c.rollout_id = r.rollout_id AND c.kind IN ('call', 'lost')"
     "   AND c.call_index < r.call_count_expected) AS calls_present"
@@ -112,6 +114,8 @@ class Rollout:
     # distinct call indices in 0..call_count_expected-1 accounted for: stored,
     # or reported lost by the sidecar (a lost call is never waited for)
     calls_present: int
+    batch: str = ""
+    """The batch it was started in (its started record's ``openforge.dev/batch`` label)."""
 
     @property
     def complete(self) -> bool:
@@ -196,6 +200,9 @@ class Store:
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=FULL")
         self._db.executescript(_SCHEMA)
+        columns = {row[1] for row in self._db.execute("PRAGMA table_info(rollouts)")}
+        if "batch" not in columns:  # a store made before batches were recorded
+            self._db.execute("ALTER TABLE rollouts ADD COLUMN batch TEXT NOT NULL DEFAULT ''")
 
     def close(self) -> None:
         with self._lock:
@@ -272,13 +279,14 @@ class Store:
     def _apply_started(self, rollout_id: str, started: Any) -> None:
         self._db.execute(
             "UPDATE rollouts SET task_id = ?, sample_index = ?, attempt = ?, harness = ?,"
-            " policy_version = ?, started = 1 WHERE rollout_id = ?",
+            " policy_version = ?, batch = ?, started = 1 WHERE rollout_id = ?",
             (
                 started.task_id,
                 int(started.sample_index),
                 int(started.attempt),
                 started.harness,
                 int(started.policy_version),
+                started.labels.get(trajectory.BATCH_LABEL, ""),
                 rollout_id,
             ),
         )
@@ -466,7 +474,7 @@ def _rollout(row: tuple[Any, ...]) -> Rollout:
     (
         rollout_id, job, task_id, sample_index, attempt, harness, policy_version, started,
         status, exit_code, reward, has_reward, expected, calls_stored, finished, trained_at,
-        trained_checkpoint, calls_present,
+        trained_checkpoint, batch, calls_present,
     ) = row  # fmt: skip
     return Rollout(
         rollout_id=rollout_id,
@@ -487,4 +495,5 @@ def _rollout(row: tuple[Any, ...]) -> Rollout:
         trained_at=trained_at,
         trained_checkpoint=trained_checkpoint,
         calls_present=calls_present,
+        batch=batch,
     )

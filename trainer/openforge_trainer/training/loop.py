@@ -68,6 +68,8 @@ class Group:
 class Selection:
     groups: list[Group] = dataclasses.field(default_factory=list)
     skipped: dict[str, str] = dataclasses.field(default_factory=dict)  # rollout id -> reason
+    settled: bool = False
+    """The groups are all the batch will have: none of its rollouts is still running."""
 
 
 # -- selection -------------------------------------------------------------------
@@ -80,10 +82,16 @@ def select_groups(
     *,
     limit: int,
 ) -> Selection:
-    """Up to ``limit`` trainable groups, and the rollouts newly found untrainable."""
+    """Up to ``limit`` trainable groups of the oldest batch with untrained rollouts, and
+    the rollouts newly found untrainable."""
     selection = Selection()
     candidates: list[tuple[int, str, list[store_module.Rollout]]] = []
-    for task, members in _untrained_by_task(db, config.job, state).items():
+    untrained = _untrained_by_task(db, config.job, state)
+    batches = {rollout.batch for members in untrained.values() for rollout in members}
+    batch = min(batches, key=_batch_order) if batches else ""
+    untrained = {key: members for key, members in untrained.items() if members[0].batch == batch}
+    selection.settled = all(r.complete for members in untrained.values() for r in members)
+    for task, members in untrained.items():
         complete = [rollout for rollout in members if rollout.complete]
         if task in state.trained_tasks:
             for rollout in complete:
@@ -118,12 +126,20 @@ def _untrained_by_task(
 
 
 def group_key(rollout: store_module.Rollout) -> str:
-    """A GRPO group: one task's rollouts sampled from one policy version.
+    """A GRPO group: one task's rollouts sampled from one policy version, in one batch.
 
     Training revisits the same tasks (iterations, epochs); each visit is a
-    new group, compared only with rollouts of the same policy.
+    new group, compared only with rollouts of the same policy. Rollouts of two
+    batches (``openforge run``'s iterations) are two groups even at one policy
+    version, so that a stop and rerun cannot merge iterations: ``task@v3#1``.
     """
-    return f"{rollout.task_id}@v{rollout.policy_version}"
+    key = f"{rollout.task_id}@v{rollout.policy_version}"
+    return f"{key}#{rollout.batch}" if rollout.batch else key
+
+
+def _batch_order(batch: str) -> tuple[int, int, str]:
+    """Batches in the order they were started: numbered ones by number."""
+    return (0, int(batch), "") if batch.isdigit() else (1, 0, batch)
 
 
 def _ready(
@@ -383,7 +399,9 @@ class Trainer:
                 self.store, self.config, self.state, limit=self.config.groups_per_step
             )
             self._skip(selection.skipped)
-            enough = len(selection.groups) >= self.config.groups_per_step
+            enough = len(selection.groups) >= self.config.groups_per_step or (
+                selection.settled and bool(selection.groups)
+            )
             if enough or time.monotonic() >= deadline or stop.is_set():
                 if not selection.groups and not stop.is_set():
                     self.log(

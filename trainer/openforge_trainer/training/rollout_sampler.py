@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 import transformers
+from openforge import trajectory
 from openforge.trajectory.v1 import trajectory_pb2
 
 from openforge_trainer.collection import store as store_module
@@ -112,8 +113,10 @@ def write_rollouts(
     policy_version: int = 0,
     seed: int = 0,
     reward: Callable[[Sequence[Sequence[int]]], float] = even_share_reward,
+    batch: str = "",
 ) -> list[str]:
-    """Sample ``samples`` rollouts per task and store them; their rollout ids."""
+    """Sample ``samples`` rollouts per task and store them (labelled with ``batch``, if
+    given, as a runner labels an iteration's); their rollout ids."""
     model.eval()
     generator = torch.Generator().manual_seed(seed)
     ids = []
@@ -121,7 +124,7 @@ def write_rollouts(
         rng = random.Random(f"{seed}/{task}")
         prompt = [IM_START, *_ordinary(rng, prompt_tokens), IM_END, IM_START]
         for sample_index in range(samples):
-            rollout_id = f"{job}-{task}-{sample_index}-v{policy_version}-s{seed}"
+            rollout_id = f"{job}-{task}-{sample_index}-v{policy_version}-s{seed}" + (f"-b{batch}" if batch else "")
             calls, completions = _turns(
                 model, prompt, rng, generator, turns, max_new_tokens, tool_tokens
             )
@@ -133,6 +136,7 @@ def write_rollouts(
                 calls=calls,
                 policy_version=policy_version,
                 reward=reward(completions),
+                batch=batch,
             )
             db.put(records)
             ids.append(rollout_id)
@@ -176,6 +180,7 @@ def rollout_records(
     calls: list[tuple[list[int], list[int], list[float]]],
     policy_version: int,
     reward: float,
+    batch: str = "",
 ) -> list[Any]:
     """The records the collector would store for one rollout of ``calls``.
 
@@ -191,6 +196,7 @@ def rollout_records(
                 attempt=1,
                 harness="in-process",
                 policy_version=policy_version,
+                labels={trajectory.BATCH_LABEL: batch} if batch else {},
             ),
         )
     ]
