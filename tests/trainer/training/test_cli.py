@@ -111,6 +111,32 @@ def test_sigterm_stops_cleanly_after_the_step(tmp_path: Path, model_dir: Path) -
     assert checkpoint.latest(tmp_path / "run") == checkpoint.path_for(tmp_path / "run", 1)
 
 
+def test_sigterm_while_waiting_does_not_train_a_partial_step(tmp_path: Path, model_dir: Path) -> None:
+    """One group ready of the two a step takes: a stop ends the wait without training it."""
+    populate(tmp_path / "store.db", model_dir, ["a"])
+    process = subprocess.Popen(
+        command(tmp_path, model_dir, "--groups-per-step", "2", "--poll-interval", "0.2"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=ENV,
+    )
+    assert process.stdout is not None
+    seen = []
+    for line in process.stdout:
+        seen.append(line)
+        if line.startswith("openforge train: starting"):
+            break
+    time.sleep(3)  # waiting for a second group
+    process.send_signal(signal.SIGTERM)
+    rest, _ = process.communicate(timeout=30)
+    output = "".join(seen) + rest
+    assert process.returncode == 0, output
+    assert "the partial step is not trained" in output
+    assert output.rstrip().endswith("stopped after 0 step(s) this run (step 0, policy v0)"), output
+    assert checkpoint.latest(tmp_path / "run") is None
+
+
 def test_bad_settings_exit_2_naming_the_field(
     tmp_path: Path, model_dir: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

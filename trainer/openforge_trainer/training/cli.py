@@ -1,7 +1,8 @@
 """``openforge train``: wait for complete task groups, train a step, checkpoint, publish, repeat.
 
 SIGTERM and SIGINT stop the loop cleanly after the current step (its
-checkpoint, store marks and publish complete first). A second signal aborts
+checkpoint, store marks and publish complete first); a stop while waiting for
+groups does not train the groups found so far (a partial step). A second signal aborts
 at once: an unfinished step is lost, and its groups are trained after a restart.
 """
 

@@ -70,6 +70,8 @@ class Selection:
     skipped: dict[str, str] = dataclasses.field(default_factory=dict)  # rollout id -> reason
     settled: bool = False
     """The groups are all the batch will have: none of its rollouts is still running."""
+    full: bool = False
+    """A whole step: ``groups_per_step`` groups, or every group of a settled batch."""
 
 
 # -- selection -------------------------------------------------------------------
@@ -90,7 +92,8 @@ def select_groups(
     batches = {rollout.batch for members in untrained.values() for rollout in members}
     batch = min(batches, key=_batch_order) if batches else ""
     untrained = {key: members for key, members in untrained.items() if members[0].batch == batch}
-    selection.settled = all(r.complete for members in untrained.values() for r in members)
+    # without a batch label (the operator's rollouts) nothing says a batch has ended
+    selection.settled = bool(batch) and all(r.complete for members in untrained.values() for r in members)
     for task, members in untrained.items():
         complete = [rollout for rollout in members if rollout.complete]
         if task in state.trained_tasks:
@@ -383,6 +386,9 @@ class Trainer:
             selection = self.wait_for_groups(stop)
             if not selection.groups:
                 break
+            if stop.is_set() and not selection.full:
+                self.log("openforge train: stopped while waiting for groups; the partial step is not trained")
+                break
             self.train_step(selection)
             trained += 1
         return trained
@@ -402,6 +408,7 @@ class Trainer:
             enough = len(selection.groups) >= self.config.groups_per_step or (
                 selection.settled and bool(selection.groups)
             )
+            selection.full = enough
             if enough or time.monotonic() >= deadline or stop.is_set():
                 if not selection.groups and not stop.is_set():
                     self.log(
