@@ -25,7 +25,7 @@ PROFILE_ADDON = BENCH / "profile_addon.py"
 # connections are reset), and TCP_NODELAY, without which Nagle's algorithm meets delayed
 # ACKs and stalls small streamed writes for ~40 ms.
 ENGINE_MAIN = (
-    "import sys; from openforge_trainer import testengine; "
+    "import sys; from openforge_trainer.testengine import engine as testengine; "
     "testengine.EngineServer.request_queue_size = 128; "
     "testengine._Handler.disable_nagle_algorithm = True; "
     "sys.exit(testengine.main(sys.argv[1:]))"
