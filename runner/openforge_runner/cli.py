@@ -71,19 +71,23 @@ def main(argv: list[str]) -> int:
     stop = threading.Event()
     _on_signal(stop)
     services: list[processes.Service] = []
+    supervisor = processes.Supervisor(stop=stop)
     try:
-        collector = _start(services, processes.Service(
+        collector = supervisor.watch(_start(services, processes.Service(
             "collector", processes.openforge("collector", "--store", str(run_dir / "store.db"), "--listen", f"127.0.0.1:{(cport := processes.free_port())}"),
-            run_dir / "collector.log", port=cport))
+            run_dir / "collector.log", port=cport)))
         _drain_leftovers(run_dir, collector=f"127.0.0.1:{collector.port}", when="left by an earlier run")
         engine_url = bundle.job.spec.policy.endpoint
         if engine_url is None:
             assert model is not None
-            served = plan.latest_checkpoint(run_dir / "train") or model
-            engine = _start(services, processes.Service(
-                "serve", processes.openforge("serve", "--model", str(served), "--port", str(eport := processes.free_port()),
-                                             "--model-name", bundle.job.spec.policy.model, "--policy-version", str(plan.checkpoint_version(served))),
-                run_dir / "serve.log", port=eport))
+            eport = processes.free_port()
+
+            def serve_argv() -> list[str]:  # a restart serves the newest checkpoint
+                served = plan.latest_checkpoint(run_dir / "train") or model
+                return processes.openforge("serve", "--model", str(served), "--port", str(eport), "--model-name",
+                                           bundle.job.spec.policy.model, "--policy-version", str(plan.checkpoint_version(served)))
+
+            engine = supervisor.watch(_start(services, processes.Service("serve", serve_argv(), run_dir / "serve.log", port=eport)), argv=serve_argv)
             engine_url = engine.url
         trainer = None
         if train:
@@ -91,6 +95,7 @@ def main(argv: list[str]) -> int:
                 "trainer", processes.openforge(*plan.trainer_args(bundle, model=model, run_dir=run_dir, store=run_dir / "store.db", serve=engine_url, iterations=iterations)),
                 run_dir / "trainer.log"))
             trainer.wait_for_line(TRAINER_READY)
+            supervisor.watch(trainer)  # a restarted trainer resumes from its checkpoint
         base_version = runner.policy_version(engine_url)
         resume = runner.resume_state(runner.Journal(run_dir / "journal.jsonl"))
         endpoints = executor.Endpoints(engine_url, f"127.0.0.1:{collector.port}", base_version)
@@ -101,7 +106,7 @@ def main(argv: list[str]) -> int:
         display = progress.Display(job=bundle.name, iterations=iterations, metrics=run_dir / "train" / "metrics.jsonl")
         history: list[runner.IterationStats] = []
         with (display if not args.quiet else _Null()):
-            job_runner = runner.Runner(bundle, run_dir=run_dir, endpoints=current_endpoints, on_change=display.update, stop=stop)
+            job_runner = runner.Runner(bundle, run_dir=run_dir, endpoints=current_endpoints, on_change=display.update, stop=stop, ready=supervisor.up.is_set)
             for iteration in range(iterations):
                 display.update(phase=f"iteration {iteration + 1}: rollouts")
                 stats = job_runner.run_iteration(iteration)
@@ -112,8 +117,16 @@ def main(argv: list[str]) -> int:
                     break
                 if trainer is not None and iteration not in resume.trained:
                     display.update(phase=f"iteration {iteration + 1}: training")
-                    version = runner.wait_for_policy(engine_url, iteration + 1, alive=trainer.alive, stop=stop, timeout=1800)
+                    version = runner.wait_for_policy(engine_url, iteration + 1, alive=lambda: supervisor.alive(trainer), stop=stop, timeout=1800)
+                    if version is None:
+                        break  # stopped while the trainer trained: the rerun waits for it again
                     job_runner.journal.write({"event": "trained", "iteration": iteration, "policy_version": version})
+        supervisor.close()
+        for event in supervisor.events:
+            runner.Journal(run_dir / "journal.jsonl").write(event)
+        if supervisor.failure:
+            print(f"openforge run: {supervisor.failure}", file=sys.stderr)
+            return 1
         _drain_leftovers(run_dir, collector=f"127.0.0.1:{collector.port}", when="left with records unacknowledged")
         print(progress.summary(history, run_dir=run_dir, trained=trainer is not None))
         if stop.is_set():
@@ -124,6 +137,7 @@ def main(argv: list[str]) -> int:
         print(f"openforge run: {exc}", file=sys.stderr)
         return 1
     finally:
+        supervisor.close()
         for service in reversed(services):
             service.stop()
 

@@ -13,9 +13,12 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 
 class ServiceError(RuntimeError):
@@ -136,3 +139,103 @@ def openforge(*args: str) -> list[str]:
 def _signal_group(pid: int, sig: int) -> None:
     with contextlib.suppress(ProcessLookupError):
         os.killpg(pid, sig)
+
+
+@dataclass
+class _Watched:
+    service: Service
+    argv: Callable[[], list[str]] | None
+    restarts: int = 0
+
+
+class Supervisor:
+    """Restarts a run's services when they die (exit other than 0): each at most ``restarts`` times, after a
+    backoff that doubles (``backoff`` s first). A service that keeps dying ends the run:
+    :attr:`failure` says which and why, and ``stop`` is set.
+
+    ``up`` is set while every watched service runs: the runner starts no rollout while a
+    service (the collector above all) is down. :meth:`close` stops watching (before the
+    services are stopped, so that their stop is not taken for a death).
+    """
+
+    def __init__(
+        self,
+        *,
+        stop: threading.Event,
+        restarts: int = 3,
+        backoff: float = 1.0,
+        log: Callable[[str], None] = lambda line: print(line, file=sys.stderr, flush=True),
+        poll: float = 0.5,
+    ) -> None:
+        self.stop = stop
+        self.restarts = restarts
+        self.backoff = backoff
+        self.log = log
+        self.poll = poll
+        self.up = threading.Event()
+        self.up.set()
+        self.failure = ""
+        self.events: list[dict[str, Any]] = []
+        self._watched: list[_Watched] = []
+        self._closed = threading.Event()
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(target=self._watch, name="openforge-supervisor", daemon=True)
+        self._thread.start()
+
+    def watch(self, service: Service, *, argv: Callable[[], list[str]] | None = None) -> Service:
+        """Watch a started ``service``; ``argv`` gives its command line for a restart
+        (default: the one it started with)."""
+        with self._lock:
+            self._watched.append(_Watched(service, argv))
+        return service
+
+    def alive(self, service: Service) -> bool:
+        """Whether ``service`` runs or is being restarted (it died, and was not given up on)."""
+        if service.alive():
+            return True
+        return _code(service) != 0 and not self.failure and not self._closed.is_set()
+
+    def close(self) -> None:
+        self._closed.set()
+        self._thread.join(timeout=10)
+
+    def _watch(self) -> None:
+        while not self._closed.wait(self.poll):
+            with self._lock:
+                # a service that exited 0 is done (the trainer, its steps trained), not dead
+                self._watched = [w for w in self._watched if w.service.alive() or _code(w.service) != 0]
+                dead = [w for w in self._watched if not w.service.alive()]
+            if not dead:
+                self.up.set()
+                continue
+            self.up.clear()
+            for watched in dead:
+                if self._closed.is_set() or self.failure:
+                    return
+                self._restart(watched)
+
+    def _restart(self, watched: _Watched) -> None:
+        service = watched.service
+        code = service.process.returncode if service.process is not None else None
+        if watched.restarts >= self.restarts:
+            self.failure = f"{service.name} exited with {code} {watched.restarts + 1} times; giving up (see {service.log.name}):\n{service.tail()}"
+            self.events.append({"event": "service", "service": service.name, "exit_code": code, "action": "gave up"})
+            self.log(f"openforge run: {service.name} keeps dying; stopping the run")
+            self.stop.set()
+            return
+        delay = self.backoff * 2**watched.restarts
+        watched.restarts += 1
+        self.log(f"openforge run: {service.name} exited with {code}; restarting it in {delay:g} s ({watched.restarts}/{self.restarts})")
+        self.events.append({"event": "service", "service": service.name, "exit_code": code, "action": "restarted"})
+        if self._closed.wait(delay):
+            return
+        if watched.argv is not None:
+            service.argv = watched.argv()
+        try:
+            service.start()
+        except ServiceError as exc:
+            self.log(f"openforge run: {service.name} did not come back: {exc}")
+
+
+def _code(service: Service) -> int | None:
+    return service.process.returncode if service.process is not None else None

@@ -114,13 +114,16 @@ class Runner:
         endpoints: Callable[[], executor.Endpoints],
         on_change: Callable[[IterationStats], None] = lambda stats: None,
         stop: threading.Event | None = None,
+        ready: Callable[[], bool] = lambda: True,
     ) -> None:
+        """``ready`` says whether a rollout may start now (the run's services are up)."""
         self.bundle = bundle
         self.run_dir = run_dir
         self.journal = Journal(run_dir / "journal.jsonl")
         self._endpoints = endpoints
         self._on_change = on_change
         self.stop = stop or threading.Event()
+        self._ready = ready
         self._lock = threading.Lock()
         self._tried: dict[tuple[int, int], list[retries.Tried]] = {}
 
@@ -139,10 +142,13 @@ class Runner:
             pending: dict[Future[executor.Outcome], plan.Rollout] = {}
             queue = [self._next_attempt(r, resume) for r in todo]
             while (queue or pending) and not self.stop.is_set():
-                while queue and len(pending) < parallelism and not self.stop.is_set():
+                while queue and len(pending) < parallelism and not self.stop.is_set() and self._ready():
                     rollout = queue.pop(0)
                     self._start(stats, rollout)
                     pending[pool.submit(self._run, rollout)] = rollout
+                if not pending:  # waiting for a service to come back
+                    self.stop.wait(0.2)
+                    continue
                 done, _ = wait(pending, timeout=0.5, return_when=FIRST_COMPLETED)
                 for future in done:
                     rollout = pending.pop(future)
@@ -230,14 +236,20 @@ def policy_version(engine_url: str) -> int:
         return int(json.load(response).get("policy_version", 0))
 
 
-def wait_for_policy(engine_url: str, version: int, *, alive: Callable[[], bool], stop: threading.Event, timeout: float) -> int:
-    """Block until the engine serves ``version`` or later (the trainer published)."""
+def wait_for_policy(engine_url: str, version: int, *, alive: Callable[[], bool], stop: threading.Event, timeout: float) -> int | None:
+    """Block until the engine serves ``version`` or later (the trainer published); None
+    when ``stop`` is set first."""
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and not stop.is_set():
-        current = policy_version(engine_url)
+    while time.monotonic() < deadline:
+        if stop.is_set():
+            return None
+        try:
+            current = policy_version(engine_url)
+        except OSError:  # the engine is being restarted: ask again
+            current = -1
         if current >= version:
             return current
         if not alive():
             raise RuntimeError("the trainer stopped before publishing new weights (see trainer.log)")
-        time.sleep(0.5)
+        stop.wait(0.5)
     raise TimeoutError(f"the engine still serves a policy older than version {version} after {timeout:.0f} s")

@@ -205,3 +205,31 @@ def test_a_killed_run_s_unfinished_attempt_is_closed_when_the_run_starts_again(p
         retried = db.rollout("react-toy-i0-0-1")  # the attempt the rerun made instead
         assert retried is not None and retried.status == "succeeded"
     assert [e["rollout_id"] for e in journal(run_dir) if e["event"] == "finish"] == ["react-toy-i0-0-1"]
+
+
+def test_a_collector_killed_mid_run_is_restarted_and_nothing_is_lost(procs: Any, tmp_path: Path) -> None:
+    engine = procs.engine("--token-delay-ms", "30")
+    run_dir = tmp_path / "run"
+    path = manifest(tmp_path, engine.url, tasks=2, samples=2, parallelism=1)
+    args = [str(path), "--no-train", "--quiet", "--run-dir", str(run_dir), "--iterations", "1"]
+    process = subprocess.Popen([sys.executable, "-m", "openforge.cli", "run", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if (run_dir / "journal.jsonl").exists() and any(e["event"] == "finish" for e in journal(run_dir)):
+            break
+        time.sleep(0.1)
+    killed = subprocess.run(["pkill", "-9", "-f", f"[c]ollector --store {run_dir / 'store.db'}"], check=False)
+    assert killed.returncode == 0, "no collector to kill"
+    output, errors = process.communicate(timeout=300)
+    assert process.returncode == 0, output + errors
+    assert "collector exited with -9; restarting it" in errors
+    finished = [e for e in journal(run_dir) if e["event"] == "finish"]
+    assert sorted(e["index"] for e in finished) == [0, 1, 2, 3] and all(e["status"] == "succeeded" for e in finished), finished
+    assert [e for e in journal(run_dir) if e["event"] == "service"] == [
+        {"event": "service", "service": "collector", "exit_code": -9, "action": "restarted"}
+    ]
+    with store.Store(run_dir / "store.db") as db:
+        rollouts = db.rollouts("react-toy")
+        assert sorted(r.rollout_id for r in rollouts) == sorted(e["rollout_id"] for e in finished)
+        assert all(r.complete and r.reward == 1.0 and r.calls_stored == 2 for r in rollouts)
+        assert db.lost("react-toy") == []

@@ -1,0 +1,73 @@
+"""The runner's services as real child processes, and their supervision."""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from pathlib import Path
+
+from openforge_runner import processes
+
+
+def python(code: str) -> list[str]:
+    return [sys.executable, "-c", code]
+
+
+def until(condition: object, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():  # type: ignore[operator]
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.05)
+
+
+def test_a_dead_service_is_restarted_on_its_port_and_rollouts_wait_meanwhile(tmp_path: Path) -> None:
+    port = processes.free_port()
+    serve = f"import socket, time; s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); s.bind(('127.0.0.1', {port})); s.listen(); time.sleep(600)"
+    service = processes.Service("collector", python(serve), tmp_path / "collector.log", port=port).start()
+    stop = threading.Event()
+    lines: list[str] = []
+    supervisor = processes.Supervisor(stop=stop, backoff=0.5, poll=0.05, log=lines.append)
+    try:
+        supervisor.watch(service)
+        first = service.process
+        assert first is not None
+        first.kill()
+        until(lambda: not supervisor.up.is_set())  # no rollout starts while it is down
+        until(lambda: service.process is not first and service.alive() and supervisor.up.is_set())
+        assert supervisor.alive(service) and not stop.is_set() and not supervisor.failure
+        assert lines == ["openforge run: collector exited with -9; restarting it in 0.5 s (1/3)"]
+        assert supervisor.events == [{"event": "service", "service": "collector", "exit_code": -9, "action": "restarted"}]
+    finally:
+        supervisor.close()
+        service.stop()
+
+
+def test_a_service_that_keeps_dying_stops_the_run_naming_it(tmp_path: Path) -> None:
+    service = processes.Service("trainer", python("import sys; print('boom'); sys.exit(3)"), tmp_path / "trainer.log").start()
+    stop = threading.Event()
+    supervisor = processes.Supervisor(stop=stop, restarts=2, backoff=0.01, poll=0.05, log=lambda line: None)
+    try:
+        supervisor.watch(service)
+        until(stop.is_set)
+        assert supervisor.failure.startswith("trainer exited with 3 3 times; giving up (see trainer.log):")
+        assert "boom" in supervisor.failure
+        assert not supervisor.alive(service)
+        assert [e["action"] for e in supervisor.events] == ["restarted", "restarted", "gave up"]
+    finally:
+        supervisor.close()
+
+
+def test_a_service_that_exits_0_is_done_not_dead(tmp_path: Path) -> None:
+    service = processes.Service("trainer", python("pass"), tmp_path / "trainer.log").start()
+    stop = threading.Event()
+    supervisor = processes.Supervisor(stop=stop, backoff=0.01, poll=0.05, log=lambda line: None)
+    try:
+        supervisor.watch(service)
+        assert service.process is not None
+        service.process.wait(30)
+        time.sleep(0.5)
+        assert supervisor.events == [] and not stop.is_set() and supervisor.up.is_set()
+        assert not supervisor.alive(service)  # a waiter for its work learns it is over
+    finally:
+        supervisor.close()
