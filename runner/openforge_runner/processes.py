@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -50,7 +51,7 @@ class Service:
         with self.log.open("ab") as handle:
             self._log_start = handle.tell()
             self.process = subprocess.Popen(
-                self.argv,
+                tethered(self.argv),
                 stdout=handle,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
@@ -129,6 +130,17 @@ class Service:
             return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
         except OSError:
             return ""
+
+
+SETPRIV = shutil.which("setpriv")
+
+
+def tethered(argv: list[str]) -> list[str]:
+    """``argv``, run so that the process is sent SIGTERM when the thread that started it
+    dies (``setpriv --pdeathsig``, util-linux): a runner killed outright takes its
+    services and sidecars with it, instead of leaving them serving and writing. As it
+    is where setpriv is missing."""
+    return [SETPRIV, "--pdeathsig", "TERM", "--", *argv] if SETPRIV else list(argv)
 
 
 def openforge(*args: str) -> list[str]:

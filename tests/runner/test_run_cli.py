@@ -233,3 +233,26 @@ def test_a_collector_killed_mid_run_is_restarted_and_nothing_is_lost(procs: Any,
         assert sorted(r.rollout_id for r in rollouts) == sorted(e["rollout_id"] for e in finished)
         assert all(r.complete and r.reward == 1.0 and r.calls_stored == 2 for r in rollouts)
         assert db.lost("react-toy") == []
+
+
+def test_a_runner_killed_outright_takes_its_services_and_sidecars_with_it(procs: Any, tmp_path: Path) -> None:
+    engine = procs.engine("--token-delay-ms", "50")
+    run_dir = tmp_path / "run"
+    path = manifest(tmp_path, engine.url, tasks=2, samples=2, parallelism=2)
+    process = subprocess.Popen([sys.executable, "-m", "openforge.cli", "run", str(path), "--no-train", "--quiet", "--run-dir", str(run_dir)],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+
+    def children() -> list[str]:
+        found = subprocess.run(["pgrep", "-af", f"[-]-(store|spool) {run_dir}"], capture_output=True, text=True, check=False)
+        return found.stdout.splitlines()
+
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and not any("sidecar" in line for line in children()):
+        time.sleep(0.1)
+    assert any("collector" in line for line in children()) and any("sidecar" in line for line in children())
+    process.kill()
+    process.wait(30)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and children():
+        time.sleep(0.2)
+    assert children() == [], "left running after the runner was killed"
