@@ -47,6 +47,16 @@ def journal(run_dir: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in (run_dir / "journal.jsonl").read_text().splitlines()]
 
 
+def wait_for_finishes(run_dir: Path, count: int, timeout: float = 120) -> None:
+    """Until the run's journal has ``count`` finished rollouts."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if (run_dir / "journal.jsonl").exists() and sum(e["event"] == "finish" for e in journal(run_dir)) >= count:
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"fewer than {count} rollouts finished within {timeout:g} s")
+
+
 def test_a_local_run_captures_and_grades_every_rollout(procs: Any, tmp_path: Path) -> None:
     engine = procs.engine()
     run_dir = tmp_path / "run"
@@ -75,11 +85,7 @@ def test_a_stopped_run_continues_on_rerun_without_counting_a_rollout_twice(procs
     path = manifest(tmp_path, engine.url, tasks=3, samples=2, parallelism=2)
     args = [str(path), "--no-train", "--quiet", "--run-dir", str(run_dir), "--iterations", "2"]
     process = subprocess.Popen([sys.executable, "-m", "openforge.cli", "run", *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:  # stop it once some rollouts finished, mid-iteration
-        if (run_dir / "journal.jsonl").exists() and sum(e["event"] == "finish" for e in journal(run_dir)) >= 2:
-            break
-        time.sleep(0.2)
+    wait_for_finishes(run_dir, 2)  # stop it once some rollouts finished, mid-iteration
     process.send_signal(signal.SIGINT)
     output, _ = process.communicate(timeout=120)
     assert process.returncode == 130, output
@@ -213,11 +219,7 @@ def test_a_collector_killed_mid_run_is_restarted_and_nothing_is_lost(procs: Any,
     path = manifest(tmp_path, engine.url, tasks=2, samples=2, parallelism=1)
     args = [str(path), "--no-train", "--quiet", "--run-dir", str(run_dir), "--iterations", "1"]
     process = subprocess.Popen([sys.executable, "-m", "openforge.cli", "run", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        if (run_dir / "journal.jsonl").exists() and any(e["event"] == "finish" for e in journal(run_dir)):
-            break
-        time.sleep(0.1)
+    wait_for_finishes(run_dir, 1)
     killed = subprocess.run(["pkill", "-9", "-f", f"[c]ollector --store {run_dir / 'store.db'}"], check=False)
     assert killed.returncode == 0, "no collector to kill"
     output, errors = process.communicate(timeout=300)

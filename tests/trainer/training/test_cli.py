@@ -85,15 +85,16 @@ def test_two_steps_end_to_end(tmp_path: Path, model_dir: Path) -> None:
     assert (tmp_path / "run" / metrics.CURVE).is_file()
 
 
+def spawn(tmp_path: Path, model_dir: Path, *flags: str) -> subprocess.Popen[str]:
+    """``openforge train`` running, its output (stderr too) on ``stdout``."""
+    return subprocess.Popen(
+        command(tmp_path, model_dir, *flags), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=ENV
+    )
+
+
 def test_sigterm_stops_cleanly_after_the_step(tmp_path: Path, model_dir: Path) -> None:
     populate(tmp_path / "store.db", model_dir, ["a"])
-    process = subprocess.Popen(
-        command(tmp_path, model_dir, "--groups-per-step", "1"),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env=ENV,
-    )
+    process = spawn(tmp_path, model_dir, "--groups-per-step", "1")
     assert process.stdout is not None
     seen = []
     deadline = time.monotonic() + 90
@@ -114,13 +115,7 @@ def test_sigterm_stops_cleanly_after_the_step(tmp_path: Path, model_dir: Path) -
 def test_sigterm_while_waiting_does_not_train_a_partial_step(tmp_path: Path, model_dir: Path) -> None:
     """One group ready of the two a step takes: a stop ends the wait without training it."""
     populate(tmp_path / "store.db", model_dir, ["a"])
-    process = subprocess.Popen(
-        command(tmp_path, model_dir, "--groups-per-step", "2", "--poll-interval", "0.2"),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env=ENV,
-    )
+    process = spawn(tmp_path, model_dir, "--groups-per-step", "2", "--poll-interval", "0.2")
     assert process.stdout is not None
     seen = []
     for line in process.stdout:
