@@ -86,10 +86,10 @@ def test_a_deleted_pod_is_run_again_as_a_new_attempt(platform: kube_cluster.Kube
     assert job["status"]["counts"]["succeeded"] == 1 and job["status"]["counts"]["retried"] == 1, job["status"]["counts"]
     assert [p["metadata"]["name"] for p in realpods.pods_of(kind, name, name)] == [second]
     summary = realpods.store_summary(kind, name)
-    # the deleted attempt is kept as what it was (failed, its one call), never merged into the new one
+    # the deleted attempt is kept as what it was (stopped: cut off, its one call), never merged into the new one
     check_exactly_once(summary, {("t0", 0): [0], ("t0", 1): [0, 1]})
     statuses = {r["attempt"]: r["status"] for r in summary["rollouts"]}
-    assert statuses == {0: "failed", 1: "succeeded"}, statuses
+    assert statuses == {0: "stopped", 1: "succeeded"}, statuses
     kind.kubectl("delete", "namespace", name, "--wait=false")
 
 
