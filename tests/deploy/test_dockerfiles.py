@@ -12,6 +12,7 @@ missing distributions. The builds themselves have not been run here.
 from __future__ import annotations
 
 import json
+import re
 import shlex
 import subprocess
 import sys
@@ -155,3 +156,9 @@ def test_the_image_builds_on_its_dependency_stage_so_the_two_share_their_layers(
     froms = [args for word, args in steps if word == "FROM"]
     assert froms == ["${PYTHON_IMAGE} AS deps", "deps"]
     assert not [args for word, args in steps if word == "COPY" and args.startswith("--from")]
+
+
+@pytest.mark.parametrize("dockerfile", sorted(ROOT.glob("*/Dockerfile")) + sorted(ROOT.glob("examples/harnesses/*/Dockerfile")), ids=str)
+def test_the_tests_a_dockerfile_names_exist(dockerfile: Path) -> None:
+    named = re.findall(r"\btests/[\w/.-]+\.py", dockerfile.read_text())
+    assert [path for path in named if not (ROOT / path).is_file()] == []
