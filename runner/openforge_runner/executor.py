@@ -81,7 +81,7 @@ def run_rollout(
             "--harness", bundle.env.metadata.name or "", "--policy-version", str(endpoints.policy_version),
             "--control-token-file", str(home / CONTROL_TOKEN),
             "--flush-timeout", str(SIDECAR_FLUSH_SECONDS), "--finish-on-stop",
-            "--label", f"{trajectory.BATCH_LABEL}={rollout.iteration}",
+            "--label", f"{trajectory.BATCH_LABEL}={rollout.iteration}/{len(bundle.tasks) * bundle.job.spec.samples_per_task}",
         ),
         home / "sidecar.log",
         port=port,

@@ -8,6 +8,8 @@ stopped (``--finish-on-stop``) or a drain closed it. It is never trained or meas
 its runner tries the rollout again as a new attempt."""
 
 BATCH_LABEL = "openforge.dev/batch"
-"""``RolloutStarted.labels`` key of the batch a rollout was started in (``openforge run``:
-the iteration). Rollouts of one task, policy version and batch are one training group,
-and a training step takes the groups of one batch: batches never merge."""
+"""``RolloutStarted.labels`` key of the batch a rollout was started in, as
+``<number>/<rollouts in the batch>`` (``openforge run``: the iteration, ``3/32``).
+Rollouts of one task, policy version and batch are one training group; a training step
+takes the groups of one batch, and takes them all once every rollout of the batch is
+complete, however many that is: batches never merge."""

@@ -531,27 +531,35 @@ def test_two_batches_at_one_policy_version_are_two_groups_trained_a_batch_a_step
     tmp_path: Path, model_dir: Path
 ) -> None:
     """Iterations 0 and 1 both sampled at v0 (a rerun after a stop before training):
-    their groups never merge, a step takes one batch's groups, and a settled batch
-    is trained even with fewer groups than groups_per_step."""
+    their groups never merge, a step takes one batch's groups, and a batch whose every
+    rollout is complete is trained even with fewer groups than groups_per_step."""
     db_path = tmp_path / "store.db"
     sample_into(db_path, model_dir, ["a", "b"], samples=2)  # no batch: the operator's
     batches = tmp_path / "batches.db"
-    for batch in ("1", "0", "10"):
-        model = trainer_loop.load_model(model_dir, dtype="float32", device="cpu")
+    model = trainer_loop.load_model(model_dir, dtype="float32", device="cpu")
+    for batch, tasks in (("1/4", ["a", "b"]), ("0/6", ["a", "b"]), ("10/2", ["a"])):
         with store.Store(batches) as db:
             rollout_sampler.write_rollouts(
-                db, model, job=JOB, tasks=["a"] if batch == "10" else ["a", "b"], samples=2,
-                turns=2, max_new_tokens=6, reward=first_token_parity, batch=batch,
+                db, model, job=JOB, tasks=tasks, samples=2, turns=2, max_new_tokens=6,
+                reward=first_token_parity, batch=batch,
             )  # fmt: skip
     config = settings(tmp_path, model_dir, groups_per_step=8).model_copy(update={"store": batches})
     with store.Store(batches) as db:
         first = trainer_loop.select_groups(db, config, checkpoint.TrainerState(), limit=8)
-        assert sorted(g.task_id for g in first.groups) == ["a@v0#0", "b@v0#0"] and first.settled
-        assert {r.batch for g in first.groups for r in g.rollouts} == {"0"}
-        state = checkpoint.TrainerState(trained_tasks={"a@v0#0": 1, "b@v0#0": 1},
-                                        trained={r.rollout_id: 1 for g in first.groups for r in g.rollouts})  # fmt: skip
+        # batch 0 says it has 6 rollouts and 4 are in: its groups wait (not settled)
+        assert sorted(g.task_id for g in first.groups) == ["a@v0#0/6", "b@v0#0/6"] and not first.settled
+        assert {r.batch for g in first.groups for r in g.rollouts} == {"0/6"}
+        rollout_sampler.write_rollouts(
+            db, model, job=JOB, tasks=["c"], samples=2, turns=2, max_new_tokens=6,
+            reward=first_token_parity, batch="0/6",
+        )  # fmt: skip
+        assert trainer_loop.select_groups(db, config, checkpoint.TrainerState(), limit=8).settled
+        done = trainer_loop.select_groups(db, config, checkpoint.TrainerState(), limit=8)
+        state = checkpoint.TrainerState(trained_tasks={g.task_id: 1 for g in done.groups},
+                                        trained={r.rollout_id: 1 for g in done.groups for r in g.rollouts})  # fmt: skip
         second = trainer_loop.select_groups(db, config, state, limit=8)
-        assert sorted(g.task_id for g in second.groups) == ["a@v0#1", "b@v0#1"]  # 1 before 10
-    with store.Store(db_path) as db:  # rollouts without a batch group as before
+        assert sorted(g.task_id for g in second.groups) == ["a@v0#1/4", "b@v0#1/4"]  # 1 before 10
+        assert second.settled
+    with store.Store(db_path) as db:  # rollouts without a batch group as before, never settled
         plain = trainer_loop.select_groups(db, settings(tmp_path, model_dir), checkpoint.TrainerState(), limit=8)
-        assert sorted(g.task_id for g in plain.groups) == ["a@v0", "b@v0"]
+        assert sorted(g.task_id for g in plain.groups) == ["a@v0", "b@v0"] and not plain.settled

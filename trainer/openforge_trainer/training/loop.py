@@ -88,12 +88,12 @@ def select_groups(
     the rollouts newly found untrainable."""
     selection = Selection()
     candidates: list[tuple[int, str, list[store_module.Rollout]]] = []
-    untrained = _untrained_by_task(db, config.job, state)
+    everything = db.rollouts(config.job)
+    untrained = _untrained_by_task(everything, state)
     batches = {rollout.batch for members in untrained.values() for rollout in members}
     batch = min(batches, key=_batch_order) if batches else ""
     untrained = {key: members for key, members in untrained.items() if members[0].batch == batch}
-    # without a batch label (the operator's rollouts) nothing says a batch has ended
-    selection.settled = bool(batch) and all(r.complete for members in untrained.values() for r in members)
+    selection.settled = _settled(everything, batch)
     for task, members in untrained.items():
         complete = [rollout for rollout in members if rollout.complete]
         if task in state.trained_tasks:
@@ -114,11 +114,26 @@ def select_groups(
     return selection
 
 
+def _settled(rollouts: list[store_module.Rollout], batch: str) -> bool:
+    """Whether every rollout ``batch`` names (``<number>/<rollouts>``) is complete: its
+    groups are all it will have. Never for a batch that gives no size (or no batch: the
+    operator's rollouts), whose groups are waited for by ``groups_per_step``."""
+    size = batch.partition("/")[2]
+    if not size.isdigit():
+        return False
+    done = {
+        (r.task_id, r.sample_index)
+        for r in rollouts
+        if r.batch == batch and r.complete and r.status != trajectory.STOPPED
+    }
+    return len(done) >= int(size)
+
+
 def _untrained_by_task(
-    db: store_module.Store, job: str, state: checkpoint.TrainerState
+    rollouts: list[store_module.Rollout], state: checkpoint.TrainerState
 ) -> dict[str, list[store_module.Rollout]]:
     by_task: dict[str, list[store_module.Rollout]] = {}
-    for rollout in db.rollouts(job):
+    for rollout in rollouts:
         done = rollout.rollout_id in state.trained or rollout.rollout_id in state.skipped
         if done or rollout.trained_at is not None or not rollout.started:
             continue
@@ -134,15 +149,17 @@ def group_key(rollout: store_module.Rollout) -> str:
     Training revisits the same tasks (iterations, epochs); each visit is a
     new group, compared only with rollouts of the same policy. Rollouts of two
     batches (``openforge run``'s iterations) are two groups even at one policy
-    version, so that a stop and rerun cannot merge iterations: ``task@v3#1``.
+    version, so that a stop and rerun cannot merge iterations: ``task@v3#1/32``.
     """
     key = f"{rollout.task_id}@v{rollout.policy_version}"
     return f"{key}#{rollout.batch}" if rollout.batch else key
 
 
 def _batch_order(batch: str) -> tuple[int, int, str]:
-    """Batches in the order they were started: numbered ones by number."""
-    return (0, int(batch), "") if batch.isdigit() else (1, 0, batch)
+    """Batches in the order they were started: numbered ones (``<number>[/<rollouts>]``)
+    by number."""
+    number = batch.partition("/")[0]
+    return (0, int(number), "") if number.isdigit() else (1, 0, batch)
 
 
 def _ready(
