@@ -52,8 +52,7 @@ log = logging.getLogger("openforge.sidecar")
 
 CONTROL_HOST = "openforge.sidecar"
 MODES = ("tokens", "passthrough")
-STOPPED_EXIT_CODE = -1
-"""The exit code recorded for a rollout stopped before it was finished (``openforge_finish_on_stop``)."""
+STOPPED_EXIT_CODE = records.STOPPED_EXIT_CODE
 
 
 @dataclass(slots=True)

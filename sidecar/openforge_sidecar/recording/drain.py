@@ -29,8 +29,7 @@ from openforge import trajectory
 
 from openforge_sidecar.recording import records, resume, spool
 
-STOPPED_EXIT_CODE = -1
-"""The exit code recorded for a rollout closed here (it was never finished)."""
+STOPPED_EXIT_CODE = records.STOPPED_EXIT_CODE
 
 
 @dataclass(frozen=True, slots=True)

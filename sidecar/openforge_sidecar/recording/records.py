@@ -8,6 +8,9 @@ from collections.abc import Mapping, Sequence
 from openforge.trajectory.v1 import trajectory_pb2 as pb
 from openforge.wire import conversation
 
+STOPPED_EXIT_CODE = -1
+"""The exit code recorded for a rollout closed before it was finished (stopped, or drained)."""
+
 
 def started(
     *,
