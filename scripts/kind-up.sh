@@ -268,8 +268,12 @@ case "${1:-}" in
   demo)
     [ -f "$kubeconfig" ] || die "no kubeconfig at $kubeconfig; run: $0 up"
     clients
+    # a cluster made without NetworkPolicy enforcement would fence no pod: the
+    # operator then starts harnesses without waiting for the fence
+    unfenced=()
+    [ "${KIND_NETWORK_POLICY:-1}" = 1 ] || unfenced=(--set operator.fenceWaitSeconds=0)
     "$helm" upgrade --install openforge "$root/charts/openforge" --kubeconfig "$kubeconfig" \
-      --namespace openforge --create-namespace -f "$root/examples/cluster/helm/values.yaml" --wait --timeout 10m >&2
+      --namespace openforge --create-namespace -f "$root/examples/cluster/helm/values.yaml" "${unfenced[@]}" --wait --timeout 10m >&2
     "$kubectl" --kubeconfig "$kubeconfig" create namespace rl --dry-run=client -o yaml |
       "$kubectl" --kubeconfig "$kubeconfig" apply -f - >&2
     "$kubectl" --kubeconfig "$kubeconfig" --namespace rl apply -f "$root/examples/cluster/" >&2

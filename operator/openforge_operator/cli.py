@@ -17,7 +17,7 @@ import sys
 
 from openforge.trajectory import auth
 
-from openforge_operator import settings
+from openforge_operator import pods, settings
 
 DEFAULTS = settings.Settings()
 
@@ -49,6 +49,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--harness-uid", type=int, default=DEFAULTS.harness_uid, help="harness user id when the template sets none (default %(default)s)")
     parser.add_argument("--resync-seconds", type=float, default=DEFAULTS.resync_seconds, help="reconcile each job at least this often (default %(default)s)")
     parser.add_argument("--create-concurrency", type=int, default=DEFAULTS.create_concurrency, help="pod creations in flight (default %(default)s)")
+    parser.add_argument(
+        "--fence-wait-seconds", type=int, default=DEFAULTS.fence_wait_seconds,
+        help="how long a pod waits for its NetworkPolicy to be enforced before the harness starts; 0: do not wait (default %(default)s)",
+    )  # fmt: skip
     parser.add_argument("--finish-wait-seconds", type=int, default=DEFAULTS.finish_wait_seconds, help="how long a pod waits for the collector's ack (default %(default)s)")
     parser.add_argument(
         "--collector-master-key-file", metavar="FILE",
@@ -96,6 +100,8 @@ def options(argv: list[str]) -> tuple[argparse.Namespace, settings.Settings]:
             if not sep or not key:
                 parser.error(f"--dns-label: {item!r} is not KEY=VALUE")
             labels[key] = value
+    if not 0 <= ns.fence_wait_seconds < pods.SIDECAR_START_SECONDS:
+        parser.error(f"--fence-wait-seconds: {ns.fence_wait_seconds} is not from 0 to {pods.SIDECAR_START_SECONDS - 1} (the harness waits {pods.SIDECAR_START_SECONDS} s for its sidecar)")
     resources = DEFAULTS.sidecar_resources
     if ns.sidecar_resources is not None:
         try:
@@ -112,6 +118,7 @@ def options(argv: list[str]) -> tuple[argparse.Namespace, settings.Settings]:
         resync_seconds=ns.resync_seconds,
         create_concurrency=ns.create_concurrency,
         finish_wait_seconds=ns.finish_wait_seconds,
+        fence_wait_seconds=ns.fence_wait_seconds,
         dns_namespace=ns.dns_namespace,
         dns_pod_labels=labels,
     )

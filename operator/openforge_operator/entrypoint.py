@@ -9,7 +9,9 @@ script
    once it listens: the harness container starts beside the sidecar, not
    after it, and its start overlaps the sidecar's); if it never comes, writes
    a SidecarFailed termination message and exits with
-   :data:`SIDECAR_NOT_READY_EXIT_CODE` without running the harness;
+   :data:`SIDECAR_NOT_READY_EXIT_CODE` without running the harness; the same
+   exit, with the agent's verdict as the message, when the agent writes
+   ``finished`` before ``sidecar-ready`` (the pod was never fenced);
 1. runs the harness command unchanged and keeps its exit code (in the background,
    so that a TERM is passed on to it: as the container's PID 1, ``sh`` ignores
    one it has no trap for, and the pod's deletion would wait out the kubelet's
@@ -82,6 +84,10 @@ n=0
 while [ "$sidecar_wait" -gt 0 ] && [ ! -e "$run/sidecar-ready" ]; do
   if [ "$stopped" = 1 ]; then
     exit 143
+  fi
+  if [ -e "$run/finished" ]; then
+    cat "$run/finished" > "$termination" 2> /dev/null
+    exit 125
   fi
   if [ "$n" -ge $((sidecar_wait * ticks)) ]; then
     printf '{"exitCode":125,"status":"failed","reason":"SidecarFailed","reward":null,"acknowledged":false,"calls":0,"message":"the capture sidecar did not listen within %s s: the harness never ran"}' "$sidecar_wait" > "$termination" 2> /dev/null

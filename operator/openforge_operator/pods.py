@@ -10,7 +10,10 @@ Anatomy of ``<job>-<index>-<attempt>``:
   sidecar's ``sidecar-ready`` file before it runs the harness; a pod with
   containers of the template's own (init or not) gets instead an ``exec``
   ``startupProbe`` inside the sidecar, connecting to its loopback port, which
-  holds every later container back until it listens.
+  holds every later container back until it listens. Either way the harness
+  starts only once the pod is fenced: the agent makes ``sidecar-ready`` when
+  its try of the API server fails, i.e. the job's NetworkPolicy is enforced
+  (``--fence-wait-seconds``; Kubernetes lets a pod start before its policy).
 - ``containers``: the template's, the ``harness`` container's command wrapped
   by :mod:`openforge_operator.entrypoint` (harness, then grader, then report),
   its env carrying the task and pointing it at the sidecar.
@@ -282,6 +285,8 @@ def _sidecar(inputs: PodInputs, *, startup_probe: bool) -> dict[str, Any]:
         "--finish-wait", str(config.finish_wait_seconds),
         "--control-token-file", CONTROL_TOKEN,
     ]  # fmt: skip
+    if config.fence_wait_seconds > 0:
+        agent += ["--fence-wait", str(config.fence_wait_seconds)]
     mounts: list[dict[str, Any]] = [
         {"name": RUN_VOLUME, "mountPath": podrun.RUN_DIR},
         {"name": SIDECAR_VOLUME, "mountPath": SIDECAR_DIR},
@@ -312,7 +317,10 @@ def _sidecar(inputs: PodInputs, *, startup_probe: bool) -> dict[str, Any]:
             sidecar += ["--collector-token-file", posixpath.join(TOKEN_DIR, TOKEN_FILE)]
             mounts.append({"name": TOKEN_VOLUME, "mountPath": TOKEN_DIR, "readOnly": True})
     image = env.spec.capture.sidecar_image or config.sidecar_image
-    return sidecar_container(image, AGENT_COMMAND, [*agent, "--", *sidecar], mounts, config, startup_probe=startup_probe)
+    ready_file = posixpath.join(podrun.RUN_DIR, podrun.SIDECAR_READY)
+    return sidecar_container(
+        image, AGENT_COMMAND, [*agent, "--", *sidecar], mounts, config, startup_probe=startup_probe, ready_file=ready_file
+    )
 
 
 def sidecar_container(
@@ -323,11 +331,13 @@ def sidecar_container(
     config: settings.Settings,
     *,
     startup_probe: bool = True,
+    ready_file: str | None = None,
 ) -> dict[str, Any]:
     """The capture sidecar as a native sidecar: an init container that keeps running.
 
     With ``startup_probe``, its startup probe holds the later containers back until it
-    listens. Without one they start beside it: a rollout pod's harness entrypoint waits
+    listens (and ``ready_file`` exists: a rollout pod's ``sidecar-ready``, made once the
+    pod is fenced). Without one they start beside it: a rollout pod's harness entrypoint waits
     for the sidecar's ready file instead, and the two containers' starts overlap (an exec
     probe also costs a process in the container every second, and up to a second's wait
     after the sidecar listens before the kubelet sees it).
@@ -356,7 +366,7 @@ def sidecar_container(
     }
     if startup_probe:
         container["startupProbe"] = {
-            "exec": {"command": probe.command(config.sidecar_port)},
+            "exec": {"command": probe.command(config.sidecar_port, ready_file)},
             "periodSeconds": 1,
             # a Python probe on a node starting many sidecars at once can take
             # over the default 1 s, which would count as a failure (bench/kind_startup.py)

@@ -1,4 +1,6 @@
-"""The sidecar's startup probe: exit 0 once something accepts TCP on the pod's loopback.
+"""The sidecar's startup probe: exit 0 once something accepts TCP on the pod's loopback
+(and, given a file, once that file exists: a rollout pod's ``sidecar-ready``, which the
+in-pod agent creates only once the pod is fenced).
 
 The kubelet dials ``tcpSocket`` and ``httpGet`` probes from the node's network
 namespace, where the pod's ``127.0.0.1`` is the node's own loopback, so a probe
@@ -8,11 +10,12 @@ own network namespace (and as the sidecar's user, which Transparent mode's
 redirect lets through). Imports nothing beyond the standard library: the
 kubelet runs it every second until the sidecar listens.
 
-    python -m openforge_operator.probe PORT
+    python -m openforge_operator.probe PORT [FILE]
 """
 
 from __future__ import annotations
 
+import os
 import socket
 import sys
 
@@ -28,21 +31,25 @@ def listening(port: int, host: str = "127.0.0.1") -> bool:
         return False
 
 
-def command(port: int) -> list[str]:
-    """The probe's ``exec.command`` for the sidecar listening on ``port``."""
-    return ["python", "-m", __name__, str(port)]
+def command(port: int, ready_file: str | None = None) -> list[str]:
+    """The probe's ``exec.command`` for the sidecar listening on ``port`` (and, with
+    ``ready_file``, having created it)."""
+    return ["python", "-m", __name__, str(port), *([ready_file] if ready_file else [])]
 
 
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
-    if len(args) != 1 or not args[0].isdigit() or not 0 < int(args[0]) < 65536:
-        print("usage: python -m openforge_operator.probe PORT", file=sys.stderr)
+    if len(args) not in (1, 2) or not args[0].isdigit() or not 0 < int(args[0]) < 65536:
+        print("usage: python -m openforge_operator.probe PORT [FILE]", file=sys.stderr)
         return 2
     port = int(args[0])
-    if listening(port):
-        return 0
-    print(f"nothing listens on 127.0.0.1:{port} yet", file=sys.stderr)
-    return 1
+    if not listening(port):
+        print(f"nothing listens on 127.0.0.1:{port} yet", file=sys.stderr)
+        return 1
+    if len(args) == 2 and not os.path.exists(args[1]):
+        print(f"{args[1]} does not exist yet", file=sys.stderr)
+        return 1
+    return 0
 
 
 if __name__ == "__main__":

@@ -36,6 +36,11 @@ class Settings:
     """An attempt's harness time when neither the job nor the HarnessEnv sets one (as locally)."""
     finish_wait_seconds: int = 60
     """How long the pod waits for the collector to acknowledge a rollout's records."""
+    fence_wait_seconds: int = 60
+    """How long a rollout pod's sidecar waits for the job's NetworkPolicy to fence the pod
+    (the API server unreachable) before it lets the harness start; a pod still unfenced
+    then fails its attempt (SidecarFailed). 0: start the harness without waiting (a
+    cluster whose network plugin does not enforce NetworkPolicy)."""
     pod_deadline_slack_seconds: int = 60
     """Added to an attempt's harness, grader and finish time: sidecar start and image pulls."""
     resync_seconds: float = 30.0

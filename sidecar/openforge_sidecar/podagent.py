@@ -11,6 +11,14 @@ imports, not two) it
   harness container's entrypoint waits for that file, then starts the
   harness, whose first connections wait in the socket's backlog until the
   sidecar serves them (the harness's start-up overlaps the sidecar's);
+- with ``--fence-wait``, creates ``sidecar-ready`` only once the pod is fenced:
+  a network plugin applies a NetworkPolicy to a new pod some time after the
+  pod has started (Kubernetes promises no order), and a harness started
+  before then could reach what the job's policy denies it. The agent tries the
+  API server (``--fence-target``, else ``$KUBERNETES_SERVICE_HOST``), which no
+  job's policy admits, until the connection fails, in a thread beside the
+  sidecar's imports; a pod still unfenced after that many seconds is reported
+  failed (SidecarFailed, the harness never ran) instead of run unfenced;
 - runs ``openforge sidecar SIDECAR-ARGS`` in its main thread, with
   ``--listen-fd`` (that socket), ``--ready-file`` (the sidecar creates
   ``sidecar-serving`` once it serves) and ``--finish-on-stop`` (a sidecar
@@ -60,6 +68,9 @@ BACKLOG = 128
 """Connections the sidecar's socket queues before the sidecar serves them."""
 STOPPED_EXIT_CODE = -1
 """The exit code reported for a harness that never finished (the pod was stopped)."""
+FENCE_CONNECT_TIMEOUT = 1.0
+"""Seconds one try of the fence waits for the API server's answer: a policy that drops
+(not rejects) the packets makes every fenced try take this long."""
 GRADER_TIMED_OUT = 124
 """``timeout``'s exit code for a command that ran past it."""
 Verdict = verdict.Verdict
@@ -147,9 +158,12 @@ class Agent:
         # until the sidecar's own handlers are in, a stop is kept and passed on to them
         signal.signal(signal.SIGTERM, self._keep_stop)
         signal.signal(signal.SIGINT, self._keep_stop)
-        self._prepare()
+        restarted = self._prepare()
         fd = listen(self.options.listen).detach()  # the sidecar's socket from now on
-        (self.run_dir / podrun.SIDECAR_READY).touch()
+        if self.options.fence_wait > 0 and not restarted:
+            threading.Thread(target=self._ready_when_fenced, name="openforge-podagent-fence", daemon=True).start()
+        else:
+            (self.run_dir / podrun.SIDECAR_READY).touch()
         threading.Thread(target=self._pass_on_stop, name="openforge-podagent-stop", daemon=True).start()
         threading.Thread(target=self._watch, name="openforge-podagent", daemon=True).start()
         # SIGTERM and SIGINT stop the sidecar (its own handlers): it records a
@@ -161,10 +175,13 @@ class Agent:
             "--finish-on-stop",
         ])  # fmt: skip
 
-    def _prepare(self) -> None:
+    def _prepare(self) -> bool:
+        """Ready the run directory and the confdir; True when an earlier start of this
+        container already let the harness start (``sidecar-ready``)."""
         self.run_dir.mkdir(parents=True, exist_ok=True)
         ready, serving = self.run_dir / podrun.SIDECAR_READY, self.run_dir / podrun.SIDECAR_SERVING
-        if ready.exists() and not serving.exists():
+        restarted = ready.exists()
+        if restarted and not serving.exists():
             (self.run_dir / podrun.SIDECAR_START_FAILED).touch()
         serving.unlink(missing_ok=True)  # an earlier start's: this one creates its own
         if self.options.ca_file:
@@ -172,6 +189,21 @@ class Agent:
             confdir.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(self.options.ca_file, confdir / CA_FILE)
             os.chmod(confdir / CA_FILE, 0o600)
+        return restarted
+
+    def _ready_when_fenced(self) -> None:
+        """Let the harness start once the pod is fenced; else report the attempt failed."""
+        target = self.options.fence_target
+        if await_fence(target, wait=self.options.fence_wait, poll=self.options.fence_poll):
+            (self.run_dir / podrun.SIDECAR_READY).touch()
+            return
+        message = (
+            f"the pod could still reach the API server ({target}) after {self.options.fence_wait:g} s: "
+            "the cluster did not enforce the job's NetworkPolicy (its network plugin has no NetworkPolicy "
+            "support, or is that far behind), so the harness never ran; an operator run with "
+            "--fence-wait-seconds 0 starts harnesses without waiting for the fence"
+        )
+        self._report(Verdict(podrun.SIDECAR_NOT_READY_EXIT_CODE, None, "", "failed", "SidecarFailed", message), wait=self.options.finish_wait)
 
     def _keep_stop(self, signum: int, frame: FrameType | None) -> None:
         self.stop_asked = signum
@@ -204,6 +236,34 @@ class Agent:
         result = post_finish(self.options.listen, verdict, wait_seconds=wait, deadline=deadline, token_file=self.options.control_token_file)
         message = termination_message(verdict, result)
         _create(self.run_dir / podrun.FINISHED, json.dumps(message, separators=(",", ":")))
+
+
+def fenced(target: str, *, timeout: float = FENCE_CONNECT_TIMEOUT) -> bool:
+    """Whether a TCP connection to ``host:port`` fails (refused, dropped, unreachable)."""
+    host, _, port = target.rpartition(":")
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout):
+            return False
+    except OSError:
+        return True
+
+
+def await_fence(target: str, *, wait: float, poll: float) -> bool:
+    """Whether ``target`` became unreachable within ``wait`` seconds."""
+    deadline = time.monotonic() + wait
+    while not fenced(target):
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(poll)
+    return True
+
+
+def default_fence_target() -> str:
+    """The API server as a pod sees it (the kubelet sets these in every container)."""
+    host, port = os.environ.get("KUBERNETES_SERVICE_HOST", ""), os.environ.get("KUBERNETES_SERVICE_PORT", "")
+    if not host or not port:
+        return ""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 def listen(address: str) -> socket.socket:
@@ -251,6 +311,15 @@ def build_parser() -> argparse.ArgumentParser:
         "--control-token-file", default="",
         help="the sidecar's --control-token-file (in its own volume): the token the rollout is reported with",
     )  # fmt: skip
+    parser.add_argument(
+        "--fence-wait", type=float, default=0.0,
+        help="seconds to wait for the job's NetworkPolicy to fence the pod before the harness starts (0: do not wait)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--fence-target", default="",
+        help="host:port the fence makes unreachable (default: the API server, $KUBERNETES_SERVICE_HOST:$KUBERNETES_SERVICE_PORT)",
+    )  # fmt: skip
+    parser.add_argument("--fence-poll", type=float, default=0.2, help="seconds between tries of the fence")
     return parser
 
 
@@ -265,6 +334,14 @@ def main(argv: list[str] | None = None) -> int:
     host, _, port = options.listen.rpartition(":")
     if not host or not port.isdigit():
         raise SystemExit(f"podagent: --listen must be host:port, not {options.listen!r}")
+    if options.fence_wait > 0:
+        options.fence_target = options.fence_target or default_fence_target()
+        fence_host, _, fence_port = options.fence_target.rpartition(":")
+        if not fence_host or not fence_port.isdigit():
+            raise SystemExit(
+                f"podagent: --fence-target must be host:port, not {options.fence_target!r}"
+                " (without it, $KUBERNETES_SERVICE_HOST and $KUBERNETES_SERVICE_PORT must be set)"
+            )
     try:
         rollouts.parse_indexes(options.failing_exit_codes)
     except ValueError as error:

@@ -98,6 +98,7 @@ def test_operator_runs_once_recreated_standalone_on_every_namespace(helm: Helm) 
         "--standalone",
         "--all-namespaces",
         f"--sidecar-image=ghcr.io/openforge/sidecar:{APP_VERSION}",
+        "--fence-wait-seconds=60",
         "--liveness=http://0.0.0.0:8080/healthz",
         f"--collector-master-key-file={MASTER_KEY_FILE}",
     ]

@@ -22,6 +22,7 @@ BAD: list[tuple[dict[str, Any], str, str]] = [
     ({"operator": {"watchNamespaces": ["Team_A"]}}, "/operator/watchNamespaces/0", "does not match pattern"),
     ({"operator": {"watchNamespaces": ["a", "a"]}}, "/operator/watchNamespaces", "items at 0 and 1 are equal"),
     ({"operator": {"webhook": {"port": 0}}}, "/operator/webhook/port", "minimum"),
+    ({"operator": {"fenceWaitSeconds": 120}}, "/operator/fenceWaitSeconds", "maximum"),
     ({"operator": {"resources": {"limit": {"cpu": 1}}}}, "/operator/resources", "additional properties 'limit' not allowed"),
     ({"crds": {"install": "yes"}}, "/crds/install", "got string, want boolean"),
     ({"collectorTokens": {"existingSecret": "Key_1"}}, "/collectorTokens/existingSecret", "does not match pattern"),

@@ -21,13 +21,13 @@ def test_every_setting_flag() -> None:
     ns, config = cli.options([
         "-A", "--standalone", "--sidecar-image", "img:2", "--image-pull-policy", "Always", "--sidecar-port", "16000",
         "--sidecar-uid", "2000", "--harness-uid", "3000", "--resync-seconds", "5", "--create-concurrency", "8",
-        "--finish-wait-seconds", "9", "--dns-namespace", "dns", "--dns-label", "app=coredns", "--dns-label", "tier=x",
+        "--finish-wait-seconds", "9", "--fence-wait-seconds", "0", "--dns-namespace", "dns", "--dns-label", "app=coredns", "--dns-label", "tier=x",
         "--liveness", "http://0.0.0.0:8080/healthz", "--sidecar-resources", '{"requests": {"cpu": "10m", "memory": 64}}',
     ])  # fmt: skip
     assert ns.all_namespaces and ns.standalone and ns.liveness == "http://0.0.0.0:8080/healthz"
     assert config == settings.Settings(
         sidecar_image="img:2", image_pull_policy="Always", sidecar_port=16000, sidecar_uid=2000, harness_uid=3000,
-        resync_seconds=5, create_concurrency=8, finish_wait_seconds=9, dns_namespace="dns",
+        resync_seconds=5, create_concurrency=8, finish_wait_seconds=9, fence_wait_seconds=0, dns_namespace="dns",
         dns_pod_labels={"app": "coredns", "tier": "x"}, sidecar_resources={"requests": {"cpu": "10m", "memory": "64"}},
     )  # fmt: skip
 
@@ -76,6 +76,13 @@ def test_the_collector_master_key_is_read_from_its_file_and_kept_out_of_repr(tmp
 def test_bad_flags(argv: list[str]) -> None:
     with pytest.raises(SystemExit):
         cli.options(argv)
+
+
+@pytest.mark.parametrize("value", ["-1", "120", "600"])
+def test_the_fence_wait_must_end_before_the_harness_gives_up_on_its_sidecar(value: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        cli.options(["-n", "rl", "--fence-wait-seconds", value])
+    assert "--fence-wait-seconds" in capsys.readouterr().err
 
 
 def test_the_webhook_service_names_the_host_unless_given() -> None:

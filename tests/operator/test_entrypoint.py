@@ -29,11 +29,15 @@ def run(
     wait: int = 10,
     sidecar_wait: int = 0,
     ready_after: float | None = None,
+    verdict_first: str | None = None,
 ) -> tuple[subprocess.CompletedProcess[str], Path]:
     """Run the entrypoint; a thread plays the in-pod agent (creates ``sidecar-ready``
-    ``ready_after`` seconds in, writes ``finished`` once ``harness-done`` appears)."""
+    ``ready_after`` seconds in, writes ``finished`` once ``harness-done`` appears; with
+    ``verdict_first``, writes that as ``finished`` before anything else)."""
     run_dir = tmp_path / "run"
     run_dir.mkdir()
+    if verdict_first is not None:
+        (run_dir / podrun.FINISHED).write_text(verdict_first)
     termination = tmp_path / "termination-log"
 
     def agent() -> None:
@@ -139,6 +143,16 @@ def test_a_sidecar_that_never_listens_fails_the_attempt_without_running_the_harn
     assert "did not listen within 1 s" in message["message"]
 
 
+
+
+def test_an_agent_verdict_before_ready_ends_the_attempt_without_running_the_harness(tmp_path: Path) -> None:
+    """The agent writes ``finished`` instead of ``sidecar-ready`` when the pod was never
+    fenced: the entrypoint passes that verdict on and never runs the harness."""
+    verdict = '{"exitCode":125,"status":"failed","reason":"SidecarFailed","message":"not fenced"}'
+    done, run_dir = run(tmp_path, ["sh", "-c", "echo ran > harness-ran"], None, sidecar_wait=20, verdict=None, verdict_first=verdict)
+    assert done.returncode == podrun.SIDECAR_NOT_READY_EXIT_CODE
+    assert not (run_dir / podrun.HARNESS_DONE).exists() and not (tmp_path / "harness-ran").exists()
+    assert (tmp_path / "termination-log").read_text() == verdict
 
 TERMINATED = """
 import signal, sys, time

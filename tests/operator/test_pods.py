@@ -132,7 +132,10 @@ def test_containers_of_the_templates_own_are_held_back_by_a_startup_probe(own: d
     template = {"containers": [{"name": "harness", "image": "i", "command": ["c"]}], **own}
     sidecar = container(build(env_spec={"template": {"spec": template}}), "openforge-sidecar")
     # the kubelet dials tcpSocket/httpGet probes from the node, where 127.0.0.1 is not the pod's loopback
-    assert sidecar["startupProbe"]["exec"]["command"] == ["python", "-m", "openforge_operator.probe", str(CONFIG.sidecar_port)]
+    # ... and it passes only once the agent made sidecar-ready, i.e. the pod is fenced
+    assert sidecar["startupProbe"]["exec"]["command"] == [
+        "python", "-m", "openforge_operator.probe", str(CONFIG.sidecar_port), "/openforge/run/sidecar-ready",
+    ]  # fmt: skip
     assert "tcpSocket" not in sidecar["startupProbe"] and "httpGet" not in sidecar["startupProbe"]
     assert sidecar["startupProbe"]["timeoutSeconds"] == 5, "a slow probe on a busy node is not a failed one"
     assert sidecar["startupProbe"]["failureThreshold"] == pods.SIDECAR_START_SECONDS
@@ -156,8 +159,15 @@ def test_the_sidecar_knows_its_rollout_policy_and_collector() -> None:
     }  # fmt: skip
     assert agent == [
         "--listen", "127.0.0.1:15090", "--reward-from", "stdout-json", "--failing-exit-codes", "", "--finish-wait", "60",
-        "--control-token-file", "/openforge/sidecar/control-token",
+        "--control-token-file", "/openforge/sidecar/control-token", "--fence-wait", "60",
     ]  # fmt: skip
+
+
+def test_the_harness_waits_for_the_fence_unless_the_operator_is_told_not_to() -> None:
+    agent, _ = sidecar_args(build())
+    assert agent[agent.index("--fence-wait") + 1] == str(CONFIG.fence_wait_seconds)
+    unfenced, _ = sidecar_args(build(config=settings.Settings(fence_wait_seconds=0)))
+    assert "--fence-wait" not in unfenced
 
 
 def test_only_the_sidecar_mounts_the_volume_of_its_control_token() -> None:

@@ -293,10 +293,98 @@ def test_the_jobs_ca_is_copied_into_the_writable_confdir_and_used(tmp_path: Path
     assert copied.read_text() == ca.read_text() and (copied.stat().st_mode & 0o777) == 0o600
 
 
-@pytest.mark.parametrize("argv", [["--listen", "x"], ["--listen", "x", "--failing-exit-codes", "5-1", "--"], ["--listen", "x", "--ca-file", "f", "--"]])
+@pytest.mark.parametrize("argv", [
+    ["--listen", "x"], ["--listen", "x", "--failing-exit-codes", "5-1", "--"], ["--listen", "x", "--ca-file", "f", "--"],
+    ["--listen", "127.0.0.1:1", "--fence-wait", "5", "--fence-target", "nohost", "--"],
+])  # fmt: skip
 def test_bad_arguments_are_refused(argv: list[str]) -> None:
     with pytest.raises(SystemExit):
         podagent.main(argv)
+
+
+def test_without_a_fence_target_the_api_server_is_the_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "10.96.0.1")
+    monkeypatch.setenv("KUBERNETES_SERVICE_PORT", "443")
+    assert podagent.default_fence_target() == "10.96.0.1:443"
+    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "fd00::1")
+    assert podagent.default_fence_target() == "[fd00::1]:443"
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST")
+    assert podagent.default_fence_target() == ""
+    with pytest.raises(SystemExit, match="KUBERNETES_SERVICE_HOST"):
+        podagent.main(["--listen", "127.0.0.1:1", "--fence-wait", "5", "--"])
+
+
+# -- the fence: a network plugin enforces a new pod's NetworkPolicy some time after it starts --
+
+
+class ApiServer:
+    """Something the pod can reach until "the policy is enforced" (``close``)."""
+
+    def __init__(self) -> None:
+        self.socket = socket.socket()
+        self.socket.bind(("127.0.0.1", 0))
+        self.socket.listen(64)
+        self.target = f"127.0.0.1:{self.socket.getsockname()[1]}"
+
+    def close(self) -> None:
+        self.socket.close()
+
+
+def test_the_harness_starts_only_once_the_pod_is_fenced(tmp_path: Path) -> None:
+    api = ApiServer()
+    agent = Agent(tmp_path, "--fence-wait", "60", "--fence-target", api.target, "--fence-poll", "0.05")
+    try:
+        agent.wait_serving()
+        time.sleep(1.0)
+        assert not (agent.run_dir / podrun.SIDECAR_READY).exists(), "the harness may start while the pod reaches the API server"
+        fenced_at = time.time()
+        api.close()
+        started = tmp_path / "harness-started"
+        done = entrypoint_run(agent.run_dir, tmp_path / "term", [sys.executable, "-c", f"import time; open({str(started)!r}, 'w').write(repr(time.time()))"], [sys.executable, "-c", "print('{\"reward\": 1}')"])
+        assert done.returncode == 0, done.stderr
+        assert float(started.read_text()) >= fenced_at
+        message = json.loads((tmp_path / "term").read_text())
+        assert (message["status"], message["acknowledged"]) == ("succeeded", True), message
+    finally:
+        api.close()
+        assert agent.stop() == 0
+
+
+def test_a_pod_never_fenced_fails_its_attempt_and_never_runs_the_harness(tmp_path: Path) -> None:
+    """The verdict reaches the sidecar as the rollout's finish (recorded failed, never
+    trained) and the harness container's termination message (the operator's attempt
+    status, with the reason); the harness never ran."""
+    api = ApiServer()
+    agent = Agent(tmp_path, "--fence-wait", "2", "--fence-target", api.target, "--fence-poll", "0.05")
+    try:
+        agent.wait_serving()
+        done = entrypoint_run(agent.run_dir, tmp_path / "term", ["sh", "-c", f"echo ran > {tmp_path / 'harness-ran'}"], None)
+        assert done.returncode == podrun.SIDECAR_NOT_READY_EXIT_CODE, done.stderr
+        assert not (tmp_path / "harness-ran").exists() and not (agent.run_dir / podrun.SIDECAR_READY).exists()
+        message = json.loads((tmp_path / "term").read_text())
+        assert (message["status"], message["reason"], message["reward"]) == ("failed", "SidecarFailed", None), message
+        assert f"could still reach the API server ({api.target}) after 2 s" in message["message"]
+    finally:
+        api.close()
+        assert agent.stop() == 0
+    finished = [record.finished for record in spool.Spool(agent.spool).records_after(0) if record.HasField("finished")]
+    assert [(f.status, f.has_reward, f.exit_code) for f in finished] == [("failed", False, podrun.SIDECAR_NOT_READY_EXIT_CODE)]
+
+
+def test_a_restarted_agent_does_not_hold_back_a_harness_already_running(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / podrun.SIDECAR_READY).touch()
+    (run_dir / podrun.SIDECAR_SERVING).touch()
+    api = ApiServer()
+    agent = Agent(tmp_path, "--fence-wait", "2", "--fence-target", api.target)
+    try:
+        agent.wait_serving()
+        time.sleep(3)
+        assert not (run_dir / podrun.FINISHED).exists(), "a restart failed the running attempt"
+    finally:
+        api.close()
+        assert agent.stop() == 0
 
 
 def test_a_restarted_agent_does_not_report_twice(tmp_path: Path) -> None:
