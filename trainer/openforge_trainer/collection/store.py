@@ -16,6 +16,12 @@ Tables: ``records`` holds every record (its serialized protobuf in ``body``)
 and ``rollouts`` one summary row per rollout, kept up to date in the same
 transaction as the records that change it. ``records.call_index`` (NULL for
 records that are not model calls) lets completeness be checked by SQL.
+An attempt that never finished is closed when a later attempt of the same
+rollout (job, task, sample, policy version and batch) starts: its pod or process
+is gone (deleted, its node lost, SIGKILLed) and nothing else will ever finish it.
+It becomes ``stopped`` (never trained) with ``closed_reason`` saying why, whichever
+of the two attempts' ``started`` records arrives first; a ``finished`` record of its
+own that arrives after all still wins, and clears the reason.
 ``job_owners`` remembers, per job name, the RolloutJob (namespace/name/uid)
 whose per-job token first wrote it (see ``openforge.trajectory.auth``).
 """
@@ -68,7 +74,8 @@ CREATE TABLE IF NOT EXISTS rollouts (
     finished INTEGER NOT NULL DEFAULT 0,
     trained_at REAL,
     trained_checkpoint TEXT,
-    batch TEXT NOT NULL DEFAULT ''
+    batch TEXT NOT NULL DEFAULT '',
+    closed_reason TEXT NOT NULL DEFAULT ''
 );
 CREATE INDEX IF NOT EXISTS rollouts_by_job ON rollouts (job, task_id, sample_index);
 CREATE TABLE IF NOT EXISTS job_owners (
@@ -81,7 +88,7 @@ CREATE TABLE IF NOT EXISTS job_owners (
 _ROLLOUT_COLUMNS = (
     "r.rollout_id, r.job, r.task_id, r.sample_index, r.attempt, r.harness, r.policy_version,"
     " r.started, r.status, r.exit_code, r.reward, r.has_reward, r.call_count_expected,"
-    " r.calls_stored, r.finished, r.trained_at, r.trained_checkpoint, r.batch,"
+    " r.calls_stored, r.finished, r.trained_at, r.trained_checkpoint, r.batch, r.closed_reason,"
     " (SELECT COUNT(DISTINCT c.call_index) FROM records c"
     "   WHERE c.rollout_id = r.rollout_id AND c.kind IN ('call', 'lost')"
     "   AND c.call_index < r.call_count_expected) AS calls_present"
@@ -116,6 +123,8 @@ class Rollout:
     calls_present: int
     batch: str = ""
     """The batch it was started in (its started record's ``openforge.dev/batch`` label)."""
+    closed_reason: str = ""
+    """Why the store closed it (``stopped``) without a finish of its own, or ""."""
 
     @property
     def complete(self) -> bool:
@@ -201,8 +210,9 @@ class Store:
         self._db.execute("PRAGMA synchronous=FULL")
         self._db.executescript(_SCHEMA)
         columns = {row[1] for row in self._db.execute("PRAGMA table_info(rollouts)")}
-        if "batch" not in columns:  # a store made before batches were recorded
-            self._db.execute("ALTER TABLE rollouts ADD COLUMN batch TEXT NOT NULL DEFAULT ''")
+        for column in ("batch", "closed_reason"):  # a store made before they were recorded
+            if column not in columns:
+                self._db.execute(f"ALTER TABLE rollouts ADD COLUMN {column} TEXT NOT NULL DEFAULT ''")
 
     def close(self) -> None:
         with self._lock:
@@ -290,11 +300,26 @@ class Store:
                 rollout_id,
             ),
         )
+        self._close_abandoned(rollout_id)
+
+    def _close_abandoned(self, rollout_id: str) -> None:
+        """Close the unfinished earlier attempts of this attempt's rollout (this one too,
+        when a later attempt started first)."""
+        identity = self._db.execute(
+            "SELECT job, task_id, sample_index, policy_version, batch FROM rollouts WHERE rollout_id = ?",
+            (rollout_id,),
+        ).fetchone()
+        same = "job = ? AND task_id = ? AND sample_index = ? AND policy_version = ? AND batch = ? AND started = 1"
+        (latest,) = self._db.execute(f"SELECT MAX(attempt) FROM rollouts WHERE {same}", identity).fetchone()
+        self._db.execute(
+            f"UPDATE rollouts SET status = ?, finished = 1, closed_reason = ? WHERE {same} AND finished = 0 AND attempt < ?",
+            (trajectory.STOPPED, f"abandoned: attempt {latest} of its rollout started", *identity, latest),
+        )
 
     def _apply_finished(self, rollout_id: str, finished: Any) -> None:
         self._db.execute(
             "UPDATE rollouts SET status = ?, exit_code = ?, reward = ?, has_reward = ?,"
-            " call_count_expected = ?, finished = 1 WHERE rollout_id = ?",
+            " call_count_expected = ?, finished = 1, closed_reason = '' WHERE rollout_id = ?",
             (
                 finished.status,
                 int(finished.exit_code),
@@ -474,7 +499,7 @@ def _rollout(row: tuple[Any, ...]) -> Rollout:
     (
         rollout_id, job, task_id, sample_index, attempt, harness, policy_version, started,
         status, exit_code, reward, has_reward, expected, calls_stored, finished, trained_at,
-        trained_checkpoint, batch, calls_present,
+        trained_checkpoint, batch, closed_reason, calls_present,
     ) = row  # fmt: skip
     return Rollout(
         rollout_id=rollout_id,
@@ -496,4 +521,5 @@ def _rollout(row: tuple[Any, ...]) -> Rollout:
         trained_checkpoint=trained_checkpoint,
         calls_present=calls_present,
         batch=batch,
+        closed_reason=closed_reason,
     )
