@@ -198,7 +198,7 @@ def _run_harness(
     with log.open("ab") as handle:
         try:
             process = subprocess.Popen(
-                command.argv,
+                processes.tethered(command.argv),  # a runner killed outright takes its harnesses too
                 cwd=command.cwd,
                 env={**os.environ, **command.env},
                 stdin=subprocess.DEVNULL,

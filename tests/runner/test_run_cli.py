@@ -241,17 +241,33 @@ def test_a_runner_killed_outright_takes_its_services_and_sidecars_with_it(procs:
     engine = procs.engine("--token-delay-ms", "50")
     run_dir = tmp_path / "run"
     path = manifest(tmp_path, engine.url, tasks=2, samples=2, parallelism=2)
+    # harnesses that never call (and so never notice their sidecar is gone)
+    agent = f'exec python "{EXAMPLES}/harnesses/react/agent.py"'
+    assert agent in path.read_text()
+    path.write_text(path.read_text().replace(agent, 'exec python -c "import time; time.sleep(600)"'))
     process = subprocess.Popen([sys.executable, "-m", "openforge.cli", "run", str(path), "--no-train", "--quiet", "--run-dir", str(run_dir)],
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
 
     def children() -> list[str]:
         found = subprocess.run(["pgrep", "-af", f"[-]-(store|spool) {run_dir}"], capture_output=True, text=True, check=False)
-        return found.stdout.splitlines()
+        return found.stdout.splitlines() + harnesses()
+
+    def harnesses() -> list[str]:
+        """Processes working in a rollout's directory: the harnesses."""
+        found = []
+        for cwd in Path("/proc").glob("[0-9]*/cwd"):
+            try:
+                if cwd.resolve().is_relative_to(run_dir / "rollouts"):
+                    found.append(f"harness {cwd.parent.name}: {(cwd.parent / 'cmdline').read_bytes()!r}")
+            except OSError:
+                continue
+        return found
 
     deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and not any("sidecar" in line for line in children()):
+    while time.monotonic() < deadline and not (harnesses() and any("sidecar" in line for line in children())):
         time.sleep(0.1)
     assert any("collector" in line for line in children()) and any("sidecar" in line for line in children())
+    assert harnesses(), "no harness seen running"
     process.kill()
     process.wait(30)
     deadline = time.monotonic() + 60
