@@ -75,7 +75,7 @@ def main(argv: list[str]) -> int:
     try:
         collector = supervisor.watch(_start(services, processes.Service(
             "collector", processes.openforge("collector", "--store", str(run_dir / "store.db"), "--listen", f"127.0.0.1:{(cport := processes.free_port())}"),
-            run_dir / "collector.log", port=cport)))
+            run_dir / "collector.log", port=cport, stopping=stop)))
         _drain_leftovers(run_dir, collector=f"127.0.0.1:{collector.port}", when="left by an earlier run")
         engine_url = bundle.job.spec.policy.endpoint
         if engine_url is None:
@@ -87,13 +87,13 @@ def main(argv: list[str]) -> int:
                 return processes.openforge("serve", "--model", str(served), "--port", str(eport), "--model-name",
                                            bundle.job.spec.policy.model, "--policy-version", str(plan.checkpoint_version(served)))
 
-            engine = supervisor.watch(_start(services, processes.Service("serve", serve_argv(), run_dir / "serve.log", port=eport)), argv=serve_argv)
+            engine = supervisor.watch(_start(services, processes.Service("serve", serve_argv(), run_dir / "serve.log", port=eport, stopping=stop)), argv=serve_argv)
             engine_url = engine.url
         trainer = None
         if train:
             trainer = _start(services, processes.Service(
                 "trainer", processes.openforge(*plan.trainer_args(bundle, model=model, run_dir=run_dir, store=run_dir / "store.db", serve=engine_url, iterations=iterations)),
-                run_dir / "trainer.log"))
+                run_dir / "trainer.log", stopping=stop))
             trainer.wait_for_line(TRAINER_READY)
             supervisor.watch(trainer)  # a restarted trainer resumes from its checkpoint
         base_version = runner.policy_version(engine_url)
@@ -133,6 +133,9 @@ def main(argv: list[str]) -> int:
             print(f"openforge run: stopped; run the same command again to continue ({run_dir})")
             return 130
         return 0
+    except processes.Stopped as exc:
+        print(f"openforge run: {exc}; run the same command again to continue ({run_dir})", file=sys.stderr)
+        return 130
     except (processes.ServiceError, RuntimeError, TimeoutError) as exc:
         print(f"openforge run: {exc}", file=sys.stderr)
         return 1

@@ -26,6 +26,10 @@ class ServiceError(RuntimeError):
     """A service did not start; the message holds the end of its log."""
 
 
+class Stopped(ServiceError):
+    """The run was asked to stop while a service was starting."""
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -39,6 +43,8 @@ class Service:
     log: Path
     port: int | None = None
     env: dict[str, str] | None = None
+    stopping: threading.Event | None = None
+    """Set: the run is stopping, and a wait for this service to start gives up at once (:class:`Stopped`)."""
     process: subprocess.Popen[bytes] | None = field(default=None, init=False)
     _log_start: int = field(default=0, init=False)  # the log's size when this process started
 
@@ -66,6 +72,7 @@ class Service:
         assert self.process is not None and self.port is not None
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
+            self._check_stop()
             if self.process.poll() is not None:
                 raise ServiceError(
                     f"{self.name} exited with {self.process.returncode}:\n{self.tail()}"
@@ -89,6 +96,7 @@ class Service:
         assert self.process is not None
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
+            self._check_stop()
             exited = self.process.poll() is not None
             if any(line.startswith(text) for line in self._new_lines()):
                 return
@@ -100,6 +108,10 @@ class Service:
         raise ServiceError(
             f"{self.name} did not say {text!r} within {timeout:.0f} s:\n{self.tail()}"
         )
+
+    def _check_stop(self) -> None:
+        if self.stopping is not None and self.stopping.is_set():
+            raise Stopped(f"stopped while {self.name} was starting")
 
     def _new_lines(self) -> list[str]:
         try:

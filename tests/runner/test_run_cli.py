@@ -274,3 +274,24 @@ def test_a_runner_killed_outright_takes_its_services_and_sidecars_with_it(procs:
     while time.monotonic() < deadline and children():
         time.sleep(0.2)
     assert children() == [], "left running after the runner was killed"
+
+
+def test_a_stop_while_the_services_start_ends_the_run_there(tmp_path: Path) -> None:
+    """SIGTERM while the inference server loads its model: the run stops then (exit 130),
+    starts nothing after it (no trainer) and leaves nothing running."""
+    run_dir = tmp_path / "run"
+    process = subprocess.Popen(
+        [sys.executable, "-m", "openforge.cli", "run", str(EXAMPLES / "react-toy.yaml"), "--run-dir", str(run_dir), "--quiet"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    deadline = time.monotonic() + 120
+    while not (run_dir / "serve.log").exists():
+        assert process.poll() is None and time.monotonic() < deadline, "the server never started"
+        time.sleep(0.02)
+    process.send_signal(signal.SIGTERM)
+    output, errors = process.communicate(timeout=60)
+    assert process.returncode == 130, output + errors
+    assert "stopped while serve was starting; run the same command again to continue" in errors
+    assert not (run_dir / "trainer.log").exists(), "the trainer was started after the stop"
+    left = subprocess.run(["pgrep", "-af", f"[-]-store {run_dir}"], capture_output=True, text=True, check=False)
+    assert left.stdout == ""
