@@ -59,6 +59,13 @@ cargo_cmd=(cargo)
 [ -n "$toolchain" ] && cargo_cmd+=("+$toolchain")
 log "building zeroclaw $ZEROCLAW_VERSION with $("${cargo_cmd[@]}" --version) into $ROOT (-j $JOBS; a cold build takes tens of minutes)"
 
+# zeroclaw's own release profile (opt-level "z", fat LTO, one codegen unit) buys a small
+# binary with a long, mostly serial build; the conformance test needs neither. Cargo lets
+# the environment override a package's profile: no LTO, 16 codegen units, no optimization
+# (ZEROCLAW_PROFILE=upstream keeps the crate's own).
+if [ "${ZEROCLAW_PROFILE:-fast}" = fast ]; then
+  export CARGO_PROFILE_RELEASE_LTO=false CARGO_PROFILE_RELEASE_CODEGEN_UNITS=16 CARGO_PROFILE_RELEASE_OPT_LEVEL=0
+fi
 started=$(date +%s)
 "${cargo_cmd[@]}" install zeroclaw --version "$ZEROCLAW_VERSION" --locked --root "$ROOT" -j "$JOBS" >&2 \
   || die "cargo install zeroclaw@$ZEROCLAW_VERSION failed (output above)"

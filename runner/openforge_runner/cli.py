@@ -71,7 +71,7 @@ def main(argv: list[str]) -> int:
     stop = threading.Event()
     _on_signal(stop)
     services: list[processes.Service] = []
-    supervisor = processes.Supervisor(stop=stop)
+    supervisor = processes.Supervisor(stop=stop, on_event=runner.Journal(run_dir / "journal.jsonl").write)
     try:
         collector = supervisor.watch(_start(services, processes.Service(
             "collector", processes.openforge("collector", "--store", str(run_dir / "store.db"), "--listen", f"127.0.0.1:{(cport := processes.free_port())}"),
@@ -122,8 +122,6 @@ def main(argv: list[str]) -> int:
                         break  # stopped while the trainer trained: the rerun waits for it again
                     job_runner.journal.write({"event": "trained", "iteration": iteration, "policy_version": version})
         supervisor.close()
-        for event in supervisor.events:
-            runner.Journal(run_dir / "journal.jsonl").write(event)
         if supervisor.failure:
             print(f"openforge run: {supervisor.failure}", file=sys.stderr)
             return 1

@@ -179,7 +179,9 @@ class Supervisor:
 
     ``up`` is set while every watched service runs: the runner starts no rollout while a
     service (the collector above all) is down. :meth:`close` stops watching (before the
-    services are stopped, so that their stop is not taken for a death).
+    services are stopped, so that their stop is not taken for a death). Each restart or
+    surrender is an event (:attr:`events`), passed to ``on_event`` as it happens (the
+    run's journal: a runner killed later keeps them).
     """
 
     def __init__(
@@ -190,8 +192,10 @@ class Supervisor:
         backoff: float = 1.0,
         log: Callable[[str], None] = lambda line: print(line, file=sys.stderr, flush=True),
         poll: float = 0.5,
+        on_event: Callable[[dict[str, Any]], None] = lambda event: None,
     ) -> None:
         self.stop = stop
+        self.on_event = on_event
         self.restarts = restarts
         self.backoff = backoff
         self.log = log
@@ -238,19 +242,23 @@ class Supervisor:
                     return
                 self._restart(watched)
 
+    def _event(self, event: dict[str, Any]) -> None:
+        self.events.append(event)
+        self.on_event(event)
+
     def _restart(self, watched: _Watched) -> None:
         service = watched.service
         code = service.process.returncode if service.process is not None else None
         if watched.restarts >= self.restarts:
             self.failure = f"{service.name} exited with {code} {watched.restarts + 1} times; giving up (see {service.log.name}):\n{service.tail()}"
-            self.events.append({"event": "service", "service": service.name, "exit_code": code, "action": "gave up"})
+            self._event({"event": "service", "service": service.name, "exit_code": code, "action": "gave up"})
             self.log(f"openforge run: {service.name} keeps dying; stopping the run")
             self.stop.set()
             return
         delay = self.backoff * 2**watched.restarts
         watched.restarts += 1
         self.log(f"openforge run: {service.name} exited with {code}; restarting it in {delay:g} s ({watched.restarts}/{self.restarts})")
-        self.events.append({"event": "service", "service": service.name, "exit_code": code, "action": "restarted"})
+        self._event({"event": "service", "service": service.name, "exit_code": code, "action": "restarted"})
         if self._closed.wait(delay):
             return
         if watched.argv is not None:

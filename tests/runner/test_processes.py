@@ -27,7 +27,8 @@ def test_a_dead_service_is_restarted_on_its_port_and_rollouts_wait_meanwhile(tmp
     service = processes.Service("collector", python(serve), tmp_path / "collector.log", port=port).start()
     stop = threading.Event()
     lines: list[str] = []
-    supervisor = processes.Supervisor(stop=stop, backoff=0.5, poll=0.05, log=lines.append)
+    told: list[dict[str, object]] = []
+    supervisor = processes.Supervisor(stop=stop, backoff=0.5, poll=0.05, log=lines.append, on_event=told.append)
     try:
         supervisor.watch(service)
         first = service.process
@@ -38,6 +39,7 @@ def test_a_dead_service_is_restarted_on_its_port_and_rollouts_wait_meanwhile(tmp
         assert supervisor.alive(service) and not stop.is_set() and not supervisor.failure
         assert lines == ["openforge run: collector exited with -9; restarting it in 0.5 s (1/3)"]
         assert supervisor.events == [{"event": "service", "service": "collector", "exit_code": -9, "action": "restarted"}]
+        assert told == supervisor.events, "told as it happened, not at the end"
     finally:
         supervisor.close()
         service.stop()
