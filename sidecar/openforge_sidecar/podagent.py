@@ -193,10 +193,12 @@ class Agent:
 
     def _ready_when_fenced(self) -> None:
         """Let the harness start once the pod is fenced; else report the attempt failed."""
-        target = self.options.fence_target
+        target, started = self.options.fence_target, time.monotonic()
         if await_fence(target, wait=self.options.fence_wait, poll=self.options.fence_poll):
             (self.run_dir / podrun.SIDECAR_READY).touch()
+            print(f"podagent: fenced after {time.monotonic() - started:.2f} s ({target} unreachable); the harness may start", file=sys.stderr, flush=True)
             return
+        print(f"podagent: still not fenced after {self.options.fence_wait:g} s ({target} reachable); failing the attempt", file=sys.stderr, flush=True)
         message = (
             f"the pod could still reach the API server ({target}) after {self.options.fence_wait:g} s: "
             "the cluster did not enforce the job's NetworkPolicy (its network plugin has no NetworkPolicy "

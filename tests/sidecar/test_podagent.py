@@ -4,13 +4,16 @@ entrypoint script running a harness and a grader, the verdict in the termination
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import re
 import signal
 import socket
 import sqlite3
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -318,15 +321,27 @@ def test_without_a_fence_target_the_api_server_is_the_one(monkeypatch: pytest.Mo
 
 
 class ApiServer:
-    """Something the pod can reach until "the policy is enforced" (``close``)."""
+    """Something the pod can reach until "the policy is enforced" (``close``); it accepts
+    every connection, as a server does (a full backlog would drop the agent's tries)."""
 
     def __init__(self) -> None:
         self.socket = socket.socket()
         self.socket.bind(("127.0.0.1", 0))
         self.socket.listen(64)
         self.target = f"127.0.0.1:{self.socket.getsockname()[1]}"
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                connection, _ = self.socket.accept()
+            except OSError:
+                return
+            connection.close()
 
     def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self.socket.shutdown(socket.SHUT_RDWR)  # stops listening, and wakes the accept
         self.socket.close()
 
 
@@ -348,6 +363,7 @@ def test_the_harness_starts_only_once_the_pod_is_fenced(tmp_path: Path) -> None:
     finally:
         api.close()
         assert agent.stop() == 0
+    assert re.search(r"podagent: fenced after \d+\.\d\d s", agent.log.read_text())
 
 
 def test_a_pod_never_fenced_fails_its_attempt_and_never_runs_the_harness(tmp_path: Path) -> None:
