@@ -2,12 +2,14 @@
 
 Two ``openforge run``s of the ReAct demo's job (4 tasks x 2 samples, 3 iterations,
 training the tiny policy for real) from one manifest: one left alone, one whose
-collector, one sidecar and the trainer are SIGKILLed, and whose runner is SIGKILLed
-once and stopped once (SIGTERM) and then run again, each at a point drawn from a
-seeded generator (``OPENFORGE_CHAOS_SEED`` picks another sweep). The points are
-counted in finished rollouts (and, for the trainer, seconds into an iteration's
-step), not wall time, so one seed means the same kills on a fast machine and a slow
-one. Then:
+collector, one sidecar and the trainer (in a step) are SIGKILLed, and whose runner is
+SIGKILLed once (while rollouts run) and stopped once (SIGTERM, while it waits for a
+training step) and run again after each, at points drawn from a seeded generator
+(``OPENFORGE_CHAOS_SEED`` picks another sweep). The points are counted in finished
+rollouts (plus seconds, for those meant to land in a step), not wall time, so one seed
+means much the same kills on a fast machine and a slow one. A stop before any rollout
+(while the services start) is ``test_run_cli``'s, and the rerun of a finished run too.
+Then:
 
 - exactly once: every record in every sidecar spool of the run (each attempt keeps
   its own) is in the store, or its rollout or call is listed lost with a reason; no
@@ -105,17 +107,18 @@ class Kill:
     done: bool = field(default=False, init=False)
 
 
-def plan(rng: random.Random) -> tuple[list[Kill], int, int]:
-    """The seeded sweep: the services' kills, and the finish counts at which the runner
-    is SIGKILLed and then (in the run after) stopped."""
+def plan(rng: random.Random) -> tuple[list[Kill], Kill, Kill]:
+    """The seeded sweep: the services' kills; the runner SIGKILLed while the second
+    iteration's rollouts run, then (in the run after) stopped with SIGTERM once a later
+    iteration's rollouts are done, while the runner waits for its training step."""
     trained_iteration = rng.randrange(ITERATIONS - 1)  # a step the trainer dies in
     kills = [
         Kill("collector", rng.randint(1, PER_ITERATION - 1)),
         Kill("sidecar", rng.randint(1, 2 * PER_ITERATION - 2)),
         Kill("trainer", PER_ITERATION * (trained_iteration + 1), delay=rng.uniform(0.5, 4.0)),
     ]
-    runner_killed = rng.randint(PER_ITERATION + 1, 2 * PER_ITERATION + 2)
-    runner_stopped = rng.randint(runner_killed + 1, ITERATIONS * PER_ITERATION - 2)
+    runner_killed = Kill("runner", rng.randint(PER_ITERATION + 1, 2 * PER_ITERATION - 1))
+    runner_stopped = Kill("runner", PER_ITERATION * rng.randint(2, ITERATIONS), delay=rng.uniform(0.0, 1.0))
     return kills, runner_killed, runner_stopped
 
 
@@ -127,9 +130,9 @@ def victim(what: str, run_dir: Path) -> str:
     }[what]
 
 
-def run_until(argv: list[str], run_dir: Path, *, stop_after: int | None, sig: int, kills: list[Kill], timeout: float) -> subprocess.CompletedProcess[str]:
-    """Run ``openforge run`` while firing the kills that are due; with ``stop_after``,
-    send the runner ``sig`` once that many rollouts have finished."""
+def run_until(argv: list[str], run_dir: Path, *, stop: Kill | None, sig: int, kills: list[Kill], timeout: float) -> subprocess.CompletedProcess[str]:
+    """Run ``openforge run`` while firing the kills that are due; with ``stop``, send the
+    runner ``sig`` once it is due."""
     log = run_dir.parent / f"runner-{len(list(run_dir.parent.glob('runner-*.log')))}.log"
     with log.open("w") as out:
         process = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, text=True, start_new_session=True)
@@ -144,9 +147,9 @@ def run_until(argv: list[str], run_dir: Path, *, stop_after: int | None, sig: in
                     due = due_at.setdefault(number, time.monotonic() + planned.delay)
                     if time.monotonic() >= due:
                         planned.done = kill(victim(planned.what, run_dir))
-                if stop_after is not None and count >= stop_after:
+                if stop is not None and count >= stop.after and time.monotonic() >= due_at.setdefault(-1, time.monotonic() + stop.delay):
                     os.kill(process.pid, sig)
-                    stop_after = None
+                    stop.done, stop = True, None
                 time.sleep(0.05)
         finally:
             if process.poll() is None:
@@ -203,7 +206,7 @@ def test_a_run_killed_everywhere_trains_what_a_quiet_run_trains_and_loses_nothin
     job = manifest(tmp_path)
     quiet = tmp_path / "quiet" / "run"
     quiet.parent.mkdir()
-    done = run_until(command(job, quiet), quiet, stop_after=None, sig=0, kills=[], timeout=1200)
+    done = run_until(command(job, quiet), quiet, stop=None, sig=0, kills=[], timeout=1200)
     assert done.returncode == 0, done.stdout[-4000:]
     expected = trained_steps(quiet)
     assert len(expected) == ITERATIONS, expected
@@ -213,11 +216,11 @@ def test_a_run_killed_everywhere_trains_what_a_quiet_run_trains_and_loses_nothin
     chaos = tmp_path / "chaos" / "run"
     chaos.parent.mkdir()
     argv = command(job, chaos)
-    first = run_until(argv, chaos, stop_after=runner_killed, sig=signal.SIGKILL, kills=kills, timeout=1200)
-    assert first.returncode == -signal.SIGKILL, f"the runner was not killed at {runner_killed} finishes: {first.stdout[-3000:]}"
-    second = run_until(argv, chaos, stop_after=runner_stopped, sig=signal.SIGTERM, kills=kills, timeout=1200)
-    assert "Traceback" not in second.stdout, second.stdout[-3000:]
-    last = run_until(argv, chaos, stop_after=None, sig=0, kills=kills, timeout=1200)
+    first = run_until(argv, chaos, stop=runner_killed, sig=signal.SIGKILL, kills=kills, timeout=1200)
+    assert first.returncode == -signal.SIGKILL, f"the runner was not killed at {runner_killed}: {first.stdout[-3000:]}"
+    second = run_until(argv, chaos, stop=runner_stopped, sig=signal.SIGTERM, kills=kills, timeout=1200)
+    assert runner_stopped.done and second.returncode == 130, f"not stopped at {runner_stopped}: {second.stdout[-3000:]}"
+    last = run_until(argv, chaos, stop=None, sig=0, kills=kills, timeout=1200)
     assert last.returncode == 0, last.stdout[-4000:]
     fired = {planned.what: planned.done for planned in kills}
     assert all(fired.values()), f"kills that found nothing to kill (seed {SEED}): {fired}"

@@ -18,6 +18,7 @@ SCRIPT = ROOT / "scripts" / "install_zeroclaw.sh"
 # reports the version asked for. rustc [+toolchain] --version: from the env.
 CARGO = """#!/bin/sh
 echo "cargo $*" >> "$CALLS"
+echo "profile lto=${CARGO_PROFILE_RELEASE_LTO-} units=${CARGO_PROFILE_RELEASE_CODEGEN_UNITS-} opt=${CARGO_PROFILE_RELEASE_OPT_LEVEL-}" >> "$CALLS"
 case "$*" in *--version) [ "$1" = install ] || { echo "cargo 1.0.0"; exit 0; } ;; esac
 root=""; version=""
 while [ $# -gt 0 ]; do
@@ -105,3 +106,17 @@ def test_a_failed_build_fails(tmp_path: Path) -> None:
     assert not (Path(env["OPENFORGE_CARGO_ROOT"]) / "bin" / "zeroclaw").exists()
     assert "ZEROCLAW_BIN" not in done.stdout
     assert os.access(SCRIPT, os.X_OK)
+
+
+def profile(env: dict[str, str]) -> list[str]:
+    return [line for line in Path(env["CALLS"]).read_text().splitlines() if line.startswith("profile ")]
+
+
+def test_the_build_overrides_the_crates_slow_release_profile_unless_told_not_to(tmp_path: Path) -> None:
+    env = setup(tmp_path)
+    assert run(env).returncode == 0
+    assert profile(env)[-1] == "profile lto=false units=16 opt=0"
+    (tmp_path / "upstream").mkdir()
+    upstream = {**setup(tmp_path / "upstream"), "ZEROCLAW_PROFILE": "upstream"}
+    assert run(upstream).returncode == 0
+    assert profile(upstream)[-1] == "profile lto= units= opt="
