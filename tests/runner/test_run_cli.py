@@ -284,7 +284,7 @@ def test_a_stop_while_the_services_start_ends_the_run_there(tmp_path: Path) -> N
         [sys.executable, "-m", "openforge.cli", "run", str(EXAMPLES / "react-toy.yaml"), "--run-dir", str(run_dir), "--quiet"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
-    deadline = time.monotonic() + 120
+    deadline = time.monotonic() + 300  # the collector starts and drains first
     while not (run_dir / "serve.log").exists():
         assert process.poll() is None and time.monotonic() < deadline, "the server never started"
         time.sleep(0.02)

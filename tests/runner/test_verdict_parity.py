@@ -47,7 +47,7 @@ CASES: dict[str, tuple[list[str], list[str] | None, str, list[dict[str, Any]], t
     "without a grader, exit 0 is 1": (["true"], None, "", [], ("succeeded", "", 1.0)),
     "without a grader, exit 2 is 0": (["sh", "-c", "exit 2"], None, "", [], ("succeeded", "", 0.0)),
 }  # fmt: skip
-GRADER_TIMEOUT = 2
+GRADER_TIMEOUT = 10  # a Python grader on a loaded 2-core machine took over 2 s to print
 
 
 def bodies(harness: list[str], grader: list[str] | None, reward_from: str, rules: list[dict[str, Any]]) -> list[dict[str, Any]]:
