@@ -240,11 +240,18 @@ class Agent:
         _create(self.run_dir / podrun.FINISHED, json.dumps(message, separators=(",", ":")))
 
 
+def host_port(address: str) -> tuple[str, int]:
+    """``host:port`` (an IPv6 host in brackets) as (host, port); ValueError when it is not one."""
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit():
+        raise ValueError(f"not host:port: {address!r}")
+    return host.strip("[]"), int(port)
+
+
 def fenced(target: str, *, timeout: float = FENCE_CONNECT_TIMEOUT) -> bool:
     """Whether a TCP connection to ``host:port`` fails (refused, dropped, unreachable)."""
-    host, _, port = target.rpartition(":")
     try:
-        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout):
+        with socket.create_connection(host_port(target), timeout=timeout):
             return False
     except OSError:
         return True
@@ -270,12 +277,11 @@ def default_fence_target() -> str:
 
 def listen(address: str) -> socket.socket:
     """A TCP socket listening on ``host:port`` (the sidecar's ``--listen``)."""
-    host, _, port = address.rpartition(":")
-    host = host.strip("[]")
+    host, port = host_port(address)
     sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((host, int(port)))
+        sock.bind((host, port))
         sock.listen(BACKLOG)
     except OSError:
         sock.close()
@@ -333,17 +339,19 @@ def main(argv: list[str] | None = None) -> int:
     options = build_parser().parse_args(args[:split])
     if options.ca_file and not options.confdir:
         raise SystemExit("podagent: --ca-file needs --confdir")
-    host, _, port = options.listen.rpartition(":")
-    if not host or not port.isdigit():
-        raise SystemExit(f"podagent: --listen must be host:port, not {options.listen!r}")
+    try:
+        host_port(options.listen)
+    except ValueError:
+        raise SystemExit(f"podagent: --listen must be host:port, not {options.listen!r}") from None
     if options.fence_wait > 0:
         options.fence_target = options.fence_target or default_fence_target()
-        fence_host, _, fence_port = options.fence_target.rpartition(":")
-        if not fence_host or not fence_port.isdigit():
+        try:
+            host_port(options.fence_target)
+        except ValueError:
             raise SystemExit(
                 f"podagent: --fence-target must be host:port, not {options.fence_target!r}"
                 " (without it, $KUBERNETES_SERVICE_HOST and $KUBERNETES_SERVICE_PORT must be set)"
-            )
+            ) from None
     try:
         rollouts.parse_indexes(options.failing_exit_codes)
     except ValueError as error:
