@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import call_outcomes
 import grpc
 import pytest
 from openforge.trajectory import auth
@@ -165,10 +166,11 @@ def test_ls(db_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
         "status",
         "reward",
         "calls",
+        "failed",
         "segments",
     ]
-    assert lines[1].split() == ["r0", "fix-bug", "0", "succeeded", "1", "2/2", "1"]
-    assert lines[2].split() == ["r1", "fix-bug", "1", "running", "-", "1", "1"]
+    assert lines[1].split() == ["r0", "fix-bug", "0", "succeeded", "1", "2/2", "0", "1"]
+    assert lines[2].split() == ["r1", "fix-bug", "1", "running", "-", "1", "0", "1"]
     assert lines[3] == "2 rollouts (1 running, 1 succeeded), 3 calls, mean reward 1 over 1"
 
 
@@ -179,7 +181,7 @@ def test_ls_json(db_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
         ("r0", "succeeded", 1.0, 2, 2),
         ("r1", "running", None, 1, None),
     ]
-    assert set(rows[0]) == {"job", "rollout", "task", "sample", "attempt", "status", "reward", "calls", "calls_expected", "segments"}
+    assert set(rows[0]) == {"job", "rollout", "task", "sample", "attempt", "status", "reward", "calls", "calls_expected", "failed_calls", "segments"}
 
 
 def test_ls_of_an_empty_store_says_so(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -301,6 +303,50 @@ def test_export(
     assert [(r["rollout_id"], r["response_ids"], r["response_mask"]) for r in rows] == [
         ("r0", [4, 5, 6, 7], [1, 1, 0, 1])
     ]
+
+
+@pytest.fixture
+def mixed_db_path(tmp_path: Path) -> Path:
+    """r0 (two completed calls) and a rollout whose calls completed, were cut off and refused."""
+    path = tmp_path / "store.db"
+    with store.Store(path) as db:
+        db.put(rollout_records("r0", 0, 1.0))
+        db.put(call_outcomes.records("mixed", call_outcomes.MIXED, task="fix-bug", sample=1))
+    return path
+
+
+def test_export_trains_only_completed_calls_and_counts_the_failed_by_kind(
+    mixed_db_path: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "rows.jsonl"
+    argv = ["export", "--store", str(mixed_db_path), "--job", "job", "--format", "jsonl", "--out", str(out)]
+    assert cli.trajectories_main(argv) == 0
+    summary = capsys.readouterr().out
+    assert summary.startswith("wrote 2 rows from 2 complete rollouts")
+    assert "untokenized calls 0, failed calls not trained: 1 aborted, 0 errored, 1 refused)" in summary
+    rows = export.read_jsonl(out)
+    assert [(r["rollout_id"], r["call_indices"], r["response_ids"]) for r in rows] == [
+        ("r0", [0, 1], [4, 5, 6, 7]),
+        ("mixed", [0], [10, 11]),
+    ]
+
+
+def test_ls_counts_the_failed_calls_by_kind(
+    mixed_db_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert cli.trajectories_main(["ls", "--store", str(mixed_db_path)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split() == ["rollout", "task", "sample", "status", "reward", "calls", "failed", "segments"]
+    assert lines[1].split() == ["r0", "fix-bug", "0", "succeeded", "1", "2/2", "0", "1"]
+    assert lines[2].split() == ["mixed", "fix-bug", "1", "succeeded", "1", "3/3", "2", "1"]
+    assert lines[3] == (
+        "2 rollouts (2 succeeded), 5 calls (2 failed, never trained: 1 aborted, 1 refused),"
+        " mean reward 1 over 2"
+    )
+    assert cli.trajectories_main(["ls", "--store", str(mixed_db_path), "--json"]) == 0
+    listed = {r["rollout"]: r for r in json.loads(capsys.readouterr().out)}
+    assert listed["mixed"]["failed_calls"] == {"aborted": 1, "errored": 0, "refused": 1}
+    assert listed["r0"]["failed_calls"] == {"aborted": 0, "errored": 0, "refused": 0}
 
 
 def test_missing_store_is_reported(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

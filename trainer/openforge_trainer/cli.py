@@ -21,7 +21,7 @@ from rich.console import Console
 
 from openforge_trainer.collection import collector
 from openforge_trainer.collection import store as store_module
-from openforge_trainer.trajectories import export, render
+from openforge_trainer.trajectories import export, outcome, render
 
 # -- openforge collector -------------------------------------------------------
 
@@ -118,7 +118,9 @@ def trajectories_main(argv: Sequence[str]) -> int:
         default="auto",
         help="rich output: auto = when stdout is a terminal",
     )
-    out = commands.add_parser("export", help="write training rows of a job's complete rollouts")
+    out = commands.add_parser(
+        "export", help="write training rows of a job's complete rollouts (their completed calls)"
+    )
     out.add_argument("--store", required=True, type=Path)
     out.add_argument("--job", required=True)
     out.add_argument("--format", required=True, choices=sorted(export.WRITERS))
@@ -140,12 +142,13 @@ def _ls(store: store_module.Store, job: str | None, *, as_json: bool = False) ->
     if as_json:
         print(json.dumps(rows, indent=2))
         return 0
-    header = ("rollout", "task", "sample", "status", "reward", "calls", "segments")
+    header = ("rollout", "task", "sample", "status", "reward", "calls", "failed", "segments")
     table: list[tuple[str, ...]] = [header]
     for row in rows:
         calls = f"{row['calls']}/{row['calls_expected']}" if row["calls_expected"] is not None else str(row["calls"])
         reward = f"{row['reward']:g}" if row["reward"] is not None else "-"
-        table.append((row["rollout"], row["task"], str(row["sample"]), row["status"], reward, calls, str(row["segments"])))
+        failed = str(sum(row["failed_calls"].values()))
+        table.append((row["rollout"], row["task"], str(row["sample"]), row["status"], reward, calls, failed, str(row["segments"])))
     widths = [max(len(line[i]) for line in table) for i in range(len(header))]
     for line in table:
         print("  ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=True)))
@@ -154,11 +157,15 @@ def _ls(store: store_module.Store, job: str | None, *, as_json: bool = False) ->
 
 
 def ls_rows(store: store_module.Store, job: str | None) -> list[dict[str, Any]]:
-    """One dict a rollout of ``job`` (every job without one), as ``ls`` lists them."""
+    """One dict a rollout of ``job`` (every job without one), as ``ls`` lists them.
+
+    ``failed_calls`` counts the calls that are never trained, by kind
+    (:mod:`outcome`); ``segments`` the rows its completed calls make.
+    """
     rows: list[dict[str, Any]] = []
     for name in [job] if job else store.jobs():
         for rollout in store.rollouts(name):
-            found, _ = export.segments(store.calls(rollout.rollout_id))
+            found, stats = export.segments(store.calls(rollout.rollout_id))
             rows.append({
                 "job": name,
                 "rollout": rollout.rollout_id,
@@ -169,13 +176,15 @@ def ls_rows(store: store_module.Store, job: str | None) -> list[dict[str, Any]]:
                 "reward": rollout.reward if rollout.has_reward else None,
                 "calls": rollout.calls_stored,
                 "calls_expected": rollout.call_count_expected if rollout.finished else None,
+                "failed_calls": stats.failures(),
                 "segments": len(found),
             })  # fmt: skip
     return rows
 
 
 def totals(rows: list[dict[str, Any]]) -> str:
-    """The line under ``ls``'s table: rollouts by status, calls, the mean reward (pure)."""
+    """The line under ``ls``'s table: rollouts by status, calls (the failed by kind), the
+    mean reward (pure)."""
     if not rows:
         return "no rollouts"
     by_status = Counter(str(row["status"]) for row in rows)
@@ -183,7 +192,12 @@ def totals(rows: list[dict[str, Any]]) -> str:
     rewards = [float(row["reward"]) for row in rows if row["reward"] is not None]
     mean = f", mean reward {sum(rewards) / len(rewards):.3g} over {len(rewards)}" if rewards else ""
     calls = sum(int(row["calls"]) for row in rows)
-    return f"{len(rows)} rollout{'s' * (len(rows) != 1)} ({statuses}), {calls} call{'s' * (calls != 1)}{mean}"
+    failures: Counter[str] = Counter()
+    for row in rows:
+        failures.update(row["failed_calls"])
+    failed = sum(failures.values())
+    never = f" ({failed} failed, never trained: {outcome.describe(failures)})" if failed else ""
+    return f"{len(rows)} rollout{'s' * (len(rows) != 1)} ({statuses}), {calls} call{'s' * (calls != 1)}{never}{mean}"
 
 
 def _status(rollout: store_module.Rollout) -> str:
@@ -226,9 +240,10 @@ def _export(store: store_module.Store, job: str, format: str, out: Path) -> int:
         print(f"openforge trajectories export: {exc}", file=sys.stderr)
         return 1
     count = export.WRITERS[format](rows, out)
+    failed = ", ".join(f"{number} {kind}" for kind, number in stats.failures().items())
     print(
         f"wrote {count} rows from {stats.rollouts} complete rollouts to {out}"
         f" (merge rate {stats.merge_rate:.1%}, split on token mismatch {stats.split_on_mismatch},"
-        f" untokenized calls {stats.untokenized})"
+        f" untokenized calls {stats.untokenized}, failed calls not trained: {failed})"
     )
     return 0

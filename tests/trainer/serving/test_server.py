@@ -237,8 +237,11 @@ def test_logprobs_equal_a_full_forward_recomputation(server: str, models: dict[s
             full[len(PROMPT) - 1 + i, token].item() for i, token in enumerate(choice["token_ids"])
         ]
         served = choice["logprobs"]["token_logprobs"]
-        # Raw (temperature 1) logprobs, whatever temperature sampled the token.
-        assert max(abs(a - b) for a, b in zip(expected, served, strict=True)) < 1e-5
+        # Raw (temperature 1) logprobs, whatever temperature sampled the token. The
+        # server decodes with a KV cache, the reference in one forward pass: fp32
+        # rounding apart, 1.1e-5 seen on CI. Temperature-scaled or shifted logprobs
+        # miss by 1e-2 or more.
+        assert max(abs(a - b) for a, b in zip(expected, served, strict=True)) < 1e-4
 
 
 def test_greedy_matches_uncached_decoding_and_is_batch_invariant(

@@ -6,8 +6,11 @@ import asyncio
 import base64
 import dataclasses
 import io
+import subprocess
+import sys
 from pathlib import Path
 
+import call_outcomes
 import pytest
 import torch
 import transformers
@@ -31,6 +34,10 @@ def captured(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, list
     model = trainer_loop.load_model(model_dir, dtype="float32", device="cpu")
     with store.Store(base / "store.db") as db:
         ids = rollout_sampler.write_rollouts(db, model, job="job", tasks=["t"], samples=2, turns=3)
+        # the same task's group in a later batch, sampled by policy version 1
+        rollout_sampler.write_rollouts(
+            db, model, job="job", tasks=["t"], samples=2, turns=2, policy_version=1, batch="1"
+        )
         db.put(
             [  # started, never finished
                 trajectory_pb2.Record(
@@ -111,24 +118,134 @@ def agent_loop(
 
 def test_the_agent_loop_runs_under_verl_base_class(captured: tuple[Path, Path, list[str]]) -> None:
     db_path, model_dir, ids = captured
-    assert verl_loop._agent_loop_registry["openforge"] == {
-        "_target_": "openforge_trainer.training.verl_agent_loop.OpenForgeAgentLoop"
-    }
     loop = agent_loop(db_path, model_dir, job="job", poll_interval=0.05, timeout=0.3)
     sample = {"raw_prompt": [], "extra_info": {verl_agent_loop.ROLLOUT_KEY: ids[0]}}
-    output = asyncio.run(loop.run({"temperature": 1.0}, **sample))
+    (output,) = asyncio.run(loop.run({"temperature": 1.0}, session_id=0, **sample))
     assert output.response_ids == row_of(db_path, ids[0]).response_ids
+    assert (output.extra_fields["min_global_steps"], output.extra_fields["max_global_steps"]) == (0, 0)
     with pytest.raises(
-        verl_agent_loop.RolloutUnavailable, match=r"'running' not complete .* after 0\.3 s"
+        verl_agent_loop.RolloutUnavailable, match=r"rollout 'running' not complete .* after 0\.3 s"
     ):
         asyncio.run(loop.run({}, **{verl_agent_loop.ROLLOUT_KEY: "running"}))
-    with pytest.raises(verl_agent_loop.RolloutUnavailable, match="no openforge_rollout_id"):
+    with pytest.raises(verl_agent_loop.RolloutUnavailable, match="has none of openforge_task_id"):
         asyncio.run(loop.run({}, raw_prompt=[]))
     other = agent_loop(db_path, model_dir, job="other-job")
     with pytest.raises(
         verl_agent_loop.RolloutUnavailable, match="belongs to job 'job', not 'other-job'"
     ):
         asyncio.run(other.run({}, **{verl_agent_loop.ROLLOUT_KEY: ids[0]}))
+
+
+def test_a_group_of_n_sessions_is_n_distinct_rollouts_of_the_task(
+    captured: tuple[Path, Path, list[str]],
+) -> None:
+    db_path, model_dir, _ = captured
+    loop = agent_loop(db_path, model_dir, job="job", poll_interval=0.05, timeout=0.3)
+    for batch, version in (("", 0), ("1", 1)):
+        sample = {"extra_info": {verl_agent_loop.TASK_KEY: "t", verl_agent_loop.BATCH_KEY: batch}}
+        outputs = [asyncio.run(loop.run({}, session_id=k, **sample)) for k in range(2)]
+        ids = [out.extra_fields[verl_agent_loop.ROLLOUT_KEY] for (out,) in outputs]
+        assert len(set(ids)) == 2, ids
+        with store.Store(db_path) as db:
+            rollouts = [db.rollout(i) for i in ids]
+        assert [(r.task_id, r.sample_index, r.batch) for r in rollouts if r] == [
+            ("t", 0, batch),
+            ("t", 1, batch),
+        ]
+        assert {out.extra_fields["max_global_steps"] for (out,) in outputs} == {version}
+    with pytest.raises(verl_agent_loop.RolloutUnavailable, match="sample 2 of task 't' in batch '1' not complete"):
+        asyncio.run(loop.run({}, session_id=2, **{verl_agent_loop.TASK_KEY: "t", verl_agent_loop.BATCH_KEY: "1"}))
+    # one rollout id cannot answer a group: the bug that made a group of n one rollout n times
+    with pytest.raises(verl_agent_loop.RolloutUnavailable, match="a group needs one rollout per session"):
+        asyncio.run(loop.run({}, session_id=1, **{verl_agent_loop.ROLLOUT_KEY: "x"}))
+    named = {verl_agent_loop.ROLLOUT_IDS_KEY: list(reversed(_ids_of(db_path)))}
+    (first,) = asyncio.run(loop.run({}, session_id=0, **named))
+    assert first.extra_fields[verl_agent_loop.ROLLOUT_KEY] == named[verl_agent_loop.ROLLOUT_IDS_KEY][0]
+    with pytest.raises(verl_agent_loop.RolloutUnavailable, match="no rollout for session 9"):
+        asyncio.run(loop.run({}, session_id=9, **named))
+
+
+def _ids_of(db_path: Path) -> list[str]:
+    with store.Store(db_path) as db:
+        return [r.rollout_id for r in db.rollouts("job") if r.complete and not r.batch]
+
+
+VERL_WORKER = """
+import asyncio, sys
+import hydra, transformers
+from omegaconf import OmegaConf
+from verl.experimental.agent_loop import agent_loop as verl_loop
+from verl.utils.dataset.rl_dataset import RLHFDataset
+
+yaml_path, model_dir = sys.argv[1:3]
+for entry in OmegaConf.load(yaml_path):  # as AgentLoopWorker.__init__ loads the YAML
+    verl_loop._agent_loop_registry[entry.name] = entry
+config = OmegaConf.create(
+    {"actor_rollout_ref": {"rollout": {"prompt_length": 64, "response_length": 64}}, "data": {}}
+)
+tokenizer = transformers.AutoTokenizer.from_pretrained(model_dir)
+for session in range(2):  # as AgentLoopWorker._run_agent_loop does, once per session
+    loop = hydra.utils.instantiate(
+        config=verl_loop._agent_loop_registry["openforge"],
+        trainer_config=verl_loop.DictConfigWrap(config), server_manager=None, tokenizer=tokenizer,
+        processor=None, dataset_cls=RLHFDataset, data_config=verl_loop.DictConfigWrap(config.data),
+    )
+    (output,) = asyncio.run(loop.run({}, session_id=session, openforge_task_id="t"))
+    print(output.extra_fields["openforge_rollout_id"])
+"""
+
+
+def test_verl_constructs_the_loop_from_its_yaml_entry_for_every_sample(
+    captured: tuple[Path, Path, list[str]], tmp_path: Path
+) -> None:
+    """veRL's worker loads the agent-loop YAML, then hydra imports this module on the first
+    sample: the module must not replace that entry (and its store) as it is imported. Run in
+    a fresh interpreter, as a worker is, so the import happens after the YAML is loaded."""
+    db_path, model_dir, ids = captured
+    yaml_path = tmp_path / "agent_loops.yaml"
+    OmegaConf.save(
+        OmegaConf.create(
+            [{"name": "openforge", "_target_": f"{verl_agent_loop.__name__}.OpenForgeAgentLoop",
+              "store": str(db_path), "job": "job", "timeout": 5}]
+        ),
+        yaml_path,
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", VERL_WORKER, str(yaml_path), str(model_dir)],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split() == ids[:2]
+
+
+def test_a_rewritten_history_gives_one_output_per_segment(
+    captured: tuple[Path, Path, list[str]],
+) -> None:
+    db_path, _, ids = captured
+    row = row_of(db_path, ids[0])
+    second = dataclasses.replace(row, segment_index=1, policy_versions=[2, 3], policy_version=2)
+    outputs = [verl_agent_loop.to_output(r, segments=2) for r in (row, second)]
+    assert [o.extra_fields["openforge_segments"] for o in outputs] == [2, 2]
+    assert (outputs[1].extra_fields["min_global_steps"], outputs[1].extra_fields["max_global_steps"]) == (2, 3)
+    assert all(o.reward_score == row.reward for o in outputs)
+
+
+def test_failed_calls_never_become_verl_outputs(tmp_path: Path) -> None:
+    """A call cut off mid-stream or refused gives veRL nothing; the completed calls do."""
+    failed = (call_outcomes.disconnected(0, [1, 2, 3], [7, 8]), call_outcomes.refused(1, [1, 2, 3]))
+    with store.Store(tmp_path / "store.db") as db:
+        db.put(call_outcomes.records("mixed", call_outcomes.MIXED))
+        db.put(call_outcomes.records("failed", failed, sample=1))
+        outputs = verl_agent_loop.captured_outputs(db, verl_agent_loop.SessionRef(rollout_id="mixed"))
+        assert outputs is not None
+        assert [(o.response_ids, o.response_mask, o.extra_fields["openforge_segments"]) for o in outputs] == [
+            ([10, 11], [1, 1], 1)
+        ]
+        with pytest.raises(
+            verl_agent_loop.RolloutUnavailable,
+            match=r"rollout 'failed' has no completed token-level calls \(failed calls not trained: 1 aborted, 1 refused\)",
+        ):
+            verl_agent_loop.captured_outputs(db, verl_agent_loop.SessionRef(rollout_id="failed"))
 
 
 def png_url(color: tuple[int, int, int], size: tuple[int, int] = (30, 20)) -> str:

@@ -4,6 +4,7 @@ import json
 from collections.abc import Sequence
 from pathlib import Path
 
+import call_outcomes
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -28,6 +29,8 @@ def call(
         completion_logprobs=list(logprobs if logprobs is not None else [-0.5] * len(completion)),
         segment_index=segment,
         policy_version=version,
+        finish_reason="stop",
+        http_status=200,
     )
 
 
@@ -113,7 +116,7 @@ def test_tokens_decide_when_the_index_claims_a_split() -> None:
 
 def test_untokenized_calls_are_skipped_and_missing_logprobs_are_zero() -> None:
     calls = stored_calls(
-        trajectory_pb2.ModelCall(call_index=0),  # passthrough without token IDs
+        trajectory_pb2.ModelCall(call_index=0, http_status=200),  # passthrough without token IDs
         call(1, [1, 2], [3, 4], []),
     )
     (row,), stats = export.rollout_rows(ROLLOUT, calls)
@@ -213,3 +216,71 @@ def test_text_rows_have_no_images_and_an_unreadable_request_names_the_call() -> 
     broken.request_json = b"{not json"
     with pytest.raises(export.ExportError, match=r"rollout 'r' call 0: request_json: body is not valid JSON"):
         export.rollout_rows(ROLLOUT, stored_calls(broken))
+
+
+def test_only_completed_calls_become_rows_and_the_failed_are_counted_by_kind(tmp_path: Path) -> None:
+    """A call cut off mid-stream and a refused one stay in the store but are no training data."""
+    with store.Store(tmp_path / "store.db") as db:
+        db.put(call_outcomes.records("mixed", call_outcomes.MIXED))
+        assert len(db.calls("mixed")) == 3  # kept for inspection
+        rows, stats = export.job_rows(db, "job")
+    assert [row.call_indices for row in rows] == [[0]]
+    (row,) = rows
+    assert (row.prompt_ids, row.response_ids, row.response_mask) == ([1, 2, 3], [10, 11], [1, 1])
+    assert (stats.calls, stats.aborted, stats.errored, stats.refused) == (3, 1, 0, 1)
+    assert stats.failures() == {"aborted": 1, "errored": 0, "refused": 1}
+    assert (stats.untokenized, stats.followers, stats.rows) == (0, 0, 1)
+
+
+RETRY = [*call_outcomes.NEXT_PROMPT]  # the harness asks the cut-off turn again
+
+
+def test_a_retry_after_a_failed_call_continues_the_last_completed_call() -> None:
+    """The failed call is dropped and the tokens decide: its retry extends call 0, so the
+    row runs 0 -> 2 -> 3 with no token of the failed call in it."""
+    calls = stored_calls(
+        call_outcomes.MIXED[0],
+        call_outcomes.MIXED[1],
+        call_outcomes.completed(2, RETRY, [12]),
+        call_outcomes.completed(3, [*RETRY, 12, 22], [13]),
+    )
+    (row,), stats = export.rollout_rows(ROLLOUT, calls)
+    assert row.call_indices == [0, 2, 3]
+    assert row.response_ids == [10, 11, 20, 21, 12, 22, 13]
+    assert row.response_mask == [1, 1, 0, 0, 1, 0, 1]
+    assert (stats.aborted, stats.extended, stats.followers) == (1, 2, 2)
+
+
+def test_the_partial_answer_a_harness_sends_back_is_context_never_trained() -> None:
+    partial = list(call_outcomes.MIXED[1].completion_token_ids)
+    calls = stored_calls(
+        call_outcomes.MIXED[0],
+        call_outcomes.MIXED[1],
+        call_outcomes.completed(2, [*RETRY, *partial, 23], [12]),
+    )
+    (row,), _ = export.rollout_rows(ROLLOUT, calls)
+    assert row.call_indices == [0, 2]
+    assert row.response_ids == [10, 11, 20, 21, *partial, 23, 12]
+    assert row.response_mask == [1, 1, 0, 0] + [0] * len(partial) + [0, 1]
+
+
+def test_a_call_after_a_failure_that_does_not_continue_the_tokens_starts_a_new_row() -> None:
+    calls = stored_calls(
+        call_outcomes.MIXED[0],
+        call_outcomes.refused(1, [*RETRY, *range(40, 90)]),
+        call_outcomes.completed(2, [1, 2, 3, 99], [12]),  # the harness compacted its history
+    )
+    rows, stats = export.rollout_rows(ROLLOUT, calls)
+    assert [row.call_indices for row in rows] == [[0], [2]]
+    assert [row.segment_index for row in rows] == [0, 1]
+    assert (stats.refused, stats.extended, stats.followers) == (1, 0, 1)
+
+
+def test_a_failed_first_call_starts_no_row() -> None:
+    calls = stored_calls(
+        call_outcomes.disconnected(0, [1, 2, 3], [7, 8, 9]),
+        call_outcomes.completed(1, [1, 2, 3], [10, 11]),
+    )
+    (row,), stats = export.rollout_rows(ROLLOUT, calls)
+    assert (row.call_indices, row.prompt_ids, row.response_ids) == ([1], [1, 2, 3], [10, 11])
+    assert (stats.aborted, stats.followers) == (1, 0)

@@ -227,6 +227,22 @@ def test_untokenized_calls_and_losses_are_said(db: store.Store) -> None:
     assert "no rows (no tokenized calls)" in text
 
 
+def test_a_rollout_whose_calls_all_failed_says_so(db: store.Store) -> None:
+    calls = [
+        chat_call(0, [USER], {"content": "h"}, prompt_token_ids=[1, 2], completion_token_ids=[3],
+                  completion_logprobs=[-0.1], finish_reason="error", error="connection failed: client disconnected"),
+        chat_call(1, [USER], {"content": ""}, prompt_token_ids=[1, 2], finish_reason="error",
+                  error="rejected: max_tokens: must be at least 1"),
+    ]  # fmt: skip
+    calls[1].http_status = 400
+    put_rollout(db, "r-failed", calls)
+    view = render.build(db, "r-failed")
+    assert view is not None and view.rows == []
+    out = io.StringIO()
+    render.render_plain(view, out)
+    assert "no rows (no completed tokenized calls; failed calls not trained: 1 aborted, 1 refused)" in out.getvalue()
+
+
 def test_find_tokenizer_prefers_the_newest_checkpoint(tmp_path: Path) -> None:
     assert render.find_tokenizer(tmp_path / "store.db") is None
     for step in ("step-000001", "step-000002"):

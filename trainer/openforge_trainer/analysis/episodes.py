@@ -37,6 +37,7 @@ from openforge.wire import codecs, conversation
 from openforge.wire.codecs.errors import CodecError
 
 from openforge_trainer.collection import store as store_module
+from openforge_trainer.trajectories import outcome
 
 
 class DecodeError(Exception):
@@ -162,7 +163,8 @@ def _result(api: conversation.WireApi, part: conversation.ToolResultPart) -> _Re
 
 
 def call_failed(call: store_module.ModelCall) -> bool:
-    return bool(call.error) or call.http_status >= 400 or not call.response_json
+    """A call that did not complete (the rule training uses, :mod:`outcome`) or has no answer."""
+    return not outcome.completed(call) or not call.response_json
 
 
 def decode_request(call: store_module.ModelCall) -> _Request:

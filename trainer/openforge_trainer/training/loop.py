@@ -6,8 +6,10 @@ One step, in order (the order is what makes a crash harmless):
    are complete and untrained, oldest policy first. Rollouts that can never
    be trained are skipped with a reason and counted: sampled more than
    ``max_staleness`` policy versions ago, no reward, logprobs not captured,
-   superseded by a later attempt, a group left with fewer than two usable
-   rollouts, or a late rollout of a task whose group was already trained.
+   no model tokens in its completed calls (aborted, refused and errored calls
+   are never trained, :mod:`outcome`), superseded by a later attempt, a group
+   left with fewer than two usable rollouts, or a late rollout of a task whose
+   group was already trained.
 2. **batch** (:mod:`rl_batch`): their rows as one veRL ``DataProto``;
    per-rollout advantages from veRL's estimator (GRPO by default).
 3. **update** (:meth:`Trainer.update`): micro-batches within a token budget;
@@ -49,7 +51,7 @@ from openforge_trainer.serving import publish
 from openforge_trainer.training import algorithms, checkpoint, rl_batch, update_guard
 from openforge_trainer.training import config as train_config
 from openforge_trainer.training import metrics as metrics_module
-from openforge_trainer.trajectories import export
+from openforge_trainer.trajectories import export, outcome
 
 MIN_GROUP = 2  # rollouts a group needs to compare anything
 
@@ -220,19 +222,26 @@ def _latest_attempts(
 
 
 def _rows(db: store_module.Store, rollout: store_module.Rollout) -> tuple[list[export.Row], str]:
-    """The rollout's trainable rows, or an empty list and why there are none."""
+    """The rollout's trainable rows, or an empty list and why there are none.
+
+    The rows hold its completed calls only (``export.rollout_rows``, by the rule of
+    :mod:`outcome`): an aborted, refused or errored call is never trained, and its
+    missing log-probs do not disqualify the rest.
+    """
     if not rollout.has_reward:
         return [], "no reward"
     calls = db.calls(rollout.rollout_id)
     for call in calls:
-        if call.completion_token_ids and not call.completion_logprobs:
+        if outcome.completed(call) and call.completion_token_ids and not call.completion_logprobs:
             return [], f"call {call.call_index}: logprobs were not captured"
     try:
-        rows, _ = export.rollout_rows(rollout, calls)
+        rows, stats = export.rollout_rows(rollout, calls)
     except export.ExportError as exc:
         return [], f"export: {exc}"
     rows = [row for row in rows if any(row.response_mask)]
-    return (rows, "") if rows else ([], "no model tokens")
+    if rows:
+        return rows, ""
+    return [], "no model tokens" + outcome.not_trained(stats.failures())
 
 
 # -- the trainer -------------------------------------------------------------------

@@ -2,13 +2,17 @@
 
 For GPU clusters that run veRL's PPO/GRPO trainer (FSDP or Megatron actors,
 vLLM rollout servers) rather than ``openforge train``. veRL asks an agent
-loop (``verl.experimental.agent_loop.AgentLoopBase``) for one
-``AgentLoopOutput`` per dataset sample; :class:`OpenForgeAgentLoop` answers
-with the rollout a real harness produced through the OpenForge sidecar:
-it waits until the sample's rollout is complete in the store, then converts
-its captured row (:func:`to_output`): prompt ids, response ids (model and
-tool tokens), response mask, the captured log-probs (veRL's
-``rollout_log_probs``) and the reward.
+loop (``verl.experimental.agent_loop.AgentLoopBase``) for the outputs of one
+session of a dataset sample: it runs ``actor_rollout_ref.rollout.n`` sessions
+per sample and passes each its ``session_id``. :class:`OpenForgeAgentLoop`
+answers session *k* with the rollout a real harness produced through the
+OpenForge sidecar for sample index *k* of the sample's task, so a GRPO group
+of n is n distinct rollouts of one task. It waits until that rollout is
+complete in the store, then converts its captured rows (:func:`to_output`):
+prompt ids, response ids (model and tool tokens), response mask, the captured
+log-probs (veRL's ``rollout_log_probs``), the reward, and the policy versions
+that sampled it as veRL's ``min_global_steps``/``max_global_steps`` (veRL's
+weight version after step s is s, as OpenForge's policy version is).
 
 Register it in veRL's agent-loop config (``agent_loop_config_path``)::
 
@@ -17,10 +21,30 @@ Register it in veRL's agent-loop config (``agent_loop_config_path``)::
       store: /data/openforge/store.db
       job: my-job
 
-and give each dataset row ``agent_name: openforge`` and
-``extra_info.openforge_rollout_id``. Something must start that rollout's
-harness pod with the sidecar pointed at veRL's vLLM servers (the operator's
-RolloutJob, or ``openforge run``); this loop only waits for its result.
+The class is deliberately not decorated with veRL's ``@register``: that
+decorator runs when hydra first imports this module and would replace the
+entry above (with its ``store``) by a bare ``_target_``, so every sample after
+the first would fail to construct.
+
+Each dataset row gives ``agent_name: openforge`` and, in ``extra_info`` (or
+at top level), either ``openforge_task_id`` (and ``openforge_batch``, the
+``openforge.dev/batch`` label its rollouts were started with): session *k* is
+the latest attempt of sample *k* of that task in that batch; or
+``openforge_rollout_ids``, one rollout id per session. Something must start
+those rollouts' harness pods with the sidecar pointed at the policy's servers
+(the operator's RolloutJob, or ``openforge run``); this loop only waits for
+their results.
+
+A rollout whose history was rewritten (several segments) gives one output per
+segment, in order, each with the rollout's reward: veRL stores every output
+of a session as its own sample (keys ``{uid}_{session}_{i}``), so no segment's
+tokens are dropped; the group's advantage is still computed per task.
+
+Only completed calls become outputs, by the rule ``openforge train`` and
+``trajectories export`` apply (the rows come from ``export.rollout_rows``, see
+:mod:`outcome`): a call the harness hung up on mid-stream, a refused or an
+errored one gives veRL no tokens, and a rollout with no completed
+token-level call is refused with the failed calls counted by kind.
 
 A row with images (a multimodal harness, e.g. the GUI browser agent) also
 gives veRL ``multi_modal_data={"images": [PIL images]}``, decoded from the
@@ -32,17 +56,15 @@ own image tokens (Qwen2.5-VL: ``<|vision_start|><|image_pad|><|vision_end|>``);
 the sidecar's template rendering writes ``<image>`` today (one token in the
 tiny tokenizer), so only the trainer side of that path is tested here.
 
-What needs a GPU and was not run here: veRL's trainer itself, its vLLM
-servers and the harness pods; and veRL keeps one sequence per sample, so a
-rollout whose history was rewritten (several segments) contributes its last
-segment only (the others are counted in ``extra_fields``). What is tested on
-CPU: the conversion, and this class constructed by veRL's own base class
-with the tiny tokenizer and run against a real store.
+What is tested on CPU: the conversion, and this class constructed by veRL's
+own base class and run against a real store, session by session. Not yet run:
+veRL's Ray trainer driving it (issue 12).
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import io
 import time
 from pathlib import Path
@@ -53,13 +75,15 @@ from verl.experimental.agent_loop.agent_loop import (
     AgentLoopBase,
     AgentLoopMetrics,
     AgentLoopOutput,
-    register,
 )
 
 from openforge_trainer.collection import store as store_module
-from openforge_trainer.trajectories import export, request_images
+from openforge_trainer.trajectories import export, outcome, request_images
 
-ROLLOUT_KEY = "openforge_rollout_id"
+ROLLOUT_KEY = "openforge_rollout_id"  # in each output's extra_fields
+ROLLOUT_IDS_KEY = "openforge_rollout_ids"  # a sample's rollouts, one per session
+TASK_KEY = "openforge_task_id"
+BATCH_KEY = "openforge_batch"
 
 
 class RolloutUnavailable(RuntimeError):
@@ -104,6 +128,9 @@ def to_output(
             "openforge_policy_version": row.policy_version,
             "openforge_segments": segments,
             "openforge_truncated_tokens": len(row.response_ids) - len(row.response_ids[:keep]),
+            # veRL's weight versions this output was sampled across (its staleness metrics)
+            "min_global_steps": min(row.policy_versions, default=row.policy_version),
+            "max_global_steps": max(row.policy_versions, default=row.policy_version),
         },
     )
 
@@ -117,47 +144,113 @@ def decode_image(url: str) -> Image.Image:
         raise RolloutUnavailable(f"an image of the rollout cannot be decoded: {exc}") from exc
 
 
-def rollout_id_of(sample: dict[str, Any]) -> str:
-    """The rollout id a veRL dataset sample names (top level or in ``extra_info``)."""
+@dataclasses.dataclass(frozen=True)
+class SessionRef:
+    """Which rollout one session of a dataset sample is: by id, or by task/batch/sample."""
+
+    rollout_id: str = ""
+    task_id: str = ""
+    batch: str = ""
+    sample_index: int = 0
+
+    def describe(self) -> str:
+        if self.rollout_id:
+            return f"rollout {self.rollout_id!r}"
+        return f"sample {self.sample_index} of task {self.task_id!r} in batch {self.batch!r}"
+
+
+def _field(sample: dict[str, Any], key: str) -> Any:
     extra = sample.get("extra_info") or {}
-    value = sample.get(ROLLOUT_KEY) or (extra.get(ROLLOUT_KEY) if isinstance(extra, dict) else None)
-    if not value:
-        raise RolloutUnavailable(
-            f"dataset sample has no {ROLLOUT_KEY} (nor extra_info.{ROLLOUT_KEY})"
-        )
-    return str(value)
+    value = sample.get(key)
+    if value is None and isinstance(extra, dict):
+        value = extra.get(key)
+    return value
 
 
-def captured_output(
+def session_ref(sample: dict[str, Any], session_id: int) -> SessionRef:
+    """The rollout session ``session_id`` of a veRL dataset sample names.
+
+    Session *k* is sample index *k*: a group of n sessions is n distinct
+    rollouts, never one rollout n times.
+    """
+    ids = _field(sample, ROLLOUT_IDS_KEY)
+    if ids is not None:
+        ids = list(ids)
+        if not 0 <= session_id < len(ids):
+            raise RolloutUnavailable(
+                f"dataset sample: {ROLLOUT_IDS_KEY} names {len(ids)} rollouts, no rollout for "
+                f"session {session_id} (set it to rollout.n ids)"
+            )
+        return SessionRef(rollout_id=str(ids[session_id]))
+    task = _field(sample, TASK_KEY)
+    if task:
+        batch = _field(sample, BATCH_KEY)
+        return SessionRef(task_id=str(task), batch="" if batch is None else str(batch), sample_index=session_id)
+    single = _field(sample, ROLLOUT_KEY)
+    if single:
+        if session_id != 0:
+            raise RolloutUnavailable(
+                f"dataset sample names one rollout ({ROLLOUT_KEY}={single!r}) but veRL asked for "
+                f"session {session_id}: a group needs one rollout per session; give "
+                f"{TASK_KEY} (and {BATCH_KEY}) or {ROLLOUT_IDS_KEY}"
+            )
+        return SessionRef(rollout_id=str(single))
+    raise RolloutUnavailable(
+        f"dataset sample has none of {TASK_KEY}, {ROLLOUT_IDS_KEY}, {ROLLOUT_KEY} "
+        "(top level or in extra_info)"
+    )
+
+
+def find_rollout(db: store_module.Store, ref: SessionRef, *, job: str) -> store_module.Rollout | None:
+    """The session's rollout: the one named, or the latest attempt of its task, batch and sample."""
+    if ref.rollout_id:
+        return db.rollout(ref.rollout_id)
+    if not job:
+        raise RolloutUnavailable(f"finding {ref.describe()} needs the agent loop's job")
+    attempts = [
+        r
+        for r in db.rollouts(job)
+        if r.task_id == ref.task_id and r.sample_index == ref.sample_index and r.batch == ref.batch
+    ]
+    # the order the trainer supersedes attempts in (training.loop._latest_attempts)
+    return max(attempts, key=lambda r: (r.attempt, r.rollout_id), default=None)
+
+
+def captured_outputs(
     db: store_module.Store,
-    rollout_id: str,
+    ref: SessionRef,
     *,
     max_prompt_length: int | None = None,
     max_response_length: int | None = None,
     job: str = "",
-) -> AgentLoopOutput | None:
-    """The rollout's output if it is complete in the store, else None."""
-    rollout = db.rollout(rollout_id)
+) -> list[AgentLoopOutput] | None:
+    """The session's outputs, one per segment, if its rollout is complete in the store, else None."""
+    rollout = find_rollout(db, ref, job=job)
     if rollout is None or not rollout.complete:
         return None
     if job and rollout.job != job:
         raise RolloutUnavailable(
-            f"rollout {rollout_id!r} belongs to job {rollout.job!r}, not {job!r}"
+            f"rollout {rollout.rollout_id!r} belongs to job {rollout.job!r}, not {job!r}"
         )
-    rows, _ = export.rollout_rows(rollout, db.calls(rollout_id))
+    rows, stats = export.rollout_rows(rollout, db.calls(rollout.rollout_id))
     if not rows:
-        raise RolloutUnavailable(f"rollout {rollout_id!r} has no token-level calls")
-    return to_output(
-        rows[-1],
-        max_prompt_length=max_prompt_length,
-        max_response_length=max_response_length,
-        segments=len(rows),
-    )
+        raise RolloutUnavailable(
+            f"rollout {rollout.rollout_id!r} has no completed token-level calls"
+            + outcome.not_trained(stats.failures())
+        )
+    return [
+        to_output(
+            row,
+            max_prompt_length=max_prompt_length,
+            max_response_length=max_response_length,
+            segments=len(rows),
+        )
+        for row in rows
+    ]
 
 
-@register("openforge")
 class OpenForgeAgentLoop(AgentLoopBase):
-    """Returns the OpenForge-captured rollout of each sample (waits until it is complete)."""
+    """Returns the OpenForge-captured rollout of each session (waits until it is complete)."""
 
     def __init__(
         self,
@@ -174,25 +267,29 @@ class OpenForgeAgentLoop(AgentLoopBase):
         self.poll_interval = poll_interval
         self.timeout = timeout
 
-    async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> AgentLoopOutput:
+    # veRL's base class declares one output; its v1 (TransferQueue) worker, the default trainer,
+    # takes a list and stores each output as its own sample (AgentLoopWorkerTQ._agent_loop_postprocess)
+    async def run(  # type: ignore[override]
+        self, sampling_params: dict[str, Any], **kwargs: Any
+    ) -> list[AgentLoopOutput]:
         del sampling_params  # the harness's requests carry their own, through the sidecar
-        rollout_id = rollout_id_of(kwargs)
+        ref = session_ref(kwargs, int(kwargs.get("session_id", 0)))
         deadline = time.monotonic() + self.timeout
         while True:
-            output = await asyncio.to_thread(self._read, rollout_id)
-            if output is not None:
-                return output
+            outputs = await asyncio.to_thread(self._read, ref)
+            if outputs is not None:
+                return outputs
             if time.monotonic() >= deadline:
                 raise RolloutUnavailable(
-                    f"rollout {rollout_id!r} not complete in {self.store_path} after {self.timeout} s"
+                    f"{ref.describe()} not complete in {self.store_path} after {self.timeout} s"
                 )
             await asyncio.sleep(self.poll_interval)
 
-    def _read(self, rollout_id: str) -> AgentLoopOutput | None:
+    def _read(self, ref: SessionRef) -> list[AgentLoopOutput] | None:
         with store_module.Store(self.store_path) as db:
-            return captured_output(
+            return captured_outputs(
                 db,
-                rollout_id,
+                ref,
                 max_prompt_length=self.rollout_config.get("prompt_length"),
                 max_response_length=self.rollout_config.get("response_length"),
                 job=self.job,

@@ -16,8 +16,22 @@ starts and the disagreement is counted (``split_on_mismatch``); a harness
 that rewrites its history (compaction, edited turns) thus yields several
 rows, each token-exact.
 
-Calls without prompt tokens (passthrough capture without token IDs) cannot
-be trained on and are skipped, counted in ``untokenized``.
+Only completed calls are training data (:mod:`outcome`: HTTP 200, no error,
+a finish reason other than "error"). A call that was aborted (the harness
+hung up mid-stream: its tokens are partial), refused (4xx) or errored is
+dropped here, before segments are formed, and counted by kind (``aborted``,
+``refused``, ``errored``); it stays in the store. Dropping it leaves a gap
+that the tokens, not the call order, bridge: the next call joins the segment
+only if its prompt begins with the *last completed* call's prompt +
+completion, the same test as for any call. A harness that retries the failed
+turn sends that same context again, so the retry extends the segment and the
+row is token-exact without the failed call; whatever the harness appended in
+between (even the partial answer it was shown) becomes masked prompt tokens,
+never trained ones. A call that does not continue those tokens starts a new
+segment, so two token histories are never spliced across a failure.
+
+Completed calls without prompt tokens (passthrough capture without token IDs)
+cannot be trained on either and are skipped, counted in ``untokenized``.
 
 A row also carries the images its tokens show (``images``: URLs, base64
 ``data:`` URLs for inline images, exactly as the harness sent them), read
@@ -40,7 +54,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from openforge_trainer.collection import store as store_module
-from openforge_trainer.trajectories import request_images
+from openforge_trainer.trajectories import outcome, request_images
 
 
 class ExportError(Exception):
@@ -74,9 +88,12 @@ class Row:
 class ExportStats:
     rollouts: int = 0
     calls: int = 0
-    untokenized: int = 0
+    aborted: int = 0  # calls never trained, by kind (see outcome)
+    errored: int = 0
+    refused: int = 0
+    untokenized: int = 0  # completed calls without prompt tokens
     extended: int = 0  # calls that extended their predecessor
-    followers: int = 0  # tokenized calls after a rollout's first tokenized call
+    followers: int = 0  # completed, tokenized calls after a rollout's first one
     split_on_mismatch: int = 0  # sidecar said "extends", tokens said no
     merged_across_index: int = 0  # sidecar said "new segment", tokens extend
     rows: int = 0
@@ -85,6 +102,10 @@ class ExportStats:
     def merge_rate(self) -> float:
         """Calls that extended their predecessor / calls after the first (0 when none)."""
         return self.extended / self.followers if self.followers else 0.0
+
+    def failures(self) -> dict[str, int]:
+        """The calls never trained, by kind: ``{"aborted": n, "errored": n, "refused": n}``."""
+        return {kind: getattr(self, kind) for kind in outcome.FAILURES}
 
     def add(self, other: ExportStats) -> None:
         for field in dataclasses.fields(self):
@@ -100,10 +121,14 @@ def extends(previous: store_module.ModelCall, call: store_module.ModelCall) -> b
 def segments(
     calls: Sequence[store_module.ModelCall],
 ) -> tuple[list[list[store_module.ModelCall]], ExportStats]:
-    """Split calls (in call order) into token-verified segments."""
+    """Split the completed calls (in call order) into token-verified segments."""
     stats = ExportStats(calls=len(calls))
     result: list[list[store_module.ModelCall]] = []
     for call in sorted(calls, key=lambda c: c.call_index):
+        kind = outcome.outcome(call)
+        if kind != outcome.COMPLETED:
+            setattr(stats, kind, getattr(stats, kind) + 1)
+            continue
         if not call.prompt_token_ids:
             stats.untokenized += 1
             continue

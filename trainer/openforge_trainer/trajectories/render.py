@@ -26,7 +26,7 @@ from rich.panel import Panel
 from rich.text import Text
 
 from openforge_trainer.collection import store as store_module
-from openforge_trainer.trajectories import export, transcript
+from openforge_trainer.trajectories import export, outcome, transcript
 
 TEXT_LIMIT = 600  # characters of one message shown unless --full
 BAR_WIDTH = 64  # characters of a mask bar
@@ -371,12 +371,20 @@ def render_plain(view: RolloutView, out: TextIO, *, full: bool = False) -> None:
         emit(line)
 
 
+def no_rows_reason(stats: export.ExportStats) -> str:
+    """Why a rollout has no training rows: no completed calls, or none with tokens."""
+    failed = outcome.describe(stats.failures())
+    if failed:
+        return f"no completed tokenized calls; failed calls not trained: {failed}"
+    return "no tokenized calls"
+
+
 def rows_plain(view: RolloutView, full: bool) -> list[str]:
     lines = [f"── training rows ({TRAINED} = trained, {MASKED} = masked) ──"]
     if view.row_error:
         return [*lines, f"no rows: {view.row_error}"]
     if not view.rows:
-        return [*lines, "no rows (no tokenized calls)"]
+        return [*lines, f"no rows ({no_rows_reason(view.stats)})"]
     for row_view in view.rows:
         lines.append(row_summary(row_view))
         mask = row_view.row.response_mask
@@ -466,7 +474,7 @@ def _rows_body(view: RolloutView, full: bool) -> RenderableType:
     if view.row_error:
         return Text(f"no rows: {view.row_error}", style="red")
     if not view.rows:
-        return Text("no rows (no tokenized calls)", style="dim")
+        return Text(f"no rows ({no_rows_reason(view.stats)})", style="dim")
     parts: list[RenderableType] = [
         Text.assemble(
             ("trained", "bold green"),
