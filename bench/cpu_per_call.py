@@ -94,26 +94,6 @@ class Proxy:
         return found
 
 
-def other_sidecar(
-    procs: servers.Servers, tree: Path, engine: servers.Server, tag: str
-) -> servers.Server:
-    """``openforge sidecar`` of the checkout at ``tree``."""
-    port = servers.free_port()
-    main = (
-        f"import sys; sys.path[:0] = [{str(tree / 'sidecar')!r}, {str(tree / 'proto')!r}]; "
-        "from openforge_sidecar import cli; sys.exit(cli.main(sys.argv[1:]))"
-    )
-    flags = [
-        "--listen",
-        f"127.0.0.1:{port}",
-        "--engine",
-        engine.url,
-        "--spool",
-        str(procs.workdir / f"spool-{tag}"),
-    ]
-    return procs.start(f"sidecar-{tag}", [sys.executable, "-c", main, *flags], port)
-
-
 def chat_targets(url: str, *, stream: bool, model: str = "policy") -> list[clients.Target]:
     return [
         clients.Target(
@@ -172,7 +152,7 @@ def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
         sidecar = procs.sidecar(engine)
         proxies.append(Proxy("sidecar", sidecar, chat_targets(sidecar.url, stream=stream)))
         for index, tree in enumerate(args.compare):
-            other = other_sidecar(procs, tree, engine, str(index))
+            other = procs.sidecar_of(tree, engine, str(index))
             proxies.append(Proxy(f"sidecar@{tree}", other, chat_targets(other.url, stream=stream)))
         asyncio.run(measure(proxies, rounds=args.rounds, pairs=args.pairs, warmup=args.warmup))
         if args.clients:

@@ -139,6 +139,17 @@ class Servers:
         ]
         return self.start("sidecar", argv, port)
 
+    def sidecar_of(self, tree: Path, engine: Server, tag: str) -> Server:
+        """``openforge sidecar`` of the checkout at ``tree`` (its ``sidecar/`` and
+        ``proto/`` first on ``sys.path``), e.g. ``git worktree add /tmp/old <commit>``."""
+        port = free_port()
+        main = (
+            f"import sys; sys.path[:0] = [{str(tree / 'sidecar')!r}, {str(tree / 'proto')!r}]; "
+            "from openforge_sidecar import cli; sys.exit(cli.main(sys.argv[1:]))"
+        )
+        flags = ["--listen", f"127.0.0.1:{port}", "--engine", engine.url, "--spool", str(self.workdir / f"spool-{tag}")]
+        return self.start(f"sidecar-{tag}", [sys.executable, "-c", main, *flags], port)
+
     def profiled_sidecar(self, engine: Server, profile_flags: list[str]) -> Server:
         """The sidecar as ``openforge sidecar`` runs it, plus ``profile_addon.py`` given ``profile_flags``."""
         port = free_port()

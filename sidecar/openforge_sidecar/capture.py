@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import ctypes
+import gc
 import importlib
 import json
 import logging
@@ -36,12 +37,12 @@ from mitmproxy import ctx, exceptions, http
 from openforge import control, endpoints, trajectory
 from openforge.api import verdict
 from openforge.trajectory.v1 import trajectory_pb2 as pb
-from openforge.wire import codecs, conversation, fastjson
+from openforge.wire import codecs, conversation
 from openforge.wire.codecs import Codec
 from openforge.wire.codecs.errors import CodecError
 
 from openforge_sidecar import relay, tee
-from openforge_sidecar.policy import engine, history, template
+from openforge_sidecar.policy import engine, history, signatures, template
 from openforge_sidecar.recording import records, redact, spool
 from openforge_sidecar.recording import resume as resuming
 
@@ -146,6 +147,8 @@ class Capture:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._journal: int | None = None
         self._engine_model = ""
+        self._max_model_len = DEFAULT_MAX_MODEL_LEN
+        self._signer: signatures.Signer | None = None
         self._restarted = False
 
     # --- mitmproxy lifecycle ------------------------------------------------
@@ -155,7 +158,7 @@ class Capture:
         loader.add_option("openforge_engine", str, "", "Base URL of the inference engine (vLLM or `openforge serve`), e.g. http://127.0.0.1:8000. Required in tokens mode.")
         loader.add_option("openforge_engine_model", str, "", "Model name sent to the engine (default: the engine's first model).")
         loader.add_option("openforge_tokenizer", str, "", "Directory or engine URL holding tokenizer.json and tokenizer_config.json (default: the engine).")
-        loader.add_option("openforge_max_model_len", int, 32768, "Context length of the policy; max_tokens is capped so prompt + completion fit.")
+        loader.add_option("openforge_max_model_len", int, 0, "Context length of the policy; a call's max_tokens is a ceiling, lowered so prompt + completion fit. 0: the engine's (its /v1/models max_model_len), else 32768; a value above the engine's is lowered to it.")
         loader.add_option("openforge_spool", str, "", "Directory of the durable spool (required).")
         loader.add_option("openforge_collector", str, "", "host:port of the trajectory collector; empty: spool only.")
         loader.add_option("openforge_collector_token_file", str, "", "File holding the collector's bearer token.")
@@ -196,6 +199,7 @@ class Capture:
         self._loop = asyncio.get_running_loop()
         directory = Path(opts.openforge_spool)
         self._spool = spool.Spool(directory)
+        self._signer = signatures.Signer.in_directory(directory)
         resume = resuming.resume(self._spool, directory / resuming.INFLIGHT_JOURNAL)
         self._next_call, self._next_lost, self._finished = resume.next_call, resume.next_lost, resume.finished
         self._restarted = resume.next_call > 0
@@ -298,6 +302,7 @@ class Capture:
             if len(body) > limit:
                 raise CodecError(f"request body of {len(body)} bytes exceeds the limit of {limit}", status=413)
             request = codec.parse_request(body)
+            self._check_signatures(request)
         except CodecError as exc:
             self._reject(flow, codec, exc.status, str(exc))
             self._record_rejected(flow, codec, body if len(body) <= limit else b"", exc)
@@ -320,6 +325,18 @@ class Capture:
         # mitmproxy sends the request on as this hook returns; what the call
         # needs only once the answer comes back is done right after that.
         asyncio.get_running_loop().call_soon(self._after_forward, call)
+
+    def _check_signatures(self, request: conversation.ChatRequest) -> None:
+        """Refuse a replayed thinking block whose signature is ours but not its text's."""
+        if self._signer is None or ctx.options.openforge_mode != "tokens":
+            return
+        position = self._signer.forged(request)
+        if position is not None:
+            raise CodecError(
+                f"the signature of thinking block {position + 1} (counted across the "
+                "messages) does not match its thinking: it was edited or forged",
+                field="messages",
+            )
 
     def _after_forward(self, call: _Call) -> None:
         """Finish taking a call in while its request is on its way (see :meth:`request`).
@@ -363,9 +380,14 @@ class Capture:
             call.policy_version = int(version)
         for name in ("content-length", "content-encoding", "etag"):
             response.headers.pop(name, None)
-        response.headers["content-type"] = "text/event-stream" if call.request.stream else "application/json"
-        if call.request.stream:
-            response.headers["cache-control"] = "no-cache"
+        if not call.request.stream:
+            # A harness that asked for one JSON body gets nothing before the end, so
+            # the engine's stream is read whole and relayed in `response`: an answer
+            # that fails midway can then still be the API's error, not a 200.
+            response.headers["content-type"] = "application/json"
+            return
+        response.headers["content-type"] = "text/event-stream"
+        response.headers["cache-control"] = "no-cache"
         response.stream = _guarded(call)
 
     def response(self, flow: http.HTTPFlow) -> None:
@@ -399,12 +421,12 @@ class Capture:
             return False
         assert self._history is not None
         call.plan = self._history.plan(call.request)
-        body = engine.completion_request(
+        body = engine.completion_body(
             model=ctx.options.openforge_engine_model or self._engine_model,
             prompt_ids=call.plan.prompt_ids,
             sampling=call.request.sampling,
             stop_token_ids=tokenizer.stop_token_ids,
-            max_model_len=ctx.options.openforge_max_model_len,
+            max_model_len=self._max_model_len,
         )
         target = urllib.parse.urlsplit(ctx.options.openforge_engine)
         headers = engine.request_headers(flow.request.headers.fields, target.netloc)
@@ -416,7 +438,7 @@ class Capture:
         flow.request.path = target.path.rstrip("/") + "/v1/completions"
         flow.request.method = "POST"
         flow.request.headers.fields = headers
-        flow.request.content = fastjson.dumps_bytes(body)
+        flow.request.content = body
         return True
 
     def _relay(self, call: _Call, tokenizer: template.PolicyTokenizer) -> relay.Relay:
@@ -431,6 +453,7 @@ class Capture:
             prompt_tokens=len(call.plan.prompt_ids),
             response_id=call.response_id,
             created=int(time.time()),
+            sign=self._signer.sign if self._signer is not None else None,
         )
 
     async def _count_tokens(self, flow: http.HTTPFlow, counter: codecs.TokenCounter) -> None:
@@ -457,11 +480,22 @@ class Capture:
         if response.status_code == 200 and call.relay is None:
             self._fail(flow, call, 502, "the sidecar could not take the call in (no relay; see the log)")
             return
-        if response.status_code != 200 or call.relay is None or not call.relay.done:
+        if response.status_code != 200 or call.relay is None:
             detail = (response.get_content(strict=False) or b"")[:500].decode(errors="replace")
             self.stats["engine_errors"] += 1
-            status = 400 if response.status_code == 400 else 502
+            status = response.status_code if response.status_code in _ENGINE_STATUSES_KEPT else 502
+            retry_after = response.headers.get("retry-after")
             self._fail(flow, call, status, f"engine answered {response.status_code}: {detail}")
+            if retry_after is not None and flow.response is not None:
+                flow.response.headers["retry-after"] = retry_after
+            return
+        if not call.request.stream and not _relay_whole(call.relay, response):
+            self.stats["engine_errors"] += 1
+            self._fail(flow, call, 502, f"the engine's answer failed: {call.relay.error}")
+            return
+        if not call.relay.done:
+            self.stats["engine_errors"] += 1
+            self._fail(flow, call, 502, "the engine's stream ended before the relay did")
             return
         # The rest waits until the harness has the end of its answer, as
         # spooling does (see _spool_after_answer), and still comes before the
@@ -648,8 +682,14 @@ class Capture:
             if self._tokenizer is None:
                 opts = ctx.options
                 tokenizer = template.PolicyTokenizer.load(opts.openforge_tokenizer or opts.openforge_engine)
-                if not opts.openforge_engine_model:
-                    self._engine_model = _served_model(opts.openforge_engine)
+                try:
+                    served = _served_model(opts.openforge_engine)
+                except OSError:
+                    if not opts.openforge_engine_model:
+                        raise
+                    served = _ServedModel(opts.openforge_engine_model, None)  # its context unknown
+                self._engine_model = served.name
+                self._max_model_len = context_length(opts.openforge_max_model_len, served.max_model_len)
                 reason = "sidecar_restarted" if self._restarted else "first"
                 self._history = history.TokenHistory(tokenizer, first_reason=reason)
                 self._tokenizer = tokenizer
@@ -724,6 +764,28 @@ class Capture:
         flow.response = _json_response(status, codec.error_body(status, message))
 
 
+#: Engine statuses the harness gets as they are (in its API's shape): a refused
+#: request, and the engine asking to be called later (with its ``retry-after``),
+#: which an SDK retries. Any other failure of the engine is a 502.
+_ENGINE_STATUSES_KEPT = frozenset({400, 429, 503})
+
+
+def _relay_whole(transform: relay.Relay, response: http.Response) -> bool:
+    """Relay a non-streamed call's whole engine answer (see ``responseheaders``).
+
+    The harness's JSON body becomes the response's content; False, with the
+    relay's ``error`` set, when the answer failed, so nothing is answered yet.
+    """
+    try:
+        body = _relayed(transform, response.get_content(strict=False) or b"") + _relayed(transform, b"")
+    except Exception:  # logged and kept on the relay by _relayed
+        return False
+    if transform.error is not None:
+        return False
+    response.content = body
+    return True
+
+
 def _to_control_host(request: http.Request) -> bool:
     """Whether a request is addressed to the sidecar's control host (regular proxy mode).
 
@@ -745,12 +807,25 @@ def _release(call: _Call) -> None:
     IDs and events stay resident until a collection reaches the flow's
     generation: under 50 concurrent clients, a few times the calls in flight.
     The record, which has them all, is already with the spool writer.
+
+    After a large call (a request over :data:`TRIM_AFTER_BYTES`) the garbage is
+    collected and freed memory handed back to the OS at once: the tokenizer's
+    and the flow's buffers for a 10 MB request are some 100 MB, which glibc
+    would otherwise keep resident for good.
     """
+    large = len(call.request_json) > TRIM_AFTER_BYTES
     call.request_json = b""
     call.headers = {}
     call.plan = None
     call.relay = None
     call.tee = None
+    if large:
+        gc.collect()
+        return_freed_memory()
+
+
+#: A call whose request is larger than this is followed by a collection and a trim.
+TRIM_AFTER_BYTES = 1024 * 1024
 
 
 def _guarded(call: _Call) -> Any:
@@ -768,16 +843,22 @@ def _guarded(call: _Call) -> Any:
         transform = call.relay
         if transform is None:  # spooled already (the connection failed): nothing more to relay
             return []
-        try:
-            out = transform(data)
-        except Exception as exc:
-            log.exception("relaying the engine's stream failed")
-            transform.error = f"relay failed: {exc!r}"
-            transform.done = True
-            raise
+        out = _relayed(transform, data)
         return [out] if out else []
 
     return stream
+
+
+def _relayed(transform: relay.Relay, data: bytes) -> bytes:
+    """One call of the relay; an exception is logged and kept on the relay (its
+    ``error``, ``done``), so that the call is spooled with it, then raised on."""
+    try:
+        return transform(data)
+    except Exception as exc:
+        log.exception("relaying the engine's answer failed")
+        transform.error = f"relay failed: {exc!r}"
+        transform.done = True
+        raise
 
 
 def _teeing(call: _Call) -> Any:
@@ -805,14 +886,39 @@ def return_freed_memory() -> None:
     trim(0)
 
 
-def _served_model(engine_url: str) -> str:
-    """The engine's model name, from its OpenAI-style ``/v1/models``."""
+@dataclass(frozen=True, slots=True)
+class _ServedModel:
+    name: str
+    max_model_len: int | None  # None: the engine does not say
+
+
+#: The context length assumed when neither the option nor the engine gives one.
+DEFAULT_MAX_MODEL_LEN = 32768
+
+
+def context_length(option: int, engine: int | None) -> int:
+    """The policy's context length: the option (0: unset) at most the engine's."""
+    if option > 0:
+        return min(option, engine) if engine is not None else option
+    return engine if engine is not None else DEFAULT_MAX_MODEL_LEN
+
+
+def _served_model(engine_url: str) -> _ServedModel:
+    """The engine's first model and its context length, from its OpenAI-style ``/v1/models``.
+
+    vLLM and ``openforge serve`` give ``max_model_len`` on each model card.
+    """
     with urllib.request.urlopen(engine_url.rstrip("/") + "/v1/models", timeout=10) as response:
-        body = json.load(response)
-    models = body.get("data") or []
+        try:
+            body = json.load(response)
+        except ValueError as exc:
+            raise OSError(f"engine at {engine_url}: /v1/models is not JSON: {exc}") from None
+    models = body.get("data") if isinstance(body, dict) else None
     if not models or not isinstance(models[0], dict) or "id" not in models[0]:
         raise OSError(f"engine at {engine_url} lists no model in /v1/models")
-    return str(models[0]["id"])
+    length = models[0].get("max_model_len")
+    valid = isinstance(length, int) and not isinstance(length, bool) and length > 0
+    return _ServedModel(str(models[0]["id"]), length if valid else None)
 
 
 def _json_response(status: int, body: dict[str, Any]) -> http.Response:

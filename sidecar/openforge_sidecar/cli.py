@@ -39,7 +39,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--engine", default="", help="engine base URL (tokens mode), e.g. http://127.0.0.1:8000")
     parser.add_argument("--engine-model", default="", help="model name to send to the engine")
     parser.add_argument("--tokenizer", default="", help="tokenizer directory or URL (default: the engine)")
-    parser.add_argument("--max-model-len", type=int, default=32768, help="policy context length")
+    parser.add_argument("--max-model-len", type=int, default=0, help="policy context length (default: the engine's, from its /v1/models; else 32768)")
     parser.add_argument("--upstream", default="", help="reverse-mode upstream for passthrough and non-LLM paths (default: the engine)")
     parser.add_argument("--spool", required=True, type=Path, help="spool directory (durable, fsync'd)")
     parser.add_argument("--collector", default="", help="collector host:port; empty: spool only")

@@ -6,7 +6,9 @@ token ID and logprob, detokenizes incrementally, parses reasoning and tool
 calls out of the text, and returns the bytes of the harness's own events for
 those tokens at once, so tokens reach the harness as they are generated. For
 a harness that asked for no stream it returns nothing until the end, then the
-whole JSON body. It does no I/O; what it gathered is read once it is done.
+whole JSON body. An engine answer that fails ends a stream with the API's error
+event and leaves ``error`` set. It does no I/O; what it gathered is read once it
+is done.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ class Relay:
         response_id: str,
         created: int,
         clock: Callable[[], float] = time.monotonic,
+        sign: Callable[[str], str] | None = None,
     ) -> None:
         self._codec = codec
         self._request = request
@@ -42,12 +45,16 @@ class Relay:
         self._response_id = response_id
         self._created = created
         self._clock = clock
+        self._sign = sign
+        self._reasoning: list[str] = []  # the open reasoning block's text, to sign at its end
         self._sse = sse.SSEParser()
         self._parser = toolparse.OutputParser(
             lambda index: codec.tool_call_id(f"{response_id}/{index}")
         )
         self._encoder = (
-            codec.stream_encoder(request, response_id=response_id, created=created)
+            codec.stream_encoder(
+                request, response_id=response_id, created=created, prompt_tokens=prompt_tokens
+            )
             if request.stream
             else None
         )
@@ -125,6 +132,8 @@ class Relay:
         return self._encode(self._parser.feed(text))
 
     def _encode(self, events: list[conversation.StreamEvent]) -> bytes:
+        if self._sign is not None:
+            events = self._signed(events)
         self.events += events
         encoder = self._encoder
         if encoder is None or not events:
@@ -137,6 +146,20 @@ class Relay:
             return head + encoder.encode(events[0])
         return head + b"".join(encoder.encode(e) for e in events)
 
+    def _signed(self, events: list[conversation.StreamEvent]) -> list[conversation.StreamEvent]:
+        """``events`` with a :class:`~conversation.ReasoningSignature` after each block of
+        reasoning, before the first event that is not reasoning (see policy.signatures)."""
+        out: list[conversation.StreamEvent] = []
+        for event in events:
+            if isinstance(event, conversation.ReasoningDelta):
+                self._reasoning.append(event.text)
+            elif self._reasoning:
+                assert self._sign is not None
+                out.append(conversation.ReasoningSignature(self._sign("".join(self._reasoning))))
+                self._reasoning = []
+            out.append(event)
+        return out
+
     def _finish(self) -> bytes:
         self.done = True
         if self.engine_finish_reason is None and self.error is None:
@@ -146,11 +169,11 @@ class Relay:
         closing = self._parser.finish(reason if reason in ("stop", "length") else "stop")
         usage = conversation.Usage(self._prompt_tokens, len(self.token_ids))
         if self.error is not None:
-            # Leave the harness's stream unterminated, as a cut connection
-            # would: its SDK then reports the failure instead of a silently
-            # shortened answer.
-            out = self._encode(tail)
-            self._final_events = [*self.events, conversation.StreamEnd("error", usage)]
+            # A stream ends with the API's own error event (its SDK raises on it)
+            # rather than a silently shortened answer; a harness that asked for one
+            # body gets nothing here and is answered with the API's error object.
+            out = self._encode([*tail, conversation.StreamEnd("error", usage)])
+            self._final_events = self.events
             return self._emit(out)
         closing = [
             conversation.StreamEnd(e.finish_reason, usage)

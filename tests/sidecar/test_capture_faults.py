@@ -166,6 +166,22 @@ def test_engine_refusal_reaches_the_harness_in_its_api_format(procs: Any, tmp_pa
     ok(ask(sidecar, "short"))
 
 
+@pytest.mark.parametrize("option", [(), ("--max-model-len", "32768")])
+def test_max_tokens_is_a_ceiling_under_the_engines_context(procs: Any, option: tuple[str, ...]) -> None:
+    """A harness's default completion budget (16384) on an engine of 512 tokens is
+    answered, as the real APIs answer it: the sidecar takes the context length from
+    the engine's /v1/models, and an option above it is lowered to it (both were 400s:
+    "you requested 16400 tokens")."""
+    engine = procs.engine("--max-model-len", "512")
+    sidecar = procs.sidecar("--job", "faults", "--rollout-id", "r-ceiling", *option, engine=engine)
+    for path, body in (
+        ("/v1/chat/completions", {"max_tokens": 16384, "messages": [{"role": "user", "content": "hi"}]}),
+        ("/v1/messages", {"max_tokens": 16384, "messages": [{"role": "user", "content": "hi"}]}),
+        ("/v1/responses", {"max_output_tokens": 4096, "input": "hi"}),
+    ):
+        ok(httpx.post(sidecar.url + path, json={"model": "m", **body}, timeout=30))
+
+
 def test_sigterm_flushes_every_spooled_call_to_the_collector(procs: Any, tmp_path: Path) -> None:
     engine = procs.engine()
     collector = procs.collector()

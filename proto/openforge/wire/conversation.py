@@ -211,6 +211,14 @@ class ReasoningDelta:
 
 
 @dataclass(frozen=True, slots=True)
+class ReasoningSignature:
+    """The signature that closes the reasoning block before it (Anthropic's
+    ``signature_delta``); an API whose reasoning carries none ignores it."""
+
+    signature: str
+
+
+@dataclass(frozen=True, slots=True)
 class ToolCallStart:
     """A new tool call begins; ``index`` counts tool calls from 0."""
 
@@ -231,13 +239,16 @@ class StreamEnd:
     usage: Usage = Usage()
 
 
-StreamEvent = TextDelta | ReasoningDelta | ToolCallStart | ToolCallArgumentsDelta | StreamEnd
+StreamEvent = (
+    TextDelta | ReasoningDelta | ReasoningSignature | ToolCallStart | ToolCallArgumentsDelta | StreamEnd
+)
 
 
 def assemble(events: list[StreamEvent]) -> Completion:
     """Fold a stream of events into the equivalent non-streamed completion.
 
-    Consecutive deltas of one kind become one part, in the order they came.
+    Consecutive deltas of one kind become one part, in the order they came; a
+    signature closes the reasoning part before it (reasoning after it is a new part).
     """
     parts: list[Part] = []
     call_slots: dict[int, int] = {}  # tool-call index -> position in parts
@@ -247,10 +258,16 @@ def assemble(events: list[StreamEvent]) -> Completion:
         if isinstance(event, TextDelta | ReasoningDelta):
             kind = TextPart if isinstance(event, TextDelta) else ReasoningPart
             last = parts[-1] if parts else None
-            if isinstance(last, TextPart | ReasoningPart) and type(last) is kind:
+            open_ = isinstance(last, TextPart) or (isinstance(last, ReasoningPart) and not last.signature)
+            if open_ and type(last) is kind:
+                assert isinstance(last, TextPart | ReasoningPart)
                 parts[-1] = kind(last.text + event.text)
             else:
                 parts.append(kind(event.text))
+        elif isinstance(event, ReasoningSignature):
+            last = parts[-1] if parts else None
+            if isinstance(last, ReasoningPart) and not last.signature:
+                parts[-1] = ReasoningPart(last.text, event.signature)
         elif isinstance(event, ToolCallStart):
             call_slots[event.index] = len(parts)
             arguments[event.index] = []

@@ -29,16 +29,20 @@ def completion_request(
     stop_token_ids: frozenset[int],
     max_model_len: int | None = None,
     default_max_tokens: int = 1024,
+    prompt_tokens: int | None = None,
 ) -> dict[str, Any]:
     """The ``/v1/completions`` body for one model call.
 
     Special tokens are kept in the text (``skip_special_tokens`` false) but the
     sidecar only ever trusts ``token_ids``; stop strings are left to the
-    engine so the token record matches what it returned.
+    engine so the token record matches what it returned. ``prompt_tokens``
+    stands for ``len(prompt_ids)`` where the IDs are written apart
+    (:func:`completion_body`).
     """
     max_tokens = sampling.max_tokens or default_max_tokens
+    length = len(prompt_ids) if prompt_tokens is None else prompt_tokens
     if max_model_len is not None:
-        max_tokens = max(1, min(max_tokens, max_model_len - len(prompt_ids)))
+        max_tokens = max(1, min(max_tokens, max_model_len - length))
     body: dict[str, Any] = {
         "model": model,
         "prompt": list(prompt_ids),
@@ -59,6 +63,34 @@ def completion_request(
     if sampling.stop:
         body["stop"] = list(sampling.stop)
     return body
+
+
+#: Prompt IDs are written to JSON this many at a time (see :func:`completion_body`).
+_IDS_PER_CHUNK = 64 * 1024
+
+
+def completion_body(
+    *,
+    model: str,
+    prompt_ids: array[int],
+    sampling: conversation.SamplingParams,
+    stop_token_ids: frozenset[int],
+    max_model_len: int | None = None,
+) -> bytes:
+    """:func:`completion_request` as the JSON bytes sent, the prompt written from
+    its array a chunk at a time: a list of a 2-million-token prompt's IDs would
+    be 2 million int objects (~70 MB) for the one write."""
+    head = completion_request(
+        model=model, prompt_ids=(), sampling=sampling, stop_token_ids=stop_token_ids,
+        max_model_len=max_model_len, prompt_tokens=len(prompt_ids),
+    )  # fmt: skip
+    chunks = [
+        fastjson.dumps_line(prompt_ids[start : start + _IDS_PER_CHUNK].tolist())[1:-1]
+        for start in range(0, len(prompt_ids), _IDS_PER_CHUNK)
+    ]
+    ids = b"[" + b",".join(chunks) + b"]"
+    # the first "prompt":[] is the key's: a JSON string cannot hold an unescaped quote
+    return fastjson.dumps_bytes(head).replace(b'"prompt":[]', b'"prompt":' + ids, 1)
 
 
 def request_headers(

@@ -38,7 +38,7 @@ class Renderer(Protocol):
         add_generation_prompt: bool,
     ) -> str: ...
 
-    def encode(self, text: str) -> list[int]: ...
+    def encode_ids(self, text: str) -> array[int]: ...
 
 
 def token_array(ids: Sequence[int]) -> array[int]:
@@ -140,7 +140,7 @@ class TokenHistory:
                 self.merged += 1
                 prefix = head.token_ids
                 return Plan(
-                    prefix + token_array(self._renderer.encode(delta)),
+                    prefix + self._renderer.encode_ids(delta),
                     head.segment_index,
                     "",
                     len(prefix),
@@ -149,7 +149,7 @@ class TokenHistory:
         segment = self._segments
         self._segments += 1
         text = self._renderer.render(messages, request.tools, add_generation_prompt=True)
-        return Plan(token_array(self._renderer.encode(text)), segment, reason, 0)
+        return Plan(self._renderer.encode_ids(text), segment, reason, 0)
 
     def record(
         self,

@@ -25,12 +25,21 @@ returns None and the caller encodes whole texts):
 * and, as a last guard, texts built to probe the cuts (the tokens next to
   each other, to whitespace, to non-ASCII text, at both ends) encode to the
   same IDs both ways.
+
+A piece longer than ``max_piece_chars`` (a 10 MB message, say) is also cut,
+between an ASCII letter and a space followed by one (``word| word``): a
+Hugging Face tokenizer's memory while encoding is some 90 bytes per character
+of its input, so a piece is encoded at most ``max_piece_chars`` at a time.
+Byte-level BPE pre-tokenizers (GPT-2's and its descendants' patterns) start a
+pre-token at such a space, and normalizers leave ASCII alone, so the IDs are
+the same; the probes check that too, with long texts cut small.
 """
 
 from __future__ import annotations
 
 import logging
 import re
+import sys
 from array import array
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
@@ -41,6 +50,10 @@ log = logging.getLogger(__name__)
 #: Cached pieces hold at most this many characters in all (the least recently
 #: used go first); a piece over an eighth of it is encoded but not kept.
 MAX_CACHED_CHARS = 512 * 1024
+#: A piece is encoded at most this many characters at a time (see the module doc).
+MAX_PIECE_CHARS = 64 * 1024
+#: A cut inside a long piece: before a space between two ASCII letters.
+_SAFE_CUT = re.compile(r"(?<=[A-Za-z]) (?=[A-Za-z])")
 
 EncodeBatch = Callable[[list[str]], Sequence[Sequence[int]]]
 
@@ -54,6 +67,7 @@ class SegmentEncoder:
         cut_tokens: dict[str, int],
         *,
         max_cached_chars: int = MAX_CACHED_CHARS,
+        max_piece_chars: int = MAX_PIECE_CHARS,
     ) -> None:
         self._encode_batch = encode_batch
         self._ids = dict(cut_tokens)
@@ -62,6 +76,7 @@ class SegmentEncoder:
         self._cache: OrderedDict[str, array[int]] = OrderedDict()
         self._chars = 0
         self._max_chars = max_cached_chars
+        self._max_piece = max_piece_chars
         self.hits = 0
         self.misses = 0
 
@@ -72,16 +87,25 @@ class SegmentEncoder:
         if not cut_tokens:
             log.info("prompt pieces are not cached: %s", reason)
             return None
-        encoder = cls(encode_batch, cut_tokens)
+        encoder = cls(encode_batch, cut_tokens, max_piece_chars=sys.maxsize)
         for text in _probes(list(cut_tokens)):
             whole = list(encode_batch([text])[0])
             if encoder.encode(text) != whole:
                 log.warning("prompt pieces are not cached: %r encodes otherwise in pieces", text)
                 return None
-        encoder.clear()
-        return encoder
+        cutting = cls(encode_batch, cut_tokens, max_piece_chars=16)  # long pieces cut small
+        for text in _LONG_PROBES:
+            if cutting.encode(text) != list(encode_batch([text])[0]):
+                log.warning("long prompt pieces are encoded whole: %r encodes otherwise cut", text)
+                encoder.clear()
+                return encoder
+        return cls(encode_batch, cut_tokens)
 
     def encode(self, text: str) -> list[int]:
+        return self.encode_ids(text).tolist()
+
+    def encode_ids(self, text: str) -> array[int]:
+        """:meth:`encode` as an array, with no int object per token on the way."""
         parts = self._pattern.split(text)  # piece, cut token, piece, ..., piece
         cache = self._cache
         known: dict[str, array[int]] = {}
@@ -98,7 +122,7 @@ class SegmentEncoder:
         if missing:
             known.update(self._learn(missing))
         self.hits += len(known) - len(missing)
-        out: list[int] = []
+        out: array[int] = array("i")
         for index, part in enumerate(parts):
             if index % 2:
                 out.append(self._ids[part])
@@ -111,12 +135,15 @@ class SegmentEncoder:
         self._chars = 0
 
     def _learn(self, pieces: list[str]) -> dict[str, array[int]]:
-        """Encode pieces in one batch (each on its own) and keep those not too long."""
+        """Encode pieces (each on its own, long ones in parts) and keep those not too long."""
         self.misses += len(pieces)
-        learned = {
-            piece: array("i", ids)
-            for piece, ids in zip(pieces, self._encode_batch(pieces), strict=True)
-        }
+        learned: dict[str, array[int]] = {}
+        short = [piece for piece in pieces if len(piece) <= self._max_piece]
+        for piece, ids in zip(short, self._encode_batch(short) if short else [], strict=True):
+            learned[piece] = array("i", ids)
+        for piece in pieces:
+            if len(piece) > self._max_piece:
+                learned[piece] = self._encode_long(piece)
         for piece, ids in learned.items():
             if len(piece) <= self._max_chars // 8:
                 self._cache[piece] = ids
@@ -126,8 +153,35 @@ class SegmentEncoder:
             self._chars -= len(piece)
         return learned
 
+    def _encode_long(self, piece: str) -> array[int]:
+        """A long piece's IDs, encoded a part at a time between safe cuts."""
+        ids: array[int] = array("i")
+        for part in _parts(piece, self._max_piece):
+            ids.extend(self._encode_batch([part])[0])
+        return ids
+
 
 _EMPTY: array[int] = array("i")
+
+
+def _parts(text: str, size: int) -> list[str]:
+    """``text`` cut at safe places (:data:`_SAFE_CUT`) into parts of about ``size``
+    characters; a stretch with no safe place stays whole."""
+    parts: list[str] = []
+    start = 0
+    while len(text) - start > size:
+        cut = None
+        for match in _SAFE_CUT.finditer(text, start + size // 2, start + size):
+            cut = match.start()
+        if cut is None:  # none in the second half of the window: the next one at all
+            found = _SAFE_CUT.search(text, start + size)
+            if found is None:
+                break
+            cut = found.start()
+        parts.append(text[start:cut])
+        start = cut
+    parts.append(text[start:])
+    return parts
 
 
 def _cut_tokens(tokenizer: Any) -> tuple[dict[str, int], str]:
@@ -158,6 +212,15 @@ def _conflict(other: str, token: str) -> bool:
     if token in other:
         return True
     return any(token.startswith(other[start:]) for start in range(1, len(other)))
+
+
+#: Texts that a cut long piece must encode to the same IDs as whole: words,
+#: contractions, digits, punctuation, runs of spaces, tabs, non-ASCII letters.
+_LONG_PROBES = (
+    "It's the end, isn't it? 42 words  and   spaces\tand tabs " * 6,
+    "über naïve café words then ASCII words again and again " * 4,
+    "CamelCase words: don't DON'T we'll I'd they've  x y z " * 4,
+)
 
 
 def _probes(tokens: list[str]) -> list[str]:

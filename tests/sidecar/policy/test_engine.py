@@ -25,6 +25,19 @@ def test_completion_request_caps_max_tokens_to_the_context():
     assert "top_p" not in body
 
 
+@pytest.mark.parametrize("length", [0, 1, 5, 64 * 1024, 64 * 1024 + 1, 200_000])
+def test_the_body_sent_is_the_request_with_its_prompt_written_in_chunks(length: int) -> None:
+    ids = array("i", (i * 7919 % 151_000 for i in range(length)))
+    settings_ = dict(
+        model='a "prompt":[] model',  # the key's text inside a value is escaped, never matched
+        sampling=conversation.SamplingParams(max_tokens=50, seed=3),
+        stop_token_ids=frozenset({2}),
+        max_model_len=300_000,
+    )
+    sent = json.loads(engine.completion_body(prompt_ids=ids, **settings_))
+    assert sent == engine.completion_request(prompt_ids=list(ids), **settings_)
+
+
 def test_parse_chunk_reads_vllm_stream_chunk():
     data = {
         "id": "cmpl-1",

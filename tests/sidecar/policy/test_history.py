@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import json
+from array import array
 from pathlib import Path
 
 from hypothesis import given, settings
@@ -162,8 +163,8 @@ class CountingRenderer:
         self.renders += 1
         return tiny().render(messages, tools, add_generation_prompt=add_generation_prompt)
 
-    def encode(self, text: str) -> list[int]:
-        return tiny().encode(text)
+    def encode_ids(self, text: str) -> array[int]:
+        return tiny().encode_ids(text)
 
 
 def continued(

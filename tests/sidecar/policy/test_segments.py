@@ -64,6 +64,34 @@ def test_pieces_give_the_ids_of_the_whole_text(texts: list[list[str]]) -> None:
         assert encoder.encode(text) == expected  # again, from the cache
 
 
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.sampled_from([*PIECES, "word", " word", "Word", " x", "don't", "  ", ",", " 42"]), max_size=200))
+def test_a_long_piece_is_encoded_in_parts_to_the_same_ids(words: list[str]) -> None:
+    encoder = segments.SegmentEncoder.for_tokenizer(WHOLE, whole)
+    assert encoder is not None
+    text = "".join(words)
+    cut_small = segments.SegmentEncoder(whole, encoder._ids, max_piece_chars=8)
+    assert cut_small.encode(text) == whole([text])[0]
+
+
+def test_a_10_mb_message_is_never_encoded_more_than_a_part_at_a_time() -> None:
+    """The tokenizer's memory while encoding is ~90 bytes per character: a 10 MB
+    piece took ~1 GB. Cut into 64 K-character parts it takes a few MB."""
+    sizes: list[int] = []
+
+    def spy(texts: list[str]) -> list[list[int]]:
+        sizes.extend(map(len, texts))
+        return whole(texts)
+
+    encoder = segments.SegmentEncoder.for_tokenizer(WHOLE, spy)
+    assert encoder is not None
+    sizes.clear()
+    text = "<|im_start|>user\n" + "Some words, and 42 more words. " * 340_000 + "<|im_end|>"
+    ids = encoder.encode(text)
+    assert max(sizes) <= segments.MAX_PIECE_CHARS and sum(sizes) == len(text) - len("<|im_start|><|im_end|>")
+    assert ids == whole([text])[0]
+
+
 def test_the_cache_is_bounded_and_keeps_the_recently_used() -> None:
     encoder = segments.SegmentEncoder(whole, {"<|im_end|>": 2}, max_cached_chars=80)
     for index in range(50):

@@ -264,8 +264,16 @@ def test_tool_choice_is_normalised(choice: dict[str, str], expected: str) -> Non
         (b'{"model": "m", "max_tokens": 1, "messages": [{"role": "user", "content": [{"type": "image",'
          b' "source": {"type": "file", "file_id": "f"}}]}]}', "messages[0].content[0].source.type"),
         (b'{"model": "m", "max_tokens": 1, "messages": [], "system": [{"type": "image"}]}', "system[0].type"),
-        (b'{"model": "m", "max_tokens": 1, "messages": [], "tools": [{"name": "t"}]}', "tools[0].input_schema"),
-        (b'{"model": "m", "max_tokens": 1, "messages": [], "tool_choice": "auto"}', "tool_choice"),
+        (b'{"model": "m", "max_tokens": 1, "messages": [{"role": "user", "content": "x"}], "tools": [{"name": "t"}]}', "tools[0].input_schema"),
+        (b'{"model": "m", "max_tokens": 1, "messages": [{"role": "user", "content": "x"}], "tool_choice": "auto"}', "tool_choice"),
+        (b'{"model": "m", "max_tokens": 1, "messages": []}', "messages"),
+        (b'{"model": "m", "max_tokens": 0, "messages": [{"role": "user", "content": "x"}]}', "max_tokens"),
+        (b'{"model": "m", "max_tokens": -1, "messages": [{"role": "user", "content": "x"}]}', "max_tokens"),
+        (b'{"model": "m", "max_tokens": 1, "messages": [{"role": "user", "content": "x"}], "temperature": 1e11}', "temperature"),
+        (b'{"model": "m", "max_tokens": 1, "messages": [{"role": "user", "content": "x"}], "top_p": -0.5}', "top_p"),
+        (b'{"model": "m", "max_tokens": 1, "messages": [{"role": "user", "content": "x"}], "tools": [{"type": "x", "name": "t"}]}', "tools[0].type"),
+        (b'{"model": "\\ud800", "max_tokens": 1, "messages": [{"role": "user", "content": "x"}]}', "model"),
+        (b'{"model": "m", "max_tokens": 1, "messages": [{"role": "user", "content": "a\\udfffb"}]}', "messages[0].content"),
     ],
 )  # fmt: skip
 def test_bad_requests_name_the_field_at_fault(body: bytes, field: str) -> None:
@@ -297,6 +305,29 @@ def test_a_failed_stream_ends_with_an_error_event() -> None:
     last = sse.SSEParser().feed(wire)[-1]
     assert last.event == "error" and json.loads(last.data)["error"]["type"] == "api_error"
     assert decode_stream(CODEC, [wire])[-1] == conv.StreamEnd("error")
+
+
+def test_a_thinking_signature_streams_as_a_signature_delta_and_assembles_onto_its_block() -> None:
+    events = [
+        conv.ReasoningDelta("hm"), conv.ReasoningSignature("sig-1"), conv.ReasoningDelta("again"),
+        conv.TextDelta("a"), conv.StreamEnd("stop"),
+    ]  # fmt: skip
+    wire = encode_stream(CODEC, REQUEST, events)
+    deltas = [json.loads(e.data)["delta"] for e in sse.SSEParser().feed(wire) if e.event == "content_block_delta"]
+    assert {"type": "signature_delta", "signature": "sig-1"} in deltas
+    starts = [json.loads(e.data)["content_block"]["type"] for e in sse.SSEParser().feed(wire) if e.event == "content_block_start"]
+    assert starts == ["thinking", "thinking", "text"]  # a signature closes its block
+    assert decode_stream(CODEC, [wire])[:3] == events[:3]
+    completion = conv.assemble(decode_stream(CODEC, [wire]))
+    assert completion.message.parts[:2] == (conv.ReasoningPart("hm", "sig-1"), conv.ReasoningPart("again"))
+    body = CODEC.build_response(REQUEST, completion, response_id="m", created=1)
+    assert body["content"][0] == {"type": "thinking", "thinking": "hm", "signature": "sig-1"}
+
+
+def test_message_start_reports_the_prompt_tokens_as_the_api_does() -> None:
+    encoder = CODEC.stream_encoder(REQUEST, response_id="m", created=1, prompt_tokens=2143)
+    start = sse.SSEParser().feed(encoder.start())[0]
+    assert json.loads(start.data)["message"]["usage"]["input_tokens"] == 2143  # was 0
 
 
 def test_tool_call_ids_are_anthropic_style_and_deterministic() -> None:

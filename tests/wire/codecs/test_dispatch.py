@@ -5,7 +5,10 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
+from typing import Any
 
+import pytest
 from openforge.wire import codecs
 
 
@@ -37,3 +40,26 @@ print(json.dumps([before, chat, loaded()]))
     assert not codec_modules & set(before)
     assert codec_modules & set(chat) == {"openai_chat"}
     assert codec_modules & set(gemini) == {"openai_chat", "gemini"}
+
+
+HARNESS_REQUESTS = Path(__file__).resolve().parents[2] / "fixtures" / "harness_requests"
+
+
+@pytest.mark.parametrize(
+    "entry",
+    [
+        pytest.param(entry, id=f"{harness.name}/{entry['file']}")
+        for harness in sorted(HARNESS_REQUESTS.iterdir())
+        for entry in json.loads((harness / "index.json").read_text())
+    ],
+)
+def test_every_captured_harness_request_is_accepted(entry: dict[str, Any]) -> None:
+    """Real harnesses' requests (Codex's ``namespace`` tools, Claude Code's thinking,
+    ...) pass the codecs' validation: a value the codecs refuse must be one no real
+    API takes, never one a real harness sends."""
+    harness = next(d for d in HARNESS_REQUESTS.iterdir() if (d / entry["file"]).exists())
+    path = entry["path"] + (f"?{entry['query']}" if entry.get("query") else "")
+    codec = codecs.for_path(path)
+    assert codec is not None, path
+    request = codec.parse_request((harness / entry["file"]).read_bytes())
+    assert request.messages

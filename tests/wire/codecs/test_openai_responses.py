@@ -251,6 +251,14 @@ def test_plain_string_input_and_sampling() -> None:
         (b'{"model": "m", "input": "x", "tools": [{"type": "function"}]}', "tools[0].name"),
         (b'{"model": "m", "input": "x", "max_output_tokens": 1.5}', "max_output_tokens"),
         (b'{"model": "m", "input": "x", "instructions": ["a"]}', "instructions"),
+        (b'{"model": "m", "input": "x", "max_output_tokens": 0}', "max_output_tokens"),
+        (b'{"model": "m", "input": "x", "max_output_tokens": -1}', "max_output_tokens"),
+        (b'{"model": "m", "input": "x", "temperature": 1e11}', "temperature"),
+        (b'{"model": "m", "input": "x", "top_p": 1.5}', "top_p"),
+        (b'{"model": "m", "input": "x", "tools": [{"type": "x"}]}', "tools[0].type"),
+        (b'{"model": "m", "input": "\\ud800"}', "input"),
+        (b'{"model": "m", "input": [{"type": "message", "role": "user", "content": "\\ud800\\ud800"}]}',
+         "input[0].content"),
     ],
 )  # fmt: skip
 def test_bad_requests_name_the_field_at_fault(body: bytes, field: str) -> None:

@@ -55,8 +55,16 @@ class Codec(Protocol):
     ) -> dict[str, Any]: ...
 
     def stream_encoder(
-        self, request: conversation.ChatRequest, *, response_id: str, created: int
-    ) -> StreamEncoder: ...
+        self,
+        request: conversation.ChatRequest,
+        *,
+        response_id: str,
+        created: int,
+        prompt_tokens: int = 0,
+    ) -> StreamEncoder:
+        """The encoder of one answer; ``prompt_tokens`` is reported where the API
+        reports usage as the stream opens (Anthropic's ``message_start``)."""
+        ...
 
     def parse_response(self, body: bytes) -> conversation.Completion: ...
 

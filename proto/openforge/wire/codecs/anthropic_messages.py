@@ -2,9 +2,9 @@
 
 ``tool_result`` blocks inside a user turn become separate ``tool`` messages,
 in order, followed by the rest of that turn as a user message. Thinking
-signatures round-trip through ``ReasoningPart.signature`` in JSON bodies;
-the canonical stream has no event for them, so streams carry none (the
-policy's own thinking is unsigned). ``redacted_thinking`` blocks are dropped:
+signatures round-trip through ``ReasoningPart.signature`` in JSON bodies and
+as ``ReasoningSignature`` events in streams (``signature_delta``); the sidecar
+signs the policy's own thinking. ``redacted_thinking`` blocks are dropped:
 their content is encrypted for Anthropic's models and means nothing to ours.
 Server tools (typed tools such as ``web_search_20250305``) are not modelled:
 the raw ``tools`` array is then kept in ``ChatRequest.extra``.
@@ -13,6 +13,7 @@ the raw ``tools`` array is then kept in ``ChatRequest.extra``.
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 from openforge.wire import conversation as conv
@@ -154,7 +155,10 @@ def _system(value: Any, path: str) -> list[conv.Message]:
 def _messages(body: dict[str, Any]) -> tuple[conv.Message, ...]:
     messages = _system(body.get("system"), "system")
     names: dict[str, str] = {}
-    for i, raw in enumerate(fields.req_list(body, "messages", "")):
+    raw_messages = fields.req_list(body, "messages", "")
+    if not raw_messages:
+        raise CodecError("must hold at least one message", field="messages")
+    for i, raw in enumerate(raw_messages):
         at = f"messages[{i}]"
         turn = fields.as_object(raw, at)
         role = fields.req_str(turn, "role", at)
@@ -170,6 +174,11 @@ def _messages(body: dict[str, Any]) -> tuple[conv.Message, ...]:
     return tuple(messages)
 
 
+#: Anthropic's server and client tools are versioned by date (``bash_20250124``,
+#: ``web_search_20250305``); ``mcp_toolset`` is the one without.
+_SERVER_TOOL = re.compile(r"[a-z][a-z0-9_]*_\d{8}|mcp_toolset")
+
+
 def _tools(body: dict[str, Any]) -> tuple[tuple[conv.Tool, ...], bool]:
     raw = body.get("tools")
     if raw is None:
@@ -179,7 +188,10 @@ def _tools(body: dict[str, Any]) -> tuple[tuple[conv.Tool, ...], bool]:
     for i, item in enumerate(fields.as_list(raw, "tools")):
         at = f"tools[{i}]"
         tool = fields.as_object(item, at)
-        if fields.opt_str(tool, "type", at) not in (None, "custom"):
+        kind = fields.opt_str(tool, "type", at)
+        if kind not in (None, "custom"):
+            if not _SERVER_TOOL.fullmatch(kind):
+                raise fields.unsupported("tool type", kind, f"{at}.type")
             others = True
             continue
         tools.append(
@@ -270,10 +282,11 @@ def _message_head(request: conv.ChatRequest, response_id: str) -> dict[str, Any]
 class _Encoder:
     """Content blocks as the events arrive; a tool call's events must be contiguous."""
 
-    def __init__(self, request: conv.ChatRequest, response_id: str) -> None:
+    def __init__(self, request: conv.ChatRequest, response_id: str, prompt_tokens: int = 0) -> None:
         self._head = _message_head(request, response_id)
+        self._prompt_tokens = prompt_tokens  # message_start's input_tokens, as the API reports
         self._blocks = 0
-        self._open: str | None = None  # "text" | "thinking" | "tool"
+        self._open: str | None = None  # "text" | "thinking" | "signed" (thinking) | "tool"
         self._tool_blocks: dict[int, int] = {}
         self._has_calls = False
 
@@ -287,7 +300,7 @@ class _Encoder:
             "content": [],
             "stop_reason": None,
             "stop_sequence": None,
-            "usage": _usage(conv.Usage()),
+            "usage": _usage(conv.Usage(self._prompt_tokens, 0)),
         }
         return self._emit("message_start", message=message) + self._emit("ping")
 
@@ -297,6 +310,12 @@ class _Encoder:
         if isinstance(event, conv.ReasoningDelta):
             delta = {"type": "thinking_delta", "thinking": event.text}
             return self._delta("thinking", delta, event.text)
+        if isinstance(event, conv.ReasoningSignature):
+            if self._open != "thinking":
+                return b""
+            delta = {"type": "signature_delta", "signature": event.signature}
+            self._open = "signed"  # the block is complete: more thinking opens another
+            return self._emit("content_block_delta", index=self._blocks - 1, delta=delta)
         if isinstance(event, conv.ToolCallStart):
             self._has_calls = True
             block = {"type": "tool_use", "id": event.id, "name": event.name, "input": {}}
@@ -417,6 +436,8 @@ class _Decoder:
             return [conv.TextDelta(fields.req_str(delta, "text", "delta"))]
         if kind == "thinking_delta":
             return [conv.ReasoningDelta(fields.req_str(delta, "thinking", "delta"))]
+        if kind == "signature_delta":
+            return [conv.ReasoningSignature(fields.req_str(delta, "signature", "delta"))]
         if kind == "input_json_delta":
             index = self._tools.get(fields.opt_int(body, "index", "") or 0)
             partial = fields.req_str(delta, "partial_json", "delta")
@@ -424,7 +445,7 @@ class _Decoder:
                 return []
             self._tool_args[index] = True
             return [conv.ToolCallArgumentsDelta(index, partial)]
-        return []  # signature and citation deltas have no canonical event
+        return []  # citation deltas have no canonical event
 
     def _stop(self, body: dict[str, Any]) -> list[conv.StreamEvent]:
         """A tool call that streamed no input has the input ``{}``, as in JSON bodies."""
@@ -442,7 +463,7 @@ class AnthropicMessagesCodec:
     def parse_request(self, body: bytes) -> conv.ChatRequest:
         obj = fields.load_object(body)
         model = fields.req_str(obj, "model", "")
-        max_tokens = fields.opt_int(obj, "max_tokens", "")
+        max_tokens = fields.opt_int(obj, "max_tokens", "", minimum=1)
         if max_tokens is None:
             raise CodecError("required field is missing", field="max_tokens")
         messages = _messages(obj)
@@ -458,8 +479,8 @@ class AnthropicMessagesCodec:
             tool_choice=_tool_choice(obj.get("tool_choice")),
             sampling=conv.SamplingParams(
                 max_tokens=max_tokens,
-                temperature=fields.opt_number(obj, "temperature", ""),
-                top_p=fields.opt_number(obj, "top_p", ""),
+                temperature=fields.opt_number(obj, "temperature", "", minimum=0, maximum=1),
+                top_p=fields.opt_number(obj, "top_p", "", minimum=0, maximum=1),
                 stop=fields.stop_list(obj, "stop_sequences", ""),
             ),
             stream=bool(fields.opt_bool(obj, "stream", "")),
@@ -485,9 +506,9 @@ class AnthropicMessagesCodec:
         }
 
     def stream_encoder(
-        self, request: conv.ChatRequest, *, response_id: str, created: int
+        self, request: conv.ChatRequest, *, response_id: str, created: int, prompt_tokens: int = 0
     ) -> _Encoder:
-        return _Encoder(request, response_id)
+        return _Encoder(request, response_id, prompt_tokens)
 
     def parse_response(self, body: bytes) -> conv.Completion:
         obj = fields.load_object(body)

@@ -7,6 +7,7 @@ every bad value is reported with the JSON path at fault
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from openforge.wire import fastjson
@@ -16,14 +17,53 @@ _MISSING: Any = object()
 
 
 def load_object(body: bytes) -> dict[str, Any]:
-    """The body as a JSON object, or CodecError with field ""."""
+    """The body as a JSON object of valid text, or CodecError.
+
+    JSON can spell a lone UTF-16 surrogate (``"\\ud800"``), which is no Unicode
+    character: such a string cannot be encoded, tokenized or stored, so it is
+    refused here, naming the string's path, before anything reads the body.
+    """
     try:
         value = fastjson.loads(body)
     except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError
         raise CodecError(f"body is not valid JSON: {exc}") from None
     if not isinstance(value, dict):
         raise CodecError(f"body must be a JSON object, not {type_name(value)}")
+    # Only an escape can spell a surrogate (UTF-8 cannot): walk only bodies with one.
+    if b"\\ud" in body or b"\\uD" in body:
+        at = invalid_text(value)
+        if at is not None:
+            raise CodecError(
+                "invalid text: a lone UTF-16 surrogate (\\ud800-\\udfff) is not a character",
+                field=at,
+            )
     return value
+
+
+def invalid_text(value: Any) -> str | None:
+    """The JSON path of the first string (or key) that is not valid Unicode, or None."""
+    stack: list[tuple[str, Any]] = [("", value)]
+    while stack:
+        path, item = stack.pop()
+        if isinstance(item, str):
+            if not _encodable(item):
+                return path
+        elif isinstance(item, dict):
+            for key, child in item.items():
+                if not _encodable(key):
+                    return join(path, key.encode("utf-8", "backslashreplace").decode())
+                stack.append((join(path, key), child))
+        elif isinstance(item, list):
+            stack.extend((join(path, i), child) for i, child in enumerate(item))
+    return None
+
+
+def _encodable(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def dumps(value: Any) -> str:
@@ -100,22 +140,45 @@ def opt_bool(obj: dict[str, Any], key: str, path: str) -> bool | None:
     raise wrong_type("a boolean", value, join(path, key))
 
 
-def opt_int(obj: dict[str, Any], key: str, path: str) -> int | None:
+def opt_int(obj: dict[str, Any], key: str, path: str, *, minimum: int | None = None) -> int | None:
+    """An optional integer; below ``minimum`` is refused as the real APIs refuse it."""
     value = obj.get(key)
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int):
         raise wrong_type("an integer", value, join(path, key))
+    if minimum is not None and value < minimum:
+        raise CodecError(f"must be at least {minimum}, got {value}", field=join(path, key))
     return value
 
 
-def opt_number(obj: dict[str, Any], key: str, path: str) -> float | None:
+def opt_number(
+    obj: dict[str, Any],
+    key: str,
+    path: str,
+    *,
+    minimum: float | None = None,
+    maximum: float | None = None,
+) -> float | None:
+    """An optional number within [``minimum``, ``maximum``] where given (NaN never is)."""
     value = obj.get(key)
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise wrong_type("a number", value, join(path, key))
-    return float(value)
+    number = float(value)
+    low = -math.inf if minimum is None else minimum
+    high = math.inf if maximum is None else maximum
+    if not low <= number <= high:  # NaN fails both comparisons
+        bounds = (
+            f"between {minimum:g} and {maximum:g}"
+            if minimum is not None and maximum is not None
+            else f"at least {minimum:g}" if minimum is not None
+            else f"at most {maximum:g}" if maximum is not None
+            else "a finite number"
+        )
+        raise CodecError(f"must be {bounds}, got {value!r}", field=join(path, key))
+    return number
 
 
 def opt_object(obj: dict[str, Any], key: str, path: str) -> dict[str, Any] | None:

@@ -349,14 +349,12 @@ def _generation(obj: dict[str, Any], path: str) -> tuple[conv.SamplingParams, st
         return conv.SamplingParams(), key, {}
     config = fields.as_object(value, at)
     keys = {camel: _key(config, camel) for camel in _SAMPLING}
-    max_tokens = fields.opt_int(config, keys["maxOutputTokens"], at)
-    if max_tokens is not None and max_tokens < 1:
-        raise CodecError("must be at least 1", field=fields.join(at, keys["maxOutputTokens"]))
+    max_tokens = fields.opt_int(config, keys["maxOutputTokens"], at, minimum=1)
     _check_thinking(config, at)
     sampling = conv.SamplingParams(
         max_tokens=max_tokens,
-        temperature=fields.opt_number(config, keys["temperature"], at),
-        top_p=fields.opt_number(config, keys["topP"], at),
+        temperature=fields.opt_number(config, keys["temperature"], at, minimum=0, maximum=2),
+        top_p=fields.opt_number(config, keys["topP"], at, minimum=0, maximum=1),
         stop=fields.stop_list(config, keys["stopSequences"], at),
         seed=fields.opt_int(config, keys["seed"], at),
     )
@@ -507,6 +505,8 @@ class _Encoder:
         return b""
 
     def encode(self, event: conv.StreamEvent) -> bytes:
+        if isinstance(event, conv.ReasoningSignature):
+            return b""  # this API's reasoning carries no signature
         if isinstance(event, conv.TextDelta | conv.ReasoningDelta):
             out = self._flush()
             part = _part(
@@ -653,8 +653,9 @@ class GeminiCodec:
         }
 
     def stream_encoder(
-        self, request: conv.ChatRequest, *, response_id: str, created: int
+        self, request: conv.ChatRequest, *, response_id: str, created: int, prompt_tokens: int = 0
     ) -> _Encoder:
+        del prompt_tokens  # this API reports usage only at the end
         return _Encoder(request, response_id)
 
     def parse_response(self, body: bytes) -> conv.Completion:

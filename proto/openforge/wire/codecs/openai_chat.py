@@ -116,9 +116,12 @@ def _tools(body: dict[str, Any]) -> tuple[tuple[conv.Tool, ...], bool]:
     for i, item in enumerate(fields.as_list(raw, "tools")):
         at = f"tools[{i}]"
         tool = fields.as_object(item, at)
-        if fields.req_str(tool, "type", at) != "function":
+        kind = fields.req_str(tool, "type", at)
+        if kind == "custom":
             others = True
             continue
+        if kind != "function":
+            raise fields.unsupported("tool type", kind, f"{at}.type")
         function = fields.as_object(fields.required(tool, "function", at), f"{at}.function")
         tools.append(
             conv.Tool(
@@ -156,13 +159,13 @@ def _tool_choice(value: Any) -> str:
 
 
 def _sampling(body: dict[str, Any]) -> conv.SamplingParams:
-    max_tokens = fields.opt_int(body, "max_completion_tokens", "")
+    max_tokens = fields.opt_int(body, "max_completion_tokens", "", minimum=1)
     if max_tokens is None:
-        max_tokens = fields.opt_int(body, "max_tokens", "")
+        max_tokens = fields.opt_int(body, "max_tokens", "", minimum=1)
     return conv.SamplingParams(
         max_tokens=max_tokens,
-        temperature=fields.opt_number(body, "temperature", ""),
-        top_p=fields.opt_number(body, "top_p", ""),
+        temperature=fields.opt_number(body, "temperature", "", minimum=0, maximum=2),
+        top_p=fields.opt_number(body, "top_p", "", minimum=0, maximum=1),
         stop=fields.stop_list(body, "stop", ""),
         seed=fields.opt_int(body, "seed", ""),
     )
@@ -241,6 +244,8 @@ class _Encoder:
         return self._chunk({"role": "assistant", "content": "", "refusal": None})
 
     def encode(self, event: conv.StreamEvent) -> bytes:
+        if isinstance(event, conv.ReasoningSignature):
+            return b""  # this API's reasoning carries no signature
         if isinstance(event, conv.TextDelta):
             return self._chunk({"content": event.text}) if event.text else b""
         if isinstance(event, conv.ReasoningDelta):
@@ -401,8 +406,9 @@ class OpenAIChatCodec:
         }
 
     def stream_encoder(
-        self, request: conv.ChatRequest, *, response_id: str, created: int
+        self, request: conv.ChatRequest, *, response_id: str, created: int, prompt_tokens: int = 0
     ) -> _Encoder:
+        del prompt_tokens  # this API reports usage only at the end
         return _Encoder(request, response_id, created)
 
     def parse_response(self, body: bytes) -> conv.Completion:

@@ -180,6 +180,17 @@ def _messages(body: dict[str, Any]) -> tuple[conv.Message, ...]:
     return tuple(history.messages)
 
 
+#: The API's other tool types (hosted tools, Codex's ``namespace`` groups), by name
+#: or as the prefix of a dated or preview variant (``web_search_preview``,
+#: ``computer_use_preview``): kept raw, never run. Any other type is refused, as
+#: the API refuses it; tests/wire/codecs/test_dispatch.py parses every captured
+#: harness request, so a harness that starts sending a new type says so there.
+_HOSTED_TOOLS = (
+    "file_search", "web_search", "computer", "code_interpreter", "image_generation",
+    "local_shell", "shell", "mcp", "apply_patch", "namespace",
+)  # fmt: skip
+
+
 def _tools(body: dict[str, Any]) -> tuple[tuple[conv.Tool, ...], bool]:
     """The function and custom tools, and whether the raw array must be kept."""
     raw = body.get("tools")
@@ -202,8 +213,10 @@ def _tools(body: dict[str, Any]) -> tuple[tuple[conv.Tool, ...], bool]:
             name = fields.req_str(tool, "name", at)
             description = fields.opt_str(tool, "description", at) or ""
             tools.append(conv.Tool(name, description, CUSTOM_TOOL_PARAMETERS))
-        else:
+        elif kind.startswith(_HOSTED_TOOLS) or kind in _HOSTED_TOOLS:
             keep = True
+        else:
+            raise fields.unsupported("tool type", kind, f"{at}.type")
     return tuple(tools), keep
 
 
@@ -469,6 +482,8 @@ class _Encoder:
         )
 
     def encode(self, event: conv.StreamEvent) -> bytes:
+        if isinstance(event, conv.ReasoningSignature):
+            return b""  # reasoning items carry no signature here (no encrypted_content)
         if isinstance(event, conv.TextDelta | conv.ReasoningDelta):
             return self._delta(event) if event.text else b""
         self._events.append(event)
@@ -706,9 +721,9 @@ class OpenAIResponsesCodec:
             tools=tools,
             tool_choice=_tool_choice(obj.get("tool_choice")),
             sampling=conv.SamplingParams(
-                max_tokens=fields.opt_int(obj, "max_output_tokens", ""),
-                temperature=fields.opt_number(obj, "temperature", ""),
-                top_p=fields.opt_number(obj, "top_p", ""),
+                max_tokens=fields.opt_int(obj, "max_output_tokens", "", minimum=1),
+                temperature=fields.opt_number(obj, "temperature", "", minimum=0, maximum=2),
+                top_p=fields.opt_number(obj, "top_p", "", minimum=0, maximum=1),
             ),
             stream=bool(fields.opt_bool(obj, "stream", "")),
             extra=extra,
@@ -733,8 +748,9 @@ class OpenAIResponsesCodec:
         )
 
     def stream_encoder(
-        self, request: conv.ChatRequest, *, response_id: str, created: int
+        self, request: conv.ChatRequest, *, response_id: str, created: int, prompt_tokens: int = 0
     ) -> _Encoder:
+        del prompt_tokens  # this API reports usage only at the end
         return _Encoder(self, request, response_id, created)
 
     def parse_response(self, body: bytes) -> conv.Completion:

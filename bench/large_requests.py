@@ -1,0 +1,108 @@
+"""Memory and time of one large LLM request through the sidecar, by body size.
+
+For each size (1, 10 and 30 MB by default) and each sidecar (this checkout's,
+and with ``--compare PATH`` another checkout's, e.g. ``git worktree add
+/tmp/old <commit>``), a fresh sidecar in front of a fresh test engine (its
+context made large enough to take the prompt) gets one small call to load
+its tokenizer, then one Chat Completions call whose user message is the body
+size in words. Reported per size and sidecar: the time to the answer, the
+sidecar's resident memory before (idle, VmRSS), at its peak (VmHWM) and two
+seconds after the answer (VmRSS), and the peak's excess over idle as a
+multiple of the body. Sizes run in turn, the sidecars interleaved within each.
+Issue 14's target: peak <= 3x the body over idle, back to idle + 10 MB.
+
+    python bench/large_requests.py [--sizes 1 10 30] [--compare PATH] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import servers  # this folder's module, once it is on the path
+
+MB = 1024 * 1024
+
+
+def body_of(size_mb: float) -> bytes:
+    words = "word " * int(size_mb * MB / 5)
+    message = {"role": "user", "content": words}
+    return json.dumps({"model": "policy", "max_tokens": 4, "messages": [message]}).encode()
+
+
+def one(tree: Path | None, size_mb: float, workdir: Path) -> dict[str, Any]:
+    with servers.Servers(workdir) as procs:
+        port = servers.free_port()
+        argv = [sys.executable, "-c", servers.ENGINE_MAIN, "--port", str(port), "--max-model-len", "1000000000"]
+        engine = procs.start("engine", argv, port)
+        sidecar = procs.sidecar(engine) if tree is None else procs.sidecar_of(tree, engine, "other")
+        warm = {"model": "policy", "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]}
+        httpx.post(sidecar.url + "/v1/chat/completions", json=warm, timeout=120, trust_env=False)
+        time.sleep(1)
+        idle = servers.memory_kib(sidecar.process.pid)
+        body = body_of(size_mb)
+        start = time.monotonic()
+        answer = httpx.post(
+            sidecar.url + "/v1/chat/completions",
+            content=body,
+            headers={"content-type": "application/json"},
+            timeout=900,
+            trust_env=False,
+        )
+        took = time.monotonic() - start
+        if answer.status_code != 200:
+            raise RuntimeError(f"{answer.status_code}: {answer.text[:300]}")
+        time.sleep(2)
+        after = servers.memory_kib(sidecar.process.pid)
+    body_mb = len(body) / MB
+    idle_mb, peak_mb, after_mb = idle["VmRSS"] / 1024, after["VmHWM"] / 1024, after["VmRSS"] / 1024
+    return {
+        "body_mb": round(body_mb, 1),
+        "seconds": round(took, 1),
+        "idle_mb": round(idle_mb),
+        "peak_mb": round(peak_mb),
+        "after_mb": round(after_mb),
+        "peak_over_idle_x_body": round((peak_mb - idle_mb) / body_mb, 1),
+        "kept_mb": round(after_mb - idle_mb),
+    }
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--sizes", type=float, nargs="+", default=[1.0, 10.0, 30.0], help="body sizes in MB")
+    parser.add_argument("--compare", type=Path, action="append", default=[], help="another checkout's sidecar too")
+    parser.add_argument("--json", action="store_true", help="print the results as JSON only")
+    args = parser.parse_args(argv)
+    trees: list[tuple[str, Path | None]] = [("sidecar", None)] + [(f"sidecar@{t}", t) for t in args.compare]
+    results: dict[str, dict[str, Any]] = {}
+    with tempfile.TemporaryDirectory() as scratch:
+        for size in args.sizes:
+            for name, tree in trees:
+                workdir = Path(scratch) / f"{name.replace('/', '_')}-{size}"
+                workdir.mkdir()
+                results.setdefault(name, {})[f"{size:g} MB"] = one(tree, size, workdir)
+    if args.json:
+        print(json.dumps(results, indent=1))
+        return 0
+    print(f"{'sidecar':<32} {'size':>6} {'s':>6} {'idle':>6} {'peak':>6} {'after':>6} {'peak-idle/body':>15} {'kept':>6}")
+    for name, rows in results.items():
+        for size, row in rows.items():
+            print(
+                f"{name:<32} {size:>6} {row['seconds']:>6} {row['idle_mb']:>6} {row['peak_mb']:>6} "
+                f"{row['after_mb']:>6} {row['peak_over_idle_x_body']:>14}x {row['kept_mb']:>6}"
+            )
+    print("--- json ---")
+    print(json.dumps(results))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

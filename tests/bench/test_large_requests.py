@@ -1,0 +1,29 @@
+"""The large-request benchmark runs end to end; only the shape of its output is checked."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "bench" / "large_requests.py"
+
+
+def test_a_small_run_reports_memory_and_time_per_size() -> None:
+    done = subprocess.run(
+        [sys.executable, str(SCRIPT), "--sizes", "0.2", "1"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    table, marker, summary = done.stdout.partition("--- json ---\n")
+    assert marker and "peak-idle/body" in table
+    rows = json.loads(summary)["sidecar"]
+    assert set(rows) == {"0.2 MB", "1 MB"}
+    for row in rows.values():
+        assert row["seconds"] > 0 and row["idle_mb"] > 10
+        assert row["peak_mb"] >= row["after_mb"] > 0

@@ -1,0 +1,128 @@
+"""An engine that answers the sidecar's token-in/token-out requests as a test scripts.
+
+A stdlib HTTP server in the test's process, on 127.0.0.1: ``GET /v1/models``
+lists model ``m``; each ``POST`` takes the next answer named in ``script``
+(``default`` once it is empty) from :data:`ANSWERS`, and its path is kept in
+``posts``, so a test can tell what reached the engine.
+"""
+
+from __future__ import annotations
+
+import http.server
+import json
+import threading
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+
+def chunk(ids: list[int], *, finish: str | None = None, logprobs: bool = True) -> bytes:
+    """One ``data:`` event of a completions stream carrying ``ids``."""
+    choice: dict[str, Any] = {
+        "index": 0,
+        "text": "x" * len(ids),
+        "token_ids": ids,
+        "finish_reason": finish,
+    }
+    if logprobs:
+        choice["logprobs"] = {"token_logprobs": [-0.5] * len(ids)}
+    return b"data: " + json.dumps({"choices": [choice]}).encode() + b"\n\n"
+
+
+DONE = b"data: [DONE]\n\n"
+# "<think>\nI think so.\n</think>\n\nHello.<|im_end|>" in the tiny tokenizer, a token a chunk
+THINKING_IDS = [7, 208, 50, 1040, 803, 23, 208, 8, 208, 208, 2219, 23, 2]
+
+#: Each answer: status, extra headers, body.
+ANSWERS: dict[str, tuple[int, dict[str, str], bytes]] = {
+    "good": (200, {}, chunk([72]) + chunk([105], finish="stop") + DONE),
+    "thinking": (
+        200,
+        {},
+        b"".join(chunk([t]) for t in THINKING_IDS[:-1]) + chunk([2], finish="stop") + DONE,
+    ),
+    "not-json": (200, {}, chunk([72]) + b"data: {not json\n\n" + DONE),
+    "truncated": (200, {}, chunk([72]) + chunk([105])),
+    "no-logprobs": (200, {}, chunk([72], logprobs=False) + chunk([105], finish="stop")),
+    "engine-error-event": (
+        200,
+        {},
+        chunk([72]) + b'data: {"error": {"message": "out of memory"}}\n\n',
+    ),
+    "busy": (429, {"retry-after": "7"}, b'{"error": {"message": "too many requests"}}'),
+    "down": (500, {}, b"internal"),
+}
+
+
+class ScriptedEngine:
+    def __init__(self, *, default: str | None = None) -> None:
+        self.script: list[str] = []
+        self.default = default
+        self.posts: list[str] = []  # the paths of the requests that reached the engine
+        self._server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
+        self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+
+    def __enter__(self) -> ScriptedEngine:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+    def next_answer(self) -> tuple[int, dict[str, str], bytes]:
+        name = self.script.pop(0) if self.script else self.default
+        if name is None:
+            return 500, {}, b'{"error": {"message": "the test scripted no answer"}}'
+        return ANSWERS[name]
+
+
+def _handler(engine: ScriptedEngine) -> type[http.server.BaseHTTPRequestHandler]:
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def log_message(self, *args: Any) -> None:
+            del args
+
+        def do_GET(self) -> None:
+            self._send(200, {}, json.dumps({"data": [{"id": "m"}]}).encode(), "application/json")
+
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers.get("content-length", "0")))
+            engine.posts.append(self.path)
+            status, headers, body = engine.next_answer()
+            self._send(
+                status, headers, body, "text/event-stream" if status == 200 else "application/json"
+            )
+
+        def _send(self, status: int, headers: dict[str, str], body: bytes, kind: str) -> None:
+            self.send_response(status)
+            self.send_header("content-type", kind)
+            self.send_header("content-length", str(len(body)))
+            for name, value in headers.items():
+                self.send_header(name, value)
+            self.end_headers()
+            self.wfile.write(body)
+
+    return Handler
+
+
+def sidecar_for(
+    procs: Any, engine: ScriptedEngine, *, job: str, rollout: str, tokenizer: Path
+) -> Any:
+    """A real sidecar (with a collector and its store) generating from ``engine``."""
+    collector = procs.collector()
+    return procs.sidecar(
+        "--engine", engine.url, "--engine-model", "m", "--tokenizer", str(tokenizer),
+        "--collector", f"127.0.0.1:{collector.port}", "--job", job, "--rollout-id", rollout,
+    )  # fmt: skip
+
+
+def finish(sidecar: Any) -> None:
+    """Finish the sidecar's rollout and wait until the collector has every record."""
+    response = httpx.post(
+        f"{sidecar.url}/openforge/v1/rollout/finish",
+        json={"exit_code": 0, "reward": 0.0, "wait_seconds": 30},
+        timeout=45,
+    )
+    assert response.status_code == 200 and response.json()["acknowledged"], response.text
