@@ -168,6 +168,14 @@ def trained_steps(run_dir: Path) -> dict[str, list[tuple[str, str, int]]]:
     return {step: sorted(groups) for step, groups in sorted(steps.items())}
 
 
+def _retried_attempts(run_dir: Path) -> set[str]:
+    """The rollout ids of attempts the journal shows started and then started again."""
+    starts = [json.loads(line) for line in (run_dir / "journal.jsonl").read_text().splitlines()]
+    starts = [entry for entry in starts if entry["event"] == "start"]
+    later = {(e["iteration"], e["index"], e["attempt"]) for e in starts}
+    return {e["rollout_id"] for e in starts if (e["iteration"], e["index"], e["attempt"] + 1) in later}
+
+
 def check_exactly_once(run_dir: Path) -> dict[str, int]:
     """Every spooled record stored, or its rollout or call listed lost; no call twice; nothing left open."""
     with store.Store(run_dir / "store.db") as db:
@@ -183,8 +191,14 @@ def check_exactly_once(run_dir: Path) -> dict[str, int]:
         ).fetchall()
     assert twice == [], f"calls stored twice: {twice}"
     counts = {"spools": 0, "records": 0, "missing": 0}
+    unstarted: list[str] = []
     for directory in sorted((run_dir / "rollouts").glob("*/spool")):
         rollout_id = directory.parent.name
+        if not any(directory.iterdir()):
+            # The runner makes the directory, then starts the sidecar; killed in between,
+            # no sidecar ever ran for the attempt: nothing was spooled, nothing can be lost.
+            unstarted.append(rollout_id)
+            continue
         counts["spools"] += 1
         with sidecar_spool.Spool(directory) as spooled:
             for record in spooled.records_after(0):
@@ -196,6 +210,8 @@ def check_exactly_once(run_dir: Path) -> dict[str, int]:
                 covered = rollout_id in whole or (kind == "call" and (rollout_id, record.call.call_index) in lost_calls)
                 assert covered, f"{rollout_id}: a spooled {kind} record ({record.idempotency_key}) is neither stored nor listed lost"
     assert counts["spools"] == len(rollouts), "every attempt has its spool"
+    retried = _retried_attempts(run_dir)
+    assert all(rollout_id in retried for rollout_id in unstarted), (unstarted, retried)
     unfinished = [rollout_id for rollout_id, rollout in rollouts.items() if not rollout.finished]
     assert unfinished == [], f"attempts left open: {unfinished}"
     return counts

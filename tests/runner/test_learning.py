@@ -10,14 +10,16 @@ Without the gradient step the reward would stay where the warm-start put it
 (~0.27 on these tasks, measured in examples/models/tiny-react/README.md).
 
 The statistic (tests/runner/learning_runs.py) is the rise of the least-squares
-line through every iteration's pass rate, which must be at least 0.2, and
-the last two iterations pooled must end above the first. Over 8 iterations
-of 32 rollouts the standard error of the fitted rise is about 0.09 (without
-the gradient step its expectation is 0; 0.2 is over two of them), and one
-lucky or unlucky batch weighs far less in it than in "first against last":
-two clean-clone CI runs failed that older statistic after a lucky first
-batch, at 5 iterations 0.34, 0.31, 0.41, 0.34, 0.53 (+0.09; fitted +0.16)
-and at 7 0.41, 0.19, 0.34, 0.38, 0.38, 0.50, 0.59 (+0.14; fitted +0.26).
+line through every iteration's pass rate, or of the later half of the
+iterations pooled against the first two, whichever is larger: it must be at
+least 0.2, and the last two iterations pooled must end above the first. Over
+8 iterations of 32 rollouts each has a standard error of 0.07-0.09 (without
+the gradient step its expectation is 0), and a policy that does not learn
+clears 0.2 on either in about 1% of simulated runs. One lucky or unlucky
+batch weighs far less in either than in "first against last": two
+clean-clone CI runs failed that older statistic after a lucky first batch,
+at 5 iterations 0.34, 0.31, 0.41, 0.34, 0.53 (+0.09; fitted +0.16) and at
+7 0.41, 0.19, 0.34, 0.38, 0.38, 0.50, 0.59 (+0.14; fitted +0.26).
 It runs the demo's own 8 iterations. In scripts/toy_rl_probe.py on the same
 tasks and settings (8 seeds, 8 steps) the rise over iterations 7-8 was
 +0.17 to +0.56 without the step guard, the +0.17 a late dip (0.62, 0.56,

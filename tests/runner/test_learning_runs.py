@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import learning_runs
+import numpy as np
 import pytest
 
 
@@ -20,6 +21,31 @@ def test_a_straight_line_rises_by_its_ends() -> None:
     assert learning_runs.fitted_rise([0.5, 0.5, 0.5]) == pytest.approx(0.0)
     with pytest.raises(ValueError, match="two iterations"):
         learning_runs.fitted_rise([0.5])
+
+
+def test_the_later_half_against_the_first_two() -> None:
+    assert learning_runs.pooled_rise([0.2, 0.4, 0.5, 0.5, 0.7, 0.9]) == pytest.approx(0.4)
+    assert learning_runs.pooled_rise([0.3, 0.5, 0.2, 0.4, 0.6]) == pytest.approx(0.0)
+    with pytest.raises(ValueError, match="four iterations"):
+        learning_runs.pooled_rise([0.1, 0.2, 0.3])
+
+
+def test_a_rise_that_plateaus_with_a_dip_passes() -> None:
+    # a clean-clone CI run of the Codex test: learned by iteration 4, dipped at 7
+    means = [0.22, 0.22, 0.44, 0.53, 0.53, 0.47, 0.25, 0.44, 0.47, 0.53]
+    assert learning_runs.fitted_rise(means) < 0.2 < learning_runs.pooled_rise(means)
+    learning_runs.assert_rise(curve(*means), iterations=10, at_least=0.2)
+
+
+@pytest.mark.parametrize(("iterations", "rate"), [(8, 0.3), (10, 0.3), (10, 0.5)])
+def test_a_policy_that_does_not_learn_rarely_passes(iterations: int, rate: float) -> None:
+    """Either statistic at 0.2, for 20,000 simulated runs at a constant pass rate."""
+    passes = np.random.default_rng(0).binomial(32, rate, size=(20_000, iterations)) / 32
+    false_passes = sum(
+        max(learning_runs.fitted_rise(list(run)), learning_runs.pooled_rise(list(run))) >= 0.2
+        for run in passes
+    )
+    assert false_passes / len(passes) < 0.02
 
 
 def test_a_lucky_first_batch_moves_the_trend_less_than_first_against_last() -> None:
