@@ -93,8 +93,17 @@ class Cluster:
     def __init__(self, kubeconfig: str, kubectl: str, helm: str) -> None:
         self.kubeconfig, self.kubectl_path, self.helm = kubeconfig, kubectl, helm
 
-    def kubectl(self, *args: str, stdin: str | None = None, check: bool = True, timeout: float = 120) -> str:
-        result = subprocess.run([self.kubectl_path, "--kubeconfig", self.kubeconfig, *args], input=stdin, capture_output=True, text=True, timeout=timeout, check=False)
+    def kubectl(
+        self, *args: str, stdin: str | None = None, check: bool = True, timeout: float = 120
+    ) -> str:
+        result = subprocess.run(
+            [self.kubectl_path, "--kubeconfig", self.kubeconfig, *args],
+            input=stdin,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
         if check and result.returncode != 0:
             raise RuntimeError(f"kubectl {' '.join(args)}: {result.stderr.strip()}")
         return result.stdout
@@ -141,7 +150,18 @@ class Watch:
             for pod in listed["items"]:
                 self._see(pod, now)
             path = f"{base}?watch=1&resourceVersion={listed['metadata']['resourceVersion']}"
-            self._process = subprocess.Popen([self.cluster.kubectl_path, "--kubeconfig", self.cluster.kubeconfig, "get", "--raw", path], stdout=subprocess.PIPE, text=True)
+            self._process = subprocess.Popen(
+                [
+                    self.cluster.kubectl_path,
+                    "--kubeconfig",
+                    self.cluster.kubeconfig,
+                    "get",
+                    "--raw",
+                    path,
+                ],
+                stdout=subprocess.PIPE,
+                text=True,
+            )
             assert self._process.stdout is not None
             for line in self._process.stdout:
                 now = time.time()
@@ -162,10 +182,18 @@ class Watch:
         if spec.get("nodeName") and times.scheduled is None:
             times.scheduled, times.node = now, spec["nodeName"]
         for container in status.get("initContainerStatuses", []):
-            if container["name"] == SIDECAR and container.get("started") and times.sidecar_started is None:
+            if (
+                container["name"] == SIDECAR
+                and container.get("started")
+                and times.sidecar_started is None
+            ):
                 times.sidecar_started = now
         for container in status.get("containerStatuses", []):
-            if container["name"] == "harness" and "running" in container.get("state", {}) and times.harness_running is None:
+            if (
+                container["name"] == "harness"
+                and "running" in container.get("state", {})
+                and times.harness_running is None
+            ):
                 times.harness_running = now
         if status.get("phase") == "Succeeded" and times.succeeded is None:
             times.succeeded = now
@@ -184,7 +212,9 @@ class Watch:
     def fetch_answers(self) -> None:
         """Each pod's first-call-answered time, from its harness log's runtime timestamps."""
         for name, times in self.pods.items():
-            log = self.cluster.kubectl("-n", self.namespace, "logs", name, "-c", "harness", "--timestamps", check=False)
+            log = self.cluster.kubectl(
+                "-n", self.namespace, "logs", name, "-c", "harness", "--timestamps", check=False
+            )
             for line in log.splitlines():
                 stamp, _, text = line.partition(" ")
                 if text.strip() == "answered":
@@ -195,7 +225,9 @@ class Watch:
 def parse_time(stamp: str) -> float:
     """An RFC 3339 timestamp with nanoseconds (the runtime's) as epoch seconds."""
     head, _, frac = stamp.rstrip("Z").partition(".")
-    return datetime.fromisoformat(head + "+00:00").timestamp() + (float("0." + frac) if frac else 0.0)
+    return datetime.fromisoformat(head + "+00:00").timestamp() + (
+        float("0." + frac) if frac else 0.0
+    )
 
 
 def percentile(values: list[float], q: float) -> float | None:
@@ -265,18 +297,26 @@ def fresh_namespace(cluster: Cluster, prefix: str) -> str:
     return name
 
 
-def run_side(cluster: Cluster, kind: str, count: int, parallelism: int, *, timeout: float = 1800) -> tuple[str, Watch, float, float]:
+def run_side(
+    cluster: Cluster, kind: str, count: int, parallelism: int, *, timeout: float = 1800
+) -> tuple[str, Watch, float, float]:
     """One RolloutJob (kind "operator") or Indexed Job ("job") run to its end: (namespace, watch, t0, t_end)."""
     namespace = fresh_namespace(cluster, f"bench-{kind}")
     watch = Watch(cluster, namespace)
     time.sleep(1)  # the watch is open before the first pod
-    manifests = [harness_env(namespace, 0), rollout_job(namespace, count, parallelism)] if kind == "operator" else [bare_job(namespace, count, parallelism)]
+    manifests = (
+        [harness_env(namespace, 0), rollout_job(namespace, count, parallelism)]
+        if kind == "operator"
+        else [bare_job(namespace, count, parallelism)]
+    )
     t0 = time.time()
     cluster.kubectl("-n", namespace, "apply", "-f", "-", stdin=yaml.safe_dump_all(manifests))
     deadline = time.monotonic() + timeout
     while not watch.done(count):
         if time.monotonic() > deadline:
-            raise RuntimeError(f"{namespace}: {sum(1 for t in watch.pods.values() if t.succeeded)} of {count} pods succeeded in {timeout:.0f} s; failed: {watch.failed}")
+            raise RuntimeError(
+                f"{namespace}: {sum(1 for t in watch.pods.values() if t.succeeded)} of {count} pods succeeded in {timeout:.0f} s; failed: {watch.failed}"
+            )
         if watch.failed:
             raise RuntimeError(f"{namespace}: pods failed: {watch.failed}")
         time.sleep(0.5)
@@ -300,13 +340,21 @@ def startup(cluster: Cluster, count: int, parallelism: int) -> dict[str, Any]:
             raise RuntimeError(f"{namespace}: no answer or schedule time for {missing}")
         side = {
             "pods": len(pods),
-            "scheduled_to_answered": [percentile(spans(pods, "scheduled", "answered"), q) for q in (50, 99)],
-            "created_to_answered": [percentile(spans(pods, "created", "answered"), q) for q in (50, 99)],
-            "scheduled_to_harness_running": [percentile(spans(pods, "scheduled", "harness_running"), q) for q in (50, 99)],
+            "scheduled_to_answered": [
+                percentile(spans(pods, "scheduled", "answered"), q) for q in (50, 99)
+            ],
+            "created_to_answered": [
+                percentile(spans(pods, "created", "answered"), q) for q in (50, 99)
+            ],
+            "scheduled_to_harness_running": [
+                percentile(spans(pods, "scheduled", "harness_running"), q) for q in (50, 99)
+            ],
             "wall_s": round(t_end - t0, 1),
         }
         if kind == "operator":
-            side["scheduled_to_sidecar_started"] = [percentile(spans(pods, "scheduled", "sidecar_started"), q) for q in (50, 99)]
+            side["scheduled_to_sidecar_started"] = [
+                percentile(spans(pods, "scheduled", "sidecar_started"), q) for q in (50, 99)
+            ]
         result[kind] = side
         delete_namespace(cluster, namespace)
     op, job = result["operator"]["scheduled_to_answered"], result["job"]["scheduled_to_answered"]
@@ -321,11 +369,25 @@ def cgroup_memory(node: str, uid: str) -> dict[str, int]:
     docker = shutil.which("docker") or "docker"
 
     def node_exec(*args: str) -> str:
-        return subprocess.run([docker, "exec", node, *args], capture_output=True, text=True, check=True, timeout=60).stdout
+        return subprocess.run(
+            [docker, "exec", node, *args], capture_output=True, text=True, check=True, timeout=60
+        ).stdout
 
-    [cid] = node_exec("crictl", "ps", "-q", "--state", "running", "--label", f"io.kubernetes.pod.uid={uid}", "--name", f"^{SIDECAR}$").split()
+    [cid] = node_exec(
+        "crictl",
+        "ps",
+        "-q",
+        "--state",
+        "running",
+        "--label",
+        f"io.kubernetes.pod.uid={uid}",
+        "--name",
+        f"^{SIDECAR}$",
+    ).split()
     # the kubelet's systemd driver nests the container as .../kubelet-kubepods-...-pod<uid>.slice/cri-containerd-<id>.scope
-    found = node_exec("find", "/sys/fs/cgroup/memory", "-maxdepth", "6", "-type", "d", "-name", f"*{cid}*").split()
+    found = node_exec(
+        "find", "/sys/fs/cgroup/memory", "-maxdepth", "6", "-type", "d", "-name", f"*{cid}*"
+    ).split()
     if len(found) != 1:
         raise RuntimeError(f"{node}: memory cgroup of container {cid}: {found}")
     base = found[0]
@@ -342,7 +404,16 @@ def memory(cluster: Cluster, count: int) -> dict[str, Any]:
     namespace = fresh_namespace(cluster, "bench-memory")
     watch = Watch(cluster, namespace)
     time.sleep(1)
-    cluster.kubectl("-n", namespace, "apply", "-f", "-", stdin=yaml.safe_dump_all([harness_env(namespace, 45), rollout_job(namespace, count, count)]))
+    cluster.kubectl(
+        "-n",
+        namespace,
+        "apply",
+        "-f",
+        "-",
+        stdin=yaml.safe_dump_all(
+            [harness_env(namespace, 45), rollout_job(namespace, count, count)]
+        ),
+    )
     deadline = time.monotonic() + 600
     readings: list[dict[str, int]] = []
     seen: set[str] = set()
@@ -374,7 +445,11 @@ def throughput(cluster: Cluster, count: int, parallelism: int) -> dict[str, Any]
         namespace, watch, t0, t_end = run_side(cluster, kind, count, parallelism)
         watch.stop()
         names = {t.uid for t in watch.pods.values()}
-        result[kind] = {"pods": len(names), "wall_s": round(t_end - t0, 1), "per_minute": round(count / (t_end - t0) * 60, 1)}
+        result[kind] = {
+            "pods": len(names),
+            "wall_s": round(t_end - t0, 1),
+            "per_minute": round(count / (t_end - t0) * 60, 1),
+        }
         delete_namespace(cluster, namespace)
     result["ratio"] = round(result["operator"]["per_minute"] / result["job"]["per_minute"], 2)
     return result
@@ -389,13 +464,20 @@ def platform_up(cluster: Cluster, sidecar_resources: str) -> None:
     )  # fmt: skip
     cluster.kubectl("create", "namespace", "rl", check=False)
     cluster.kubectl("-n", "rl", "apply", "-f", str(EXAMPLES / "policy.yaml"))
-    cluster.kubectl("-n", "rl", "rollout", "status", "deployment/policy", "--timeout=600s", timeout=660)
+    cluster.kubectl(
+        "-n", "rl", "rollout", "status", "deployment/policy", "--timeout=600s", timeout=660
+    )
 
 
 def tools() -> tuple[str, str]:
     """kubectl and helm as scripts/kind-up.sh finds them: $KUBECTL/$HELM, else the ones
     scripts/build_cluster_binaries.sh built, else PATH's."""
-    check = subprocess.run(["bash", str(ROOT / "scripts" / "build_cluster_binaries.sh"), "--check"], capture_output=True, text=True, check=False)
+    check = subprocess.run(
+        ["bash", str(ROOT / "scripts" / "build_cluster_binaries.sh"), "--check"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     built = dict(line.split("=", 1) for line in check.stdout.splitlines() if "=" in line)
     kubectl = os.environ.get("KUBECTL") or built.get("kubectl") or shutil.which("kubectl")
     helm = os.environ.get("HELM") or built.get("helm") or shutil.which("helm")
@@ -410,20 +492,52 @@ def row(name: str, values: list[Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rollouts", type=int, default=50, help="start-up: rollouts per side (default %(default)s)")
-    parser.add_argument("--parallelism", type=int, default=10, help="start-up: pods at once (default %(default)s)")
-    parser.add_argument("--memory-pods", type=int, default=5, help="sidecars whose memory is read (default %(default)s)")
-    parser.add_argument("--throughput-rollouts", type=int, default=100, help="throughput: rollouts per side (default %(default)s)")
-    parser.add_argument("--throughput-parallelism", type=int, nargs="*", default=[20, 50], help="throughput: parallelisms (default %(default)s)")
-    parser.add_argument("--sidecar-resources", default=json.dumps(SIDECAR_RESOURCES), help="the operator's --sidecar-resources (default %(default)s)")
+    parser.add_argument(
+        "--rollouts", type=int, default=50, help="start-up: rollouts per side (default %(default)s)"
+    )
+    parser.add_argument(
+        "--parallelism", type=int, default=10, help="start-up: pods at once (default %(default)s)"
+    )
+    parser.add_argument(
+        "--memory-pods",
+        type=int,
+        default=5,
+        help="sidecars whose memory is read (default %(default)s)",
+    )
+    parser.add_argument(
+        "--throughput-rollouts",
+        type=int,
+        default=100,
+        help="throughput: rollouts per side (default %(default)s)",
+    )
+    parser.add_argument(
+        "--throughput-parallelism",
+        type=int,
+        nargs="*",
+        default=[20, 50],
+        help="throughput: parallelisms (default %(default)s)",
+    )
+    parser.add_argument(
+        "--sidecar-resources",
+        default=json.dumps(SIDECAR_RESOURCES),
+        help="the operator's --sidecar-resources (default %(default)s)",
+    )
     parser.add_argument("--kubeconfig", help="default: scripts/kind-up.sh kubeconfig")
     ns = parser.parse_args(argv)
     kubectl, helm = tools()
-    kubeconfig = ns.kubeconfig or subprocess.run(["bash", str(KIND_UP), "kubeconfig"], capture_output=True, text=True, check=True).stdout.strip()
+    kubeconfig = (
+        ns.kubeconfig
+        or subprocess.run(
+            ["bash", str(KIND_UP), "kubeconfig"], capture_output=True, text=True, check=True
+        ).stdout.strip()
+    )
     cluster = Cluster(kubeconfig, kubectl, helm)
     started = time.time()
     platform_up(cluster, ns.sidecar_resources)
-    results: dict[str, Any] = {"machine": f"{platform.node()} {os.cpu_count()} CPUs", "sidecar_resources": json.loads(ns.sidecar_resources)}
+    results: dict[str, Any] = {
+        "machine": f"{platform.node()} {os.cpu_count()} CPUs",
+        "sidecar_resources": json.loads(ns.sidecar_resources),
+    }
     # each phase's figures as soon as it ends: a run cut short still tells
     results["startup"] = startup(cluster, ns.rollouts, ns.parallelism)
     print("startup:", json.dumps(results["startup"]), flush=True)
@@ -436,14 +550,23 @@ def main(argv: list[str] | None = None) -> int:
     results["wall_s"] = round(time.time() - started, 1)
 
     s = results["startup"]
-    print(f"start-up, {s['rollouts']} rollouts per side at parallelism {s['parallelism']} (seconds, p50 / p99)")
+    print(
+        f"start-up, {s['rollouts']} rollouts per side at parallelism {s['parallelism']} (seconds, p50 / p99)"
+    )
     print(row("", ["op p50", "op p99", "job p50", "job p99"]))
     for key in ("scheduled_to_answered", "created_to_answered", "scheduled_to_harness_running"):
         print(row(key, [*s["operator"][key], *s["job"][key]]))
-    print(row("scheduled_to_sidecar_started", [*s["operator"]["scheduled_to_sidecar_started"], None, None]))
+    print(
+        row(
+            "scheduled_to_sidecar_started",
+            [*s["operator"]["scheduled_to_sidecar_started"], None, None],
+        )
+    )
     print(f"the sidecar adds {s['sidecar_adds_p50_s']} s at p50 (ratio {s['ratio_p50']})")
     m = results["memory"]
-    print(f"sidecar memory over {m['pods']} pods (MiB, p50 / max): usage {m['usage_mib']}, peak {m['peak_mib']}, rss {m['rss_mib']}")
+    print(
+        f"sidecar memory over {m['pods']} pods (MiB, p50 / max): usage {m['usage_mib']}, peak {m['peak_mib']}, rss {m['rss_mib']}"
+    )
     for t in results["throughput"]:
         print(f"throughput at parallelism {t['parallelism']}: operator {t['operator']['per_minute']}/min ({t['operator']['wall_s']} s),"
               f" Job {t['job']['per_minute']}/min ({t['job']['wall_s']} s), ratio {t['ratio']}")  # fmt: skip

@@ -41,7 +41,15 @@ def body_of(size_mb: float) -> bytes:
 def one(tree: Path | None, size_mb: float, workdir: Path) -> dict[str, Any]:
     with servers.Servers(workdir) as procs:
         port = servers.free_port()
-        argv = [sys.executable, "-c", servers.ENGINE_MAIN, "--port", str(port), "--max-model-len", "1000000000"]
+        argv = [
+            sys.executable,
+            "-c",
+            servers.ENGINE_MAIN,
+            "--port",
+            str(port),
+            "--max-model-len",
+            "1000000000",
+        ]
         engine = procs.start("engine", argv, port)
         sidecar = procs.sidecar(engine) if tree is None else procs.sidecar_of(tree, engine, "other")
         warm = {"model": "policy", "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]}
@@ -77,11 +85,17 @@ def one(tree: Path | None, size_mb: float, workdir: Path) -> dict[str, Any]:
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--sizes", type=float, nargs="+", default=[1.0, 10.0, 30.0], help="body sizes in MB")
-    parser.add_argument("--compare", type=Path, action="append", default=[], help="another checkout's sidecar too")
+    parser.add_argument(
+        "--sizes", type=float, nargs="+", default=[1.0, 10.0, 30.0], help="body sizes in MB"
+    )
+    parser.add_argument(
+        "--compare", type=Path, action="append", default=[], help="another checkout's sidecar too"
+    )
     parser.add_argument("--json", action="store_true", help="print the results as JSON only")
     args = parser.parse_args(argv)
-    trees: list[tuple[str, Path | None]] = [("sidecar", None)] + [(f"sidecar@{t}", t) for t in args.compare]
+    trees: list[tuple[str, Path | None]] = [("sidecar", None)] + [
+        (f"sidecar@{t}", t) for t in args.compare
+    ]
     results: dict[str, dict[str, Any]] = {}
     with tempfile.TemporaryDirectory() as scratch:
         for size in args.sizes:
@@ -92,7 +106,9 @@ def main(argv: list[str]) -> int:
     if args.json:
         print(json.dumps(results, indent=1))
         return 0
-    print(f"{'sidecar':<32} {'size':>6} {'s':>6} {'idle':>6} {'peak':>6} {'after':>6} {'peak-idle/body':>15} {'kept':>6}")
+    print(
+        f"{'sidecar':<32} {'size':>6} {'s':>6} {'idle':>6} {'peak':>6} {'after':>6} {'peak-idle/body':>15} {'kept':>6}"
+    )
     for name, rows in results.items():
         for size, row in rows.items():
             print(

@@ -47,7 +47,10 @@ from typing import Any
 from openforge_operator import k8s
 
 ROOT = Path(__file__).resolve().parents[1]
-CRDS = [ROOT / "crds" / "openforge.dev_harnessenvs.yaml", ROOT / "crds" / "openforge.dev_rolloutjobs.yaml"]
+CRDS = [
+    ROOT / "crds" / "openforge.dev_harnessenvs.yaml",
+    ROOT / "crds" / "openforge.dev_rolloutjobs.yaml",
+]
 SAMPLES = 4
 TIMEOUT_SECONDS = 900
 
@@ -58,7 +61,9 @@ class Side:
 
     pods: dict[str, int] = field(default_factory=dict)  # pod name -> index
     created_at: dict[int, float] = field(default_factory=dict)  # index -> first pod seen
-    succeeded_at: dict[int, float] = field(default_factory=dict)  # index -> first pod seen Succeeded
+    succeeded_at: dict[int, float] = field(
+        default_factory=dict
+    )  # index -> first pod seen Succeeded
 
     def see(self, name: str, index: int, phase: str, now: float) -> None:
         self.pods.setdefault(name, index)
@@ -90,21 +95,35 @@ def classify(pod: dict[str, Any]) -> tuple[str, int] | None:
     return None
 
 
-async def finished_status(api: Any, namespace: str, rollouts: int, timeout: float = 60.0) -> dict[str, Any]:
+async def finished_status(
+    api: Any, namespace: str, rollouts: int, timeout: float = 60.0
+) -> dict[str, Any]:
     """The RolloutJob's status once its counts cover every rollout: the pods finish before
     the operator has seen them all, so a status read at once could lag them (it read 5 of
     8 succeeded on a busy machine)."""
     deadline = time.monotonic() + timeout
     while True:
-        body = await api.get(k8s.namespaced(namespace, "rolloutjobs", "scale", api_version="openforge.dev/v1alpha1")) or {}
+        body = (
+            await api.get(
+                k8s.namespaced(
+                    namespace, "rolloutjobs", "scale", api_version="openforge.dev/v1alpha1"
+                )
+            )
+            or {}
+        )
         status: dict[str, Any] = body.get("status") or {}
         counts = status.get("counts") or {}
-        if counts.get("succeeded", 0) + counts.get("failed", 0) >= rollouts or time.monotonic() >= deadline:
+        if (
+            counts.get("succeeded", 0) + counts.get("failed", 0) >= rollouts
+            or time.monotonic() >= deadline
+        ):
             return status
         await asyncio.sleep(0.2)
 
 
-async def watch_pods(api: k8s.Api, namespace: str, sides: dict[str, Side], done: asyncio.Event, total: int) -> None:
+async def watch_pods(
+    api: k8s.Api, namespace: str, sides: dict[str, Side], done: asyncio.Event, total: int
+) -> None:
     """Record every pod of either side as the watch shows it; listed again if the watch expires."""
     path = k8s.pods_path(namespace)
 
@@ -128,7 +147,9 @@ async def watch_pods(api: k8s.Api, namespace: str, sides: dict[str, Side], done:
                     return
 
 
-def objects(name: str, rollouts: int, parallelism: int, duration: str) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+def objects(
+    name: str, rollouts: int, parallelism: int, duration: str
+) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
     container = {"name": "harness", "image": "busybox:1.36", "command": ["sh", "-c", "exit 0"]}
     annotations = {"openforge.dev/simulate-duration": duration}
     env = {
@@ -176,34 +197,64 @@ def cluster(kubeconfig: str | None) -> Iterator[tuple[str, Path | None]]:
         yield kubeconfig, None
         return
     directory = Path(tempfile.mkdtemp(prefix="openforge-bench-"))
-    up = subprocess.run(["bash", str(ROOT / "scripts" / "cluster.sh"), "up", "--dir", str(directory)], capture_output=True, text=True, check=False)
+    up = subprocess.run(
+        ["bash", str(ROOT / "scripts" / "cluster.sh"), "up", "--dir", str(directory)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     if up.returncode != 0:
         raise SystemExit(f"scripts/cluster.sh up failed:\n{up.stderr[-3000:]}")
     try:
         yield up.stdout.strip().splitlines()[-1], directory
     finally:
-        subprocess.run(["bash", str(ROOT / "scripts" / "cluster.sh"), "down", "--dir", str(directory)], capture_output=True, check=False)
+        subprocess.run(
+            ["bash", str(ROOT / "scripts" / "cluster.sh"), "down", "--dir", str(directory)],
+            capture_output=True,
+            check=False,
+        )
         shutil.rmtree(directory, ignore_errors=True)
 
 
 def kubectl(kubeconfig: str, *args: str, stdin: str | None = None) -> str:
     binary = os.environ.get("KUBECTL") or _built_kubectl()
-    done = subprocess.run([binary, "--kubeconfig", kubeconfig, *args], input=stdin, capture_output=True, text=True, check=False, timeout=120)
+    done = subprocess.run(
+        [binary, "--kubeconfig", kubeconfig, *args],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=120,
+    )
     if done.returncode != 0:
         raise RuntimeError(f"kubectl {' '.join(args)}: {done.stderr.strip()}")
     return done.stdout
 
 
 def _built_kubectl() -> str:
-    check = subprocess.run(["bash", str(ROOT / "scripts" / "build_cluster_binaries.sh"), "--check"], capture_output=True, text=True, check=False)
+    check = subprocess.run(
+        ["bash", str(ROOT / "scripts" / "build_cluster_binaries.sh"), "--check"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     lines = check.stdout.strip().splitlines()
     return str(Path(lines[-1]) / "kubectl") if check.returncode == 0 and lines else "kubectl"
 
 
-async def run(kubeconfig: str, *, rollouts: int, parallelism: int, duration: str, log: Path) -> dict[str, Any]:
+async def run(
+    kubeconfig: str, *, rollouts: int, parallelism: int, duration: str, log: Path
+) -> dict[str, Any]:
     for path in CRDS:
         kubectl(kubeconfig, "apply", "--server-side", "--force-conflicts", "-f", str(path))
-    kubectl(kubeconfig, "wait", "--for=condition=Established", "--timeout=60s", "crd/harnessenvs.openforge.dev", "crd/rolloutjobs.openforge.dev")
+    kubectl(
+        kubeconfig,
+        "wait",
+        "--for=condition=Established",
+        "--timeout=60s",
+        "crd/harnessenvs.openforge.dev",
+        "crd/rolloutjobs.openforge.dev",
+    )
     namespace = f"bench-{uuid.uuid4().hex[:8]}"
     kubectl(kubeconfig, "create", "namespace", namespace)
     env, job, batch = objects("scale", rollouts, parallelism, duration)
@@ -214,7 +265,9 @@ async def run(kubeconfig: str, *, rollouts: int, parallelism: int, duration: str
     api = await k8s.Api.connect(kubeconfig)
     try:
         await _wait_for_service_account(api, namespace)
-        await api.create(k8s.namespaced(namespace, "harnessenvs", api_version="openforge.dev/v1alpha1"), env)
+        await api.create(
+            k8s.namespaced(namespace, "harnessenvs", api_version="openforge.dev/v1alpha1"), env
+        )
         await _wait_ready(api, namespace, operator, log)
         sides = {"rolloutjob": Side(), "job": Side()}
         done = asyncio.Event()
@@ -223,7 +276,9 @@ async def run(kubeconfig: str, *, rollouts: int, parallelism: int, duration: str
         cpu0, _ = proc_stats(operator.pid)
         t0 = time.monotonic()
         await asyncio.gather(
-            api.create(k8s.namespaced(namespace, "rolloutjobs", api_version="openforge.dev/v1alpha1"), job),
+            api.create(
+                k8s.namespaced(namespace, "rolloutjobs", api_version="openforge.dev/v1alpha1"), job
+            ),
             api.create(k8s.namespaced(namespace, "jobs", api_version="batch/v1"), batch),
         )
         try:
@@ -236,7 +291,13 @@ async def run(kubeconfig: str, *, rollouts: int, parallelism: int, duration: str
         cpu1, peak = proc_stats(operator.pid)
         status = await finished_status(api, namespace, rollouts)
         ours, theirs = sides["rolloutjob"].result(rollouts, t0), sides["job"].result(rollouts, t0)
-        ours.update({"operator_cpu_s": round(cpu1 - cpu0, 2), "operator_peak_rss_mib": round(peak, 1), "status_counts": status.get("counts")})
+        ours.update(
+            {
+                "operator_cpu_s": round(cpu1 - cpu0, 2),
+                "operator_peak_rss_mib": round(peak, 1),
+                "status_counts": status.get("counts"),
+            }
+        )
         return {
             "rollouts": rollouts, "parallelism": parallelism, "duration": duration,
             "rolloutjob": ours, "job": theirs,
@@ -263,12 +324,16 @@ async def _wait_for_service_account(api: k8s.Api, namespace: str) -> None:
     raise TimeoutError(f"no default service account in {namespace}")
 
 
-async def _wait_ready(api: k8s.Api, namespace: str, operator: subprocess.Popen[bytes], log: Path) -> None:
+async def _wait_ready(
+    api: k8s.Api, namespace: str, operator: subprocess.Popen[bytes], log: Path
+) -> None:
     """The operator is up once it has set the HarnessEnv's Ready condition."""
     path = k8s.namespaced(namespace, "harnessenvs", "scale", api_version="openforge.dev/v1alpha1")
     for _ in range(1200):
         if operator.poll() is not None:
-            raise RuntimeError(f"the operator exited with {operator.returncode}:\n{log.read_text()[-3000:]}")
+            raise RuntimeError(
+                f"the operator exited with {operator.returncode}:\n{log.read_text()[-3000:]}"
+            )
         body = await api.get(path) or {}
         if any(c.get("type") == "Ready" for c in (body.get("status") or {}).get("conditions", [])):
             return
@@ -285,8 +350,18 @@ def table(result: dict[str, Any]) -> str:
     rows = [
         ("pods", ours["pods"], theirs["pods"], ""),
         ("duplicate pods", ours["duplicates"], theirs["duplicates"], ""),
-        ("all pods created (s)", ours["all_created_s"], theirs["all_created_s"], result["ratio_all_created"]),
-        ("all pods complete (s)", ours["all_complete_s"], theirs["all_complete_s"], result["ratio_all_complete"]),
+        (
+            "all pods created (s)",
+            ours["all_created_s"],
+            theirs["all_created_s"],
+            result["ratio_all_created"],
+        ),
+        (
+            "all pods complete (s)",
+            ours["all_complete_s"],
+            theirs["all_complete_s"],
+            result["ratio_all_complete"],
+        ),
         ("operator CPU during the run (s)", ours["operator_cpu_s"], "", ""),
         ("operator peak RSS (MiB)", ours["operator_peak_rss_mib"], "", ""),
     ]
@@ -298,20 +373,39 @@ def table(result: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rollouts", type=int, default=2000, help="rollouts and Job completions (a multiple of 4)")
+    parser.add_argument(
+        "--rollouts", type=int, default=2000, help="rollouts and Job completions (a multiple of 4)"
+    )
     parser.add_argument("--parallelism", type=int, default=500)
-    parser.add_argument("--duration", default="1s", help="how long each pod runs under kwok (Go duration)")
-    parser.add_argument("--kubeconfig", default=os.environ.get("KUBECONFIG"), help="an existing kwok cluster (default: start one)")
+    parser.add_argument(
+        "--duration", default="1s", help="how long each pod runs under kwok (Go duration)"
+    )
+    parser.add_argument(
+        "--kubeconfig",
+        default=os.environ.get("KUBECONFIG"),
+        help="an existing kwok cluster (default: start one)",
+    )
     args = parser.parse_args(argv)
     if args.rollouts % SAMPLES or args.rollouts <= 0:
         parser.error(f"--rollouts must be a positive multiple of {SAMPLES}")
     with cluster(args.kubeconfig) as (kubeconfig, _), tempfile.TemporaryDirectory() as scratch:
         log = Path(scratch) / "operator.log"
-        result = asyncio.run(run(kubeconfig, rollouts=args.rollouts, parallelism=args.parallelism, duration=args.duration, log=log))
+        result = asyncio.run(
+            run(
+                kubeconfig,
+                rollouts=args.rollouts,
+                parallelism=args.parallelism,
+                duration=args.duration,
+                log=log,
+            )
+        )
     print(table(result))
     print("--- json ---")
     print(json.dumps(result, indent=2))
-    complete = result["rolloutjob"]["all_complete_s"] is not None and result["job"]["all_complete_s"] is not None
+    complete = (
+        result["rolloutjob"]["all_complete_s"] is not None
+        and result["job"]["all_complete_s"] is not None
+    )
     return 0 if complete else 1
 
 

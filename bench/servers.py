@@ -147,7 +147,14 @@ class Servers:
             f"import sys; sys.path[:0] = [{str(tree / 'sidecar')!r}, {str(tree / 'proto')!r}]; "
             "from openforge_sidecar import cli; sys.exit(cli.main(sys.argv[1:]))"
         )
-        flags = ["--listen", f"127.0.0.1:{port}", "--engine", engine.url, "--spool", str(self.workdir / f"spool-{tag}")]
+        flags = [
+            "--listen",
+            f"127.0.0.1:{port}",
+            "--engine",
+            engine.url,
+            "--spool",
+            str(self.workdir / f"spool-{tag}"),
+        ]
         return self.start(f"sidecar-{tag}", [sys.executable, "-c", main, *flags], port)
 
     def profiled_sidecar(self, engine: Server, profile_flags: list[str]) -> Server:

@@ -17,7 +17,9 @@ def requirements(pyproject: dict, extras: list[str]) -> list[str]:
     optional = project.get("optional-dependencies", {})
     unknown = [extra for extra in extras if extra not in optional]
     if unknown:
-        raise SystemExit(f"requirements.py: no extra {unknown} in pyproject.toml (it has {sorted(optional)})")
+        raise SystemExit(
+            f"requirements.py: no extra {unknown} in pyproject.toml (it has {sorted(optional)})"
+        )
     lines = list(project["dependencies"])
     for extra in extras:
         lines += optional[extra]

@@ -49,7 +49,7 @@ cat "$zeroclaw_log" >&2
 rm -f "$zeroclaw_log"
 [ "$zeroclaw_ok" = 1 ] || echo "warning: ZeroClaw could not be built; its conformance test will skip" >&2
 step zeroclaw-wait
-echo "== ruff"; ruff check .
+echo "== ruff"; ruff check .; ruff format --check .
 echo "== mypy"; mypy
 echo "== import contracts"; lint-imports
 # pytest: the tests that mostly wait run in a second process beside the rest

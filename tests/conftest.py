@@ -23,11 +23,15 @@ ROOT = Path(__file__).resolve().parent.parent
 TINY_TOKENIZER = ROOT / "trainer" / "openforge_trainer" / "assets" / "tiny-tokenizer"
 
 
-def wait_port(port: int, process: subprocess.Popen[bytes] | None = None, timeout: float = 30.0) -> None:
+def wait_port(
+    port: int, process: subprocess.Popen[bytes] | None = None, timeout: float = 30.0
+) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if process is not None and process.poll() is not None:
-            raise RuntimeError(f"process exited with {process.returncode} before listening on {port}")
+            raise RuntimeError(
+                f"process exited with {process.returncode} before listening on {port}"
+            )
         try:
             with socket.create_connection(("127.0.0.1", port), timeout=0.2):
                 return
@@ -92,14 +96,29 @@ class Procs:
 
     def engine(self, *extra: str) -> Proc:
         port = free_port()
-        return self.start("engine", ["test-engine", "--port", str(port), "--tokenizer", str(TINY_TOKENIZER), *extra], port)
+        return self.start(
+            "engine",
+            ["test-engine", "--port", str(port), "--tokenizer", str(TINY_TOKENIZER), *extra],
+            port,
+        )
 
     def collector(self, store: Path | None = None, *extra: str, port: int | None = None) -> Proc:
         port = port or free_port()
         store = store or self.tmp_path / "store.db"
-        return self.start("collector", ["collector", "--store", str(store), "--listen", f"127.0.0.1:{port}", *extra], port)
+        return self.start(
+            "collector",
+            ["collector", "--store", str(store), "--listen", f"127.0.0.1:{port}", *extra],
+            port,
+        )
 
-    def sidecar(self, *extra: str, engine: Proc | None = None, spool: Path | None = None, port: int | None = None, name: str = "sidecar") -> Proc:
+    def sidecar(
+        self,
+        *extra: str,
+        engine: Proc | None = None,
+        spool: Path | None = None,
+        port: int | None = None,
+        name: str = "sidecar",
+    ) -> Proc:
         port = port or free_port()
         spool = spool or self.tmp_path / "spool"
         args = ["sidecar", "--listen", f"127.0.0.1:{port}", "--spool", str(spool)]

@@ -24,7 +24,9 @@ NOT_SOURCES = shutil.ignore_patterns(
 
 def packages() -> list[str]:
     """Every package pyproject.toml lists for the wheel."""
-    return list(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    return list(
+        tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]
+    )
 
 
 @pytest.fixture(scope="module")
@@ -33,7 +35,18 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     source = tmp_path_factory.mktemp("source") / "openforge"
     shutil.copytree(ROOT, source, ignore=NOT_SOURCES)
     subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(out), str(source)],
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "-q",
+            "-w",
+            str(out),
+            str(source),
+        ],
         check=True,
         capture_output=True,
     )
@@ -43,7 +56,9 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_every_package_with_modules_is_listed() -> None:
     """A subpackage left out of ``packages`` would be missing from the wheel, silently."""
-    roots = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"]
+    roots = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"][
+        "package-dir"
+    ]
     found = {
         ".".join((name, *init.parent.relative_to(ROOT / folder).parts))
         for name, folder in roots.items()
@@ -70,7 +85,9 @@ def test_wheel_holds_every_package_and_the_tokenizer_assets(wheel: Path) -> None
         "openforge_trainer/assets/tiny-tokenizer/tokenizer_config.json",
     ):
         assert required in names, required
-    assert not any(name.startswith("operator/") for name in names), "no package may be called operator"
+    assert not any(name.startswith("operator/") for name in names), (
+        "no package may be called operator"
+    )
 
 
 def test_wheel_imports_cleanly_outside_the_checkout(wheel: Path, tmp_path: Path) -> None:
@@ -95,8 +112,15 @@ def test_wheel_imports_cleanly_outside_the_checkout(wheel: Path, tmp_path: Path)
 
 
 def test_the_cli_lists_every_command() -> None:
-    result = subprocess.run([sys.executable, "-m", "openforge.cli", "--help"], capture_output=True, text=True, check=True)
+    result = subprocess.run(
+        [sys.executable, "-m", "openforge.cli", "--help"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     for command in ("sidecar", "collector", "trajectories", "test-engine", "tokenizer"):
         assert command in result.stdout
-    bad = subprocess.run([sys.executable, "-m", "openforge.cli", "nope"], capture_output=True, text=True)
+    bad = subprocess.run(
+        [sys.executable, "-m", "openforge.cli", "nope"], capture_output=True, text=True
+    )
     assert bad.returncode == 2 and "unknown command 'nope'" in bad.stderr

@@ -84,7 +84,10 @@ REGISTRY: dict[str, tuple[Exercise, ...]] = {
         Exercise("tests/trainer/test_cli.py::test_export", ('"export"', '"--format"', '"--job"')),
     ),
     "bash scripts/kind-up.sh up": (
-        Exercise("tests/kind/test_demo_loop.py::test_the_demo_trains_in_real_pods", ('realpods.kind_up(kind, "demo")',)),
+        Exercise(
+            "tests/kind/test_demo_loop.py::test_the_demo_trains_in_real_pods",
+            ('realpods.kind_up(kind, "demo")',),
+        ),
         Exercise("tests/kind/test_cluster.py::test_smoke", ('"smoke.sh"',)),
     ),
     "kubectl apply --server-side -f crds/": (
@@ -181,8 +184,14 @@ def test_ci_runs_the_test_command_which_sets_up_and_installs() -> None:
     ci = (ROOT / ".ci" / "run").read_text()
     assert "exec bash scripts/test.sh" in ci
     test_sh = (ROOT / "scripts" / "test.sh").read_text()
-    for step in ("bash scripts/setup.sh", "bash scripts/install_harnesses.sh", "python -m pytest"):
+    for step in (
+        "bash scripts/setup.sh",
+        "bash scripts/install_harnesses.sh",
+        "ruff format --check",
+        "bash scripts/pytest_split.sh",
+    ):
         assert step in test_sh, step
+    assert "python -m pytest" in (ROOT / "scripts" / "pytest_split.sh").read_text()
 
 
 # -- the checker itself ---------------------------------------------------------------------

@@ -27,7 +27,9 @@ from openforge.api import v1alpha1
 from openforge_operator import objects
 
 State = Literal["pending", "running", "succeeded", "failed"]
-IMAGE_PULL_WAITING = frozenset({"ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull"})
+IMAGE_PULL_WAITING = frozenset(
+    {"ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull"}
+)
 DISRUPTIONS = {
     "PreemptionByScheduler": "Preempted",
     "EvictionByEvictionAPI": "Evicted",
@@ -132,17 +134,28 @@ def summarize(pod: Mapping[str, Any]) -> PodSummary | None:
 
 def judge(pod: PodSummary, *, failing_exit_codes: frozenset[int]) -> Attempt:
     """The attempt a pod stands for, under the job's failing exit codes."""
-    base = Attempt(pod.name, pod.index, pod.attempt, "pending", pod.exit_code, deleting=pod.deleting)
+    base = Attempt(
+        pod.name, pod.index, pod.attempt, "pending", pod.exit_code, deleting=pod.deleting
+    )
     if not pod.terminal:
         if pod.gone:
             message = "the pod was deleted before it finished"
-            return dataclasses.replace(base, state="failed", reason=pod.outside_reason, message=message)
+            return dataclasses.replace(
+                base, state="failed", reason=pod.outside_reason, message=message
+            )
         return dataclasses.replace(base, state="running" if pod.phase == "Running" else "pending")
     if pod.outside_reason is not None:
-        return dataclasses.replace(base, state="failed", reason=pod.outside_reason, message=pod.message or pod.outside_reason)
+        return dataclasses.replace(
+            base,
+            state="failed",
+            reason=pod.outside_reason,
+            message=pod.message or pod.outside_reason,
+        )
     if pod.deleted_unfinished and (pod.verdict is None or pod.verdict.get("status") != "succeeded"):
         # the harness's exit code is the kill's, and its grade that of a half-done rollout
-        return dataclasses.replace(base, state="failed", message="the pod was deleted before it finished")
+        return dataclasses.replace(
+            base, state="failed", message="the pod was deleted before it finished"
+        )
     if pod.verdict is not None:
         code = pod.verdict.get("exitCode")
         return dataclasses.replace(
@@ -155,9 +168,13 @@ def judge(pod: PodSummary, *, failing_exit_codes: frozenset[int]) -> Attempt:
         )
     if pod.exit_code is None:
         message = pod.message or "the pod ended without a harness exit code"
-        return dataclasses.replace(base, state="succeeded" if pod.phase == "Succeeded" else "failed", message=message)
+        return dataclasses.replace(
+            base, state="succeeded" if pod.phase == "Succeeded" else "failed", message=message
+        )
     if pod.exit_code != 0 and pod.exit_code in failing_exit_codes:
-        return dataclasses.replace(base, state="failed", message=f"harness exited with {pod.exit_code}")
+        return dataclasses.replace(
+            base, state="failed", message=f"harness exited with {pod.exit_code}"
+        )
     return dataclasses.replace(base, state="succeeded")
 
 

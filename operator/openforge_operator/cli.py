@@ -28,52 +28,127 @@ def build_parser() -> argparse.ArgumentParser:
         description="Run the Kubernetes operator for RolloutJob and HarnessEnv (kopf).",
     )
     scope = parser.add_mutually_exclusive_group(required=True)
-    scope.add_argument("--namespace", "-n", action="append", help="serve this namespace (repeatable)")
+    scope.add_argument(
+        "--namespace", "-n", action="append", help="serve this namespace (repeatable)"
+    )
     scope.add_argument("--all-namespaces", "-A", action="store_true", help="serve every namespace")
-    parser.add_argument("--kubeconfig", help="kubeconfig file (default: $KUBECONFIG, else in-cluster)")
+    parser.add_argument(
+        "--kubeconfig", help="kubeconfig file (default: $KUBECONFIG, else in-cluster)"
+    )
     parser.add_argument(
         "--standalone", action="store_true",
         help="run without kopf peering (one replica; no kopf peering objects needed)",
     )  # fmt: skip
-    parser.add_argument("--peering", metavar="NAME", help="kopf peering object name (without --standalone)")
-    parser.add_argument("--liveness", metavar="URL", help="serve kopf's liveness probe, e.g. http://0.0.0.0:8080/healthz")
-    parser.add_argument("--sidecar-image", default=DEFAULTS.sidecar_image, help="capture sidecar image (default %(default)s)")
-    parser.add_argument("--image-pull-policy", choices=("Always", "IfNotPresent", "Never"), help="for the sidecar image")
-    parser.add_argument("--sidecar-port", type=int, default=DEFAULTS.sidecar_port, help="sidecar port on the pod's loopback (default %(default)s)")
-    parser.add_argument("--sidecar-uid", type=int, default=DEFAULTS.sidecar_uid, help="sidecar user id (default %(default)s)")
+    parser.add_argument(
+        "--peering", metavar="NAME", help="kopf peering object name (without --standalone)"
+    )
+    parser.add_argument(
+        "--liveness",
+        metavar="URL",
+        help="serve kopf's liveness probe, e.g. http://0.0.0.0:8080/healthz",
+    )
+    parser.add_argument(
+        "--sidecar-image",
+        default=DEFAULTS.sidecar_image,
+        help="capture sidecar image (default %(default)s)",
+    )
+    parser.add_argument(
+        "--image-pull-policy",
+        choices=("Always", "IfNotPresent", "Never"),
+        help="for the sidecar image",
+    )
+    parser.add_argument(
+        "--sidecar-port",
+        type=int,
+        default=DEFAULTS.sidecar_port,
+        help="sidecar port on the pod's loopback (default %(default)s)",
+    )
+    parser.add_argument(
+        "--sidecar-uid",
+        type=int,
+        default=DEFAULTS.sidecar_uid,
+        help="sidecar user id (default %(default)s)",
+    )
     parser.add_argument(
         "--sidecar-resources", metavar="JSON",
         help="the sidecar container's resources, as JSON: {\"requests\": {...}, \"limits\": {...}}"
         f" (default {json.dumps(DEFAULTS.sidecar_resources, separators=(',', ':'))})",
     )  # fmt: skip
-    parser.add_argument("--harness-uid", type=int, default=DEFAULTS.harness_uid, help="harness user id when the template sets none (default %(default)s)")
-    parser.add_argument("--resync-seconds", type=float, default=DEFAULTS.resync_seconds, help="reconcile each job at least this often (default %(default)s)")
-    parser.add_argument("--create-concurrency", type=int, default=DEFAULTS.create_concurrency, help="pod creations in flight (default %(default)s)")
+    parser.add_argument(
+        "--harness-uid",
+        type=int,
+        default=DEFAULTS.harness_uid,
+        help="harness user id when the template sets none (default %(default)s)",
+    )
+    parser.add_argument(
+        "--resync-seconds",
+        type=float,
+        default=DEFAULTS.resync_seconds,
+        help="reconcile each job at least this often (default %(default)s)",
+    )
+    parser.add_argument(
+        "--create-concurrency",
+        type=int,
+        default=DEFAULTS.create_concurrency,
+        help="pod creations in flight (default %(default)s)",
+    )
     parser.add_argument(
         "--fence-wait-seconds", type=int, default=DEFAULTS.fence_wait_seconds,
         help="how long a pod waits for its NetworkPolicy to be enforced before the harness starts; 0: do not wait (default %(default)s)",
     )  # fmt: skip
-    parser.add_argument("--finish-wait-seconds", type=int, default=DEFAULTS.finish_wait_seconds, help="how long a pod waits for the collector's ack (default %(default)s)")
+    parser.add_argument(
+        "--finish-wait-seconds",
+        type=int,
+        default=DEFAULTS.finish_wait_seconds,
+        help="how long a pod waits for the collector's ack (default %(default)s)",
+    )
     parser.add_argument(
         "--collector-master-key-file", metavar="FILE",
         help="issue each RolloutJob without spec.trainer.tokenSecretRef its own collector token"
         " (Secret <job>-collector-token), derived from this master key (the collector's --master-key-file)",
     )  # fmt: skip
-    parser.add_argument("--dns-namespace", default=DEFAULTS.dns_namespace, help="namespace of the cluster DNS pods (default %(default)s)")
-    parser.add_argument("--dns-label", action="append", metavar="KEY=VALUE", help="label of the cluster DNS pods (default k8s-app=kube-dns)")
-    webhook = parser.add_argument_group("admission webhook (sidecar injection into pods labelled openforge.dev/capture=true)")
-    webhook.add_argument("--webhook", action="store_true", help="serve the mutating webhook and manage its configuration")
-    webhook.add_argument("--webhook-addr", default="0.0.0.0", help="listen address (default %(default)s)")
-    webhook.add_argument("--webhook-port", type=int, default=9443, help="listen port (default %(default)s)")
-    webhook.add_argument("--webhook-host", help="the name the API server reaches the webhook by (a Service DNS name)")
+    parser.add_argument(
+        "--dns-namespace",
+        default=DEFAULTS.dns_namespace,
+        help="namespace of the cluster DNS pods (default %(default)s)",
+    )
+    parser.add_argument(
+        "--dns-label",
+        action="append",
+        metavar="KEY=VALUE",
+        help="label of the cluster DNS pods (default k8s-app=kube-dns)",
+    )
+    webhook = parser.add_argument_group(
+        "admission webhook (sidecar injection into pods labelled openforge.dev/capture=true)"
+    )
+    webhook.add_argument(
+        "--webhook",
+        action="store_true",
+        help="serve the mutating webhook and manage its configuration",
+    )
+    webhook.add_argument(
+        "--webhook-addr", default="0.0.0.0", help="listen address (default %(default)s)"
+    )
+    webhook.add_argument(
+        "--webhook-port", type=int, default=9443, help="listen port (default %(default)s)"
+    )
+    webhook.add_argument(
+        "--webhook-host", help="the name the API server reaches the webhook by (a Service DNS name)"
+    )
     webhook.add_argument(
         "--webhook-service", metavar="NAMESPACE/NAME",
         help="the Service in front of the webhook (port --webhook-port): the API server calls it through the Service,"
         " not a URL (its resolver knows no cluster DNS names); --webhook-host is then NAME.NAMESPACE.svc",
     )  # fmt: skip
-    webhook.add_argument("--webhook-cert", help="TLS certificate file (default: self-signed for --webhook-host)")
+    webhook.add_argument(
+        "--webhook-cert", help="TLS certificate file (default: self-signed for --webhook-host)"
+    )
     webhook.add_argument("--webhook-key", help="TLS key file")
-    webhook.add_argument("--webhook-configuration", default="openforge-capture", help="MutatingWebhookConfiguration name (default %(default)s)")
+    webhook.add_argument(
+        "--webhook-configuration",
+        default="openforge-capture",
+        help="MutatingWebhookConfiguration name (default %(default)s)",
+    )
     parser.add_argument("--verbose", "-v", action="store_true", help="debug logging")
     return parser
 
@@ -101,7 +176,9 @@ def options(argv: list[str]) -> tuple[argparse.Namespace, settings.Settings]:
                 parser.error(f"--dns-label: {item!r} is not KEY=VALUE")
             labels[key] = value
     if not 0 <= ns.fence_wait_seconds < pods.SIDECAR_START_SECONDS:
-        parser.error(f"--fence-wait-seconds: {ns.fence_wait_seconds} is not from 0 to {pods.SIDECAR_START_SECONDS - 1} (the harness waits {pods.SIDECAR_START_SECONDS} s for its sidecar)")
+        parser.error(
+            f"--fence-wait-seconds: {ns.fence_wait_seconds} is not from 0 to {pods.SIDECAR_START_SECONDS - 1} (the harness waits {pods.SIDECAR_START_SECONDS} s for its sidecar)"
+        )
     resources = DEFAULTS.sidecar_resources
     if ns.sidecar_resources is not None:
         try:
@@ -164,7 +241,9 @@ def main(argv: list[str] | None = None) -> int:
             service=ns.webhook_service,
         )  # fmt: skip
     namespaces = None if ns.all_namespaces else list(ns.namespace)
-    runtime = handlers.Runtime(config=config, namespaces=namespaces, webhook=hook, kubeconfig=ns.kubeconfig)
+    runtime = handlers.Runtime(
+        config=config, namespaces=namespaces, webhook=hook, kubeconfig=ns.kubeconfig
+    )
     kopf.run(
         registry=handlers.build_registry(runtime),
         standalone=ns.standalone,

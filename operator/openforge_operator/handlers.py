@@ -62,7 +62,10 @@ class Runtime:
 def finished_without_ttl(body: Mapping[str, Any]) -> bool:
     """A job whose reconcile loop has nothing left to do."""
     conditions = (body.get("status") or {}).get("conditions") or []
-    done = any(c.get("type") in (v1alpha1.COMPLETE, v1alpha1.FAILED) and c.get("status") == "True" for c in conditions)
+    done = any(
+        c.get("type") in (v1alpha1.COMPLETE, v1alpha1.FAILED) and c.get("status") == "True"
+        for c in conditions
+    )
     return done and (body.get("spec") or {}).get("ttlSecondsAfterFinished") is None
 
 
@@ -84,7 +87,9 @@ def build_registry(runtime: Runtime) -> kopf.OperatorRegistry:
         if runtime.webhook is not None:
             settings.admission.server = runtime.webhook.server()
             settings.admission.managed = runtime.webhook.configuration_name
-        runtime.api = await k8s.Api.connect(runtime.kubeconfig, pool_size=runtime.config.create_concurrency + 16)
+        runtime.api = await k8s.Api.connect(
+            runtime.kubeconfig, pool_size=runtime.config.create_concurrency + 16
+        )
         runtime.reconciler = reconciler.Reconciler(runtime.api, runtime.cache, runtime.config)
         runtime.watches = [
             asyncio.create_task(podwatch.watch(runtime.api, runtime.cache, namespace))
@@ -105,7 +110,9 @@ def build_registry(runtime: Runtime) -> kopf.OperatorRegistry:
     ) -> dict[tuple[str | None, str], dict[str, Any]]:
         return {(namespace, name): dict(body)}
 
-    @kopf.on.event(group, version, v1alpha1.HarnessEnv.PLURAL, registry=registry, id="harness-env-ready")
+    @kopf.on.event(
+        group, version, v1alpha1.HarnessEnv.PLURAL, registry=registry, id="harness-env-ready"
+    )
     async def harness_env_changed(
         *, type: str, namespace: str | None, name: str, body: kopf.Body, **_: Any
     ) -> None:
@@ -115,14 +122,20 @@ def build_registry(runtime: Runtime) -> kopf.OperatorRegistry:
             now = datetime.datetime.now(datetime.UTC).replace(microsecond=0)
             status = readiness.status(body, now)
             if status is not None:
-                path = k8s.namespaced(namespace, v1alpha1.HarnessEnv.PLURAL, name, api_version=v1alpha1.API_VERSION)
+                path = k8s.namespaced(
+                    namespace, v1alpha1.HarnessEnv.PLURAL, name, api_version=v1alpha1.API_VERSION
+                )
                 await runtime.api.merge_patch(path + "/status", {"status": status})
         for uid in runtime.reconciler.jobs_using(namespace, name):
             runtime.cache.wake(uid)
 
-    @kopf.on.event(group, version, v1alpha1.RolloutJob.PLURAL, registry=registry, id="rollout-job-wakeup")
+    @kopf.on.event(
+        group, version, v1alpha1.RolloutJob.PLURAL, registry=registry, id="rollout-job-wakeup"
+    )
     def rollout_job_changed(*, body: kopf.Body, uid: str, **_: Any) -> None:
-        if body.get("metadata", {}).get("generation") != (body.get("status") or {}).get("observedGeneration"):
+        if body.get("metadata", {}).get("generation") != (body.get("status") or {}).get(
+            "observedGeneration"
+        ):
             runtime.cache.wake(uid)
 
     @kopf.daemon(
@@ -131,7 +144,12 @@ def build_registry(runtime: Runtime) -> kopf.OperatorRegistry:
         when=lambda body, **_: not finished_without_ttl(body),
     )  # fmt: skip
     async def rollout_job(
-        *, body: kopf.Body, uid: str, namespace: str | None, stopped: kopf.DaemonStopped, **kwargs: Any
+        *,
+        body: kopf.Body,
+        uid: str,
+        namespace: str | None,
+        stopped: kopf.DaemonStopped,
+        **kwargs: Any,
     ) -> None:
         await run_job(runtime, body, uid, namespace or "default", stopped, kwargs[ENV_INDEX])
 
@@ -172,19 +190,29 @@ async def run_job(
             env_body = next(iter(envs.get((namespace, env_name), [])), None)
             try:
                 delay = await runtime.reconciler.reconcile(body, env_body)
-            except (k8s.ApiError, aiohttp.ClientError, OSError) as error:  # OSError: TimeoutError too
-                log.warning("reconciling RolloutJob %s/%s: %s", namespace, body["metadata"]["name"], error)
+            except (
+                k8s.ApiError,
+                aiohttp.ClientError,
+                OSError,
+            ) as error:  # OSError: TimeoutError too
+                log.warning(
+                    "reconciling RolloutJob %s/%s: %s", namespace, body["metadata"]["name"], error
+                )
                 delay = ERROR_BACKOFF_SECONDS
             except Exception:
                 # a bug: say so loudly, and keep the loop (kopf would wait a minute to restart it)
-                log.exception("reconciling RolloutJob %s/%s failed", namespace, body["metadata"]["name"])
+                log.exception(
+                    "reconciling RolloutJob %s/%s failed", namespace, body["metadata"]["name"]
+                )
                 delay = ERROR_BACKOFF_SECONDS
             if delay is None:
                 return
             woken = asyncio.ensure_future(wakeup.wait())
             stopping = asyncio.ensure_future(stopped.wait())
             try:
-                await asyncio.wait({woken, stopping}, timeout=delay, return_when=asyncio.FIRST_COMPLETED)
+                await asyncio.wait(
+                    {woken, stopping}, timeout=delay, return_when=asyncio.FIRST_COMPLETED
+                )
             finally:
                 woken.cancel()
                 stopping.cancel()

@@ -79,7 +79,9 @@ class Api:
         timeout: float | None = 60.0,
     ) -> Any:
         """One request; the parsed JSON answer, or ApiError."""
-        response = await self._send(method, path, query=query, body=body, content_type=content_type, timeout=timeout)
+        response = await self._send(
+            method, path, query=query, body=body, content_type=content_type, timeout=timeout
+        )
         try:
             text = await response.text()
         finally:
@@ -111,14 +113,18 @@ class Api:
     async def merge_patch(self, path: str, patch: Mapping[str, Any]) -> dict[str, Any] | None:
         """JSON-merge-patch an object; None when it is gone."""
         try:
-            patched: dict[str, Any] = await self.request("PATCH", path, body=patch, content_type=MERGE_PATCH)
+            patched: dict[str, Any] = await self.request(
+                "PATCH", path, body=patch, content_type=MERGE_PATCH
+            )
         except ApiError as error:
             if error.status == 404:
                 return None
             raise
         return patched
 
-    async def delete(self, path: str, *, uid: str | None = None, propagation: str = "Background") -> bool:
+    async def delete(
+        self, path: str, *, uid: str | None = None, propagation: str = "Background"
+    ) -> bool:
         """Delete an object (only if its uid is still ``uid``, when given); False when it is gone."""
         options: dict[str, Any] = {"propagationPolicy": propagation}
         if uid is not None:
@@ -131,7 +137,9 @@ class Api:
             raise
         return True
 
-    async def list(self, path: str, *, label_selector: str, page: int = 500) -> tuple[list[dict[str, Any]], str]:
+    async def list(
+        self, path: str, *, label_selector: str, page: int = 500
+    ) -> tuple[list[dict[str, Any]], str]:
         """Every matching object (in pages) and the list's resourceVersion."""
         items: list[dict[str, Any]] = []
         query: dict[str, str | int] = {"labelSelector": label_selector, "limit": page}
@@ -181,7 +189,10 @@ class Api:
         event = {
             "apiVersion": "v1",
             "kind": "Event",
-            "metadata": {"name": f"{metadata['name']}.{uuid.uuid4().hex[:16]}", "namespace": namespace},
+            "metadata": {
+                "name": f"{metadata['name']}.{uuid.uuid4().hex[:16]}",
+                "namespace": namespace,
+            },
             "involvedObject": {
                 "apiVersion": involved["apiVersion"],
                 "kind": involved["kind"],
@@ -233,9 +244,10 @@ def pods_path(namespace: str | None) -> str:
     return f"/api/v1/namespaces/{namespace}/pods" if namespace else "/api/v1/pods"
 
 
-def namespaced(namespace: str, resource: str, name: str | None = None, *, api_version: str = "v1") -> str:
+def namespaced(
+    namespace: str, resource: str, name: str | None = None, *, api_version: str = "v1"
+) -> str:
     """The path of a namespaced collection or object of ``api_version`` (``v1``, ``group/version``)."""
     prefix = "/api/v1" if api_version == "v1" else f"/apis/{api_version}"
     path = f"{prefix}/namespaces/{namespace}/{resource}"
     return f"{path}/{name}" if name else path
-

@@ -47,7 +47,14 @@ from openforge.api import v1alpha1
 from openforge_operator import objects, settings
 
 NAMESPACE_LABEL = "kubernetes.io/metadata.name"
-PRIVATE_V4 = ("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "100.64.0.0/10", "169.254.0.0/16", "127.0.0.0/8")
+PRIVATE_V4 = (
+    "10.0.0.0/8",
+    "172.16.0.0/12",
+    "192.168.0.0/16",
+    "100.64.0.0/10",
+    "169.254.0.0/16",
+    "127.0.0.0/8",
+)
 PRIVATE_V6 = ("fc00::/7", "fe80::/10", "::1/128")
 DEFAULT_PORTS = (80, 443)
 
@@ -80,7 +87,10 @@ def build_network_policy(
 
 def rule(host: str, ports: list[int], *, namespace: str) -> dict[str, Any]:
     """One egress rule allowing TCP ``ports`` on ``host`` (see the module docstring)."""
-    return {"to": peers(host, namespace=namespace), "ports": [{"protocol": "TCP", "port": p} for p in ports]}
+    return {
+        "to": peers(host, namespace=namespace),
+        "ports": [{"protocol": "TCP", "port": p} for p in ports],
+    }
 
 
 def peers(host: str, *, namespace: str) -> list[dict[str, Any]]:

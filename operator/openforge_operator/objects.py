@@ -39,7 +39,9 @@ def job_name(job: v1alpha1.RolloutJob) -> str:
 
 def job_uid(job: v1alpha1.RolloutJob) -> str:
     if job.metadata.uid is None:
-        raise ValueError(f"RolloutJob {job.metadata.name} has no metadata.uid (not read from the API?)")
+        raise ValueError(
+            f"RolloutJob {job.metadata.name} has no metadata.uid (not read from the API?)"
+        )
     return job.metadata.uid
 
 

@@ -40,14 +40,26 @@ from typing import Any
 GROUP = "openforge.dev"
 
 RULES: list[dict[str, Any]] = [
-    {"apiGroups": [GROUP], "resources": ["rolloutjobs"], "verbs": ["list", "watch", "patch", "delete"]},
+    {
+        "apiGroups": [GROUP],
+        "resources": ["rolloutjobs"],
+        "verbs": ["list", "watch", "patch", "delete"],
+    },
     {"apiGroups": [GROUP], "resources": ["harnessenvs"], "verbs": ["list", "watch"]},
-    {"apiGroups": [GROUP], "resources": ["rolloutjobs/status", "harnessenvs/status"], "verbs": ["patch"]},
+    {
+        "apiGroups": [GROUP],
+        "resources": ["rolloutjobs/status", "harnessenvs/status"],
+        "verbs": ["patch"],
+    },
     {"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "watch", "create", "delete"]},
     {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get", "create"]},
     {"apiGroups": [""], "resources": ["secrets"], "verbs": ["create"]},
     {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
-    {"apiGroups": ["networking.k8s.io"], "resources": ["networkpolicies"], "verbs": ["create", "patch"]},
+    {
+        "apiGroups": ["networking.k8s.io"],
+        "resources": ["networkpolicies"],
+        "verbs": ["create", "patch"],
+    },
 ]
 """Rules for ``openforge operator --standalone`` (namespaced or cluster-wide alike)."""
 
@@ -67,7 +79,11 @@ rule kopf retries creating it and logs errors."""
 
 PEERING_RULES: list[dict[str, Any]] = [
     {"apiGroups": ["kopf.dev"], "resources": ["kopfpeerings"], "verbs": ["list", "watch", "patch"]},
-    {"apiGroups": ["kopf.dev"], "resources": ["clusterkopfpeerings"], "verbs": ["list", "watch", "patch"]},
+    {
+        "apiGroups": ["kopf.dev"],
+        "resources": ["clusterkopfpeerings"],
+        "verbs": ["list", "watch", "patch"],
+    },
 ]
 """Extra rules without ``--standalone``: kopf's peering objects (namespaced ones when
 serving namespaces, the cluster one with ``--all-namespaces``), through which

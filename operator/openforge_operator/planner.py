@@ -72,7 +72,9 @@ class Plan:
     finished: bool = False
 
 
-def rollout_state(index: int, attempts: Sequence[attempts_.Attempt], spec: v1alpha1.RolloutJobSpec) -> RolloutState:
+def rollout_state(
+    index: int, attempts: Sequence[attempts_.Attempt], spec: v1alpha1.RolloutJobSpec
+) -> RolloutState:
     """Where rollout ``index`` stands, given every attempt of it seen so far: the shared
     failure-policy rule (``openforge.api.retries``, which ``openforge run`` follows too)
     over the attempts that ended before the first live one, which is live unless they
@@ -133,7 +135,11 @@ def plan(
     if spec.suspend:
         condition(v1alpha1.SUSPENDED, "True", "JobSuspended", "suspended: no new attempts start")
         if not was_suspended:
-            events.append(Event("Normal", "Suspended", f"suspended with {counts.active} rollouts still running"))
+            events.append(
+                Event(
+                    "Normal", "Suspended", f"suspended with {counts.active} rollouts still running"
+                )
+            )
         start_time = None
     else:
         if was_suspended:
@@ -142,7 +148,9 @@ def plan(
         if start_time is None:
             start_time = now
             what = f"{total} rollouts" if total is not None else "rollouts"
-            events.append(Event("Normal", "Started", f"running {what}, at most {spec.parallelism} at once"))
+            events.append(
+                Event("Normal", "Started", f"running {what}, at most {spec.parallelism} at once")
+            )
 
     newly_failed = sorted(set(failed) - set(rollouts.parse_indexes(old.failed_indexes or "")))
     if newly_failed:
@@ -150,7 +158,11 @@ def plan(
 
     deadline = spec.active_deadline_seconds
     finished = total is not None and all(s.state in ("succeeded", "failed") for s in states)
-    if deadline is not None and start_time is not None and now >= start_time + datetime.timedelta(seconds=deadline):
+    if (
+        deadline is not None
+        and start_time is not None
+        and now >= start_time + datetime.timedelta(seconds=deadline)
+    ):
         message = f"ran past activeDeadlineSeconds ({deadline} s); {len(live)} live pods deleted"
         condition(v1alpha1.FAILED, "True", "DeadlineExceeded", message)
         events.append(Event("Warning", "DeadlineExceeded", message))
@@ -169,7 +181,9 @@ def plan(
         if not spec.suspend and blocked is None:
             capacity = max(0, spec.parallelism - len(live))
             todo = (s for s in states if s.state in ("new", "retry"))
-            create = [(s.index, s.next_attempt) for s, _ in zip(todo, range(capacity), strict=False)]
+            create = [
+                (s.index, s.next_attempt) for s, _ in zip(todo, range(capacity), strict=False)
+            ]
         if deadline is not None and start_time is not None:
             requeue = (start_time + datetime.timedelta(seconds=deadline) - now).total_seconds()
     if completion_time is not None and spec.ttl_seconds_after_finished is not None:
@@ -184,11 +198,16 @@ def plan(
         start_time=start_time,
         completion_time=completion_time,
     )
-    return Plan(create, delete, status.to_dict(), events, False, requeue, completion_time is not None)
+    return Plan(
+        create, delete, status.to_dict(), events, False, requeue, completion_time is not None
+    )
 
 
 def _after_finish(
-    job: v1alpha1.RolloutJob, old: v1alpha1.RolloutJobStatus, live: list[attempts_.Attempt], now: datetime.datetime
+    job: v1alpha1.RolloutJob,
+    old: v1alpha1.RolloutJobStatus,
+    live: list[attempts_.Attempt],
+    now: datetime.datetime,
 ) -> Plan:
     """A finished job: no new pods; a failed one's live pods deleted; the TTL."""
     status = old.model_copy(update={"observed_generation": job.metadata.generation}).to_dict()
@@ -202,7 +221,9 @@ def _after_finish(
     return Plan([], delete, status, [], requeue_after=remaining, finished=True)
 
 
-def _states(attempts: Sequence[attempts_.Attempt], total: int | None, spec: v1alpha1.RolloutJobSpec) -> list[RolloutState]:
+def _states(
+    attempts: Sequence[attempts_.Attempt], total: int | None, spec: v1alpha1.RolloutJobSpec
+) -> list[RolloutState]:
     by_index: dict[int, list[attempts_.Attempt]] = defaultdict(list)
     for attempt in attempts:
         if total is None or attempt.index < total:
@@ -211,7 +232,9 @@ def _states(attempts: Sequence[attempts_.Attempt], total: int | None, spec: v1al
     return [rollout_state(i, by_index.get(i, []), spec) for i in indexes]
 
 
-def _counts(states: Sequence[RolloutState], live: Sequence[attempts_.Attempt]) -> v1alpha1.RolloutCounts:
+def _counts(
+    states: Sequence[RolloutState], live: Sequence[attempts_.Attempt]
+) -> v1alpha1.RolloutCounts:
     tally: dict[str, int] = defaultdict(int)
     for state in states:
         tally[state.state] += 1
@@ -231,8 +254,12 @@ def _failed_message(indexes: list[int], states: Sequence[RolloutState], shown: i
         last = by_index[index].last
         if last is None:
             continue
-        why = last.reason or (f"exit code {last.exit_code}" if last.exit_code is not None else "failed")
-        details.append(f"{index} after attempt {last.attempt} ({why}{': ' + last.message if last.message else ''})")
+        why = last.reason or (
+            f"exit code {last.exit_code}" if last.exit_code is not None else "failed"
+        )
+        details.append(
+            f"{index} after attempt {last.attempt} ({why}{': ' + last.message if last.message else ''})"
+        )
     more = f"; {len(indexes) - shown} more" if len(indexes) > shown else ""
     return f"rollouts {rollouts.format_indexes(indexes)} failed: " + "; ".join(details) + more
 

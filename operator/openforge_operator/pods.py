@@ -64,7 +64,13 @@ CA_CERT = "ca.crt"
 TOKEN_FILE = "token"
 TASK_ITEM = "task"
 
-CA_TRUST_ENV = ("SSL_CERT_FILE", "NODE_EXTRA_CA_CERTS", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "GIT_SSL_CAINFO")
+CA_TRUST_ENV = (
+    "SSL_CERT_FILE",
+    "NODE_EXTRA_CA_CERTS",
+    "REQUESTS_CA_BUNDLE",
+    "CURL_CA_BUNDLE",
+    "GIT_SSL_CAINFO",
+)
 """Env vars that make OpenSSL, Node, requests/httpx, curl and git trust the job's CA."""
 PROXY_ENV = ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy")
 NO_PROXY_ENV = ("NO_PROXY", "no_proxy")
@@ -95,7 +101,9 @@ class PodError(ValueError):
     """A HarnessEnv or job that cannot make a pod; the message names the field."""
 
 
-def rollout_timeout(job: v1alpha1.RolloutJob, env: v1alpha1.HarnessEnv, config: settings.Settings) -> int:
+def rollout_timeout(
+    job: v1alpha1.RolloutJob, env: v1alpha1.HarnessEnv, config: settings.Settings
+) -> int:
     """Seconds one attempt's harness may run: the job's, else the HarnessEnv's, else the default."""
     return (
         job.spec.rollout_timeout_seconds
@@ -104,7 +112,9 @@ def rollout_timeout(job: v1alpha1.RolloutJob, env: v1alpha1.HarnessEnv, config: 
     )
 
 
-def deadline_seconds(job: v1alpha1.RolloutJob, env: v1alpha1.HarnessEnv, config: settings.Settings) -> int:
+def deadline_seconds(
+    job: v1alpha1.RolloutJob, env: v1alpha1.HarnessEnv, config: settings.Settings
+) -> int:
     """The pod's ``activeDeadlineSeconds``: harness, grader, the collector's ack, start-up slack."""
     grader = env.spec.grader.timeout_seconds if env.spec.grader is not None else 0
     return (
@@ -201,12 +211,16 @@ def _metadata(inputs: PodInputs, template: Mapping[str, Any]) -> dict[str, Any]:
     return meta
 
 
-def _harness(inputs: PodInputs, container: dict[str, Any], *, pod_security: Mapping[str, Any]) -> dict[str, Any]:
+def _harness(
+    inputs: PodInputs, container: dict[str, Any], *, pod_security: Mapping[str, Any]
+) -> dict[str, Any]:
     env, rollout, config = inputs.env, inputs.rollout, inputs.config
     spec = env.spec
     where = f"HarnessEnv {env.metadata.name}: spec.template.spec.containers[{v1alpha1.HARNESS_CONTAINER}]"
     if not container.get("command"):
-        raise PodError(f"{where}.command is required in a cluster (the operator runs it under its entrypoint)")
+        raise PodError(
+            f"{where}.command is required in a cluster (the operator runs it under its entrypoint)"
+        )
     if not container.get("image"):
         raise PodError(f"{where}.image is required in a cluster")
     workdir = container.get("workingDir")
@@ -217,10 +231,16 @@ def _harness(inputs: PodInputs, container: dict[str, Any], *, pod_security: Mapp
         task_env = {k: templates.render(v, rollout.task) for k, v in (spec.task.env or {}).items()}
     except templates.TemplateError as error:
         raise PodError(f"HarnessEnv {env.metadata.name}: spec.task: {error}") from None
-    grader = _expanded(spec.grader.command, base, f"HarnessEnv {env.metadata.name}: spec.grader.command") if spec.grader is not None else None
+    grader = (
+        _expanded(spec.grader.command, base, f"HarnessEnv {env.metadata.name}: spec.grader.command")
+        if spec.grader is not None
+        else None
+    )
     harness = {**container}
     harness["command"] = entrypoint.COMMAND
-    harness["args"] = entrypoint.arguments(_expanded(argv, base, f"{where}.command/args, spec.task.args"), grader)
+    harness["args"] = entrypoint.arguments(
+        _expanded(argv, base, f"{where}.command/args, spec.task.args"), grader
+    )
     harness["env"] = _merge_env(
         [{"name": k, "value": v} for k, v in base.items()],
         container.get("env", []),
@@ -235,7 +255,12 @@ def _harness(inputs: PodInputs, container: dict[str, Any], *, pod_security: Mapp
         mounts.append({"name": CA_CERT_VOLUME, "mountPath": CA_CERT_DIR, "readOnly": True})
     if spec.task.file is not None:
         mounts.append(
-            {"name": TASK_VOLUME, "mountPath": _task_path(env, workdir), "subPath": TASK_ITEM, "readOnly": True}
+            {
+                "name": TASK_VOLUME,
+                "mountPath": _task_path(env, workdir),
+                "subPath": TASK_ITEM,
+                "readOnly": True,
+            }
         )
     harness["volumeMounts"] = mounts
     harness["securityContext"] = _harness_security(container, pod_security, config)
@@ -248,8 +273,12 @@ def _base_env(inputs: PodInputs, *, workdir: str | None) -> dict[str, str]:
     grader, rollout, config = inputs.env.spec.grader, inputs.rollout, inputs.config
     return {
         **rollout_env.base_env(
-            job=objects.job_name(inputs.job), rollout_id=inputs.name, task=rollout.task,
-            sample=rollout.sample, attempt=inputs.attempt, workdir=workdir or ".",
+            job=objects.job_name(inputs.job),
+            rollout_id=inputs.name,
+            task=rollout.task,
+            sample=rollout.sample,
+            attempt=inputs.attempt,
+            workdir=workdir or ".",
         ),
         "OPENFORGE_RUN_DIR": podrun.RUN_DIR,
         "OPENFORGE_FINISH_WAIT": str(config.finish_wait_seconds + 30),
@@ -274,7 +303,13 @@ def _capture_env(env: v1alpha1.HarnessEnv, config: settings.Settings) -> dict[st
 
 
 def _sidecar(inputs: PodInputs, *, startup_probe: bool) -> dict[str, Any]:
-    job, env, rollout, config, name = inputs.job, inputs.env, inputs.rollout, inputs.config, inputs.name
+    job, env, rollout, config, name = (
+        inputs.job,
+        inputs.env,
+        inputs.rollout,
+        inputs.config,
+        inputs.name,
+    )
     listen = f"127.0.0.1:{config.sidecar_port}"
     confdir = posixpath.join(SIDECAR_DIR, "confdir")
     grader = env.spec.grader
@@ -319,7 +354,13 @@ def _sidecar(inputs: PodInputs, *, startup_probe: bool) -> dict[str, Any]:
     image = env.spec.capture.sidecar_image or config.sidecar_image
     ready_file = posixpath.join(podrun.RUN_DIR, podrun.SIDECAR_READY)
     return sidecar_container(
-        image, AGENT_COMMAND, [*agent, "--", *sidecar], mounts, config, startup_probe=startup_probe, ready_file=ready_file
+        image,
+        AGENT_COMMAND,
+        [*agent, "--", *sidecar],
+        mounts,
+        config,
+        startup_probe=startup_probe,
+        ready_file=ready_file,
     )
 
 
@@ -421,7 +462,9 @@ def _redirect(
     return [container]
 
 
-def _volumes(job: v1alpha1.RolloutJob, env: v1alpha1.HarnessEnv, config: settings.Settings) -> list[dict[str, Any]]:
+def _volumes(
+    job: v1alpha1.RolloutJob, env: v1alpha1.HarnessEnv, config: settings.Settings
+) -> list[dict[str, Any]]:
     name = objects.job_name(job)
     volumes: list[dict[str, Any]] = [
         {"name": RUN_VOLUME, "emptyDir": {}},
@@ -430,16 +473,37 @@ def _volumes(job: v1alpha1.RolloutJob, env: v1alpha1.HarnessEnv, config: setting
     if env.spec.capture.mode != "BaseURL":
         secret = objects.ca_secret_name(name)
         volumes.append(
-            {"name": CA_VOLUME, "secret": {"secretName": secret, "items": [{"key": CA_KEY, "path": CA_KEY}], "defaultMode": 0o440}}
+            {
+                "name": CA_VOLUME,
+                "secret": {
+                    "secretName": secret,
+                    "items": [{"key": CA_KEY, "path": CA_KEY}],
+                    "defaultMode": 0o440,
+                },
+            }
         )
         volumes.append(
-            {"name": CA_CERT_VOLUME, "secret": {"secretName": secret, "items": [{"key": CA_CERT, "path": CA_CERT}], "defaultMode": 0o444}}
+            {
+                "name": CA_CERT_VOLUME,
+                "secret": {
+                    "secretName": secret,
+                    "items": [{"key": CA_CERT, "path": CA_CERT}],
+                    "defaultMode": 0o444,
+                },
+            }
         )
     token = tokens.token_source(job, config)
     if token is not None:
         secret, key = token
         volumes.append(
-            {"name": TOKEN_VOLUME, "secret": {"secretName": secret, "items": [{"key": key, "path": TOKEN_FILE}], "defaultMode": 0o440}}
+            {
+                "name": TOKEN_VOLUME,
+                "secret": {
+                    "secretName": secret,
+                    "items": [{"key": key, "path": TOKEN_FILE}],
+                    "defaultMode": 0o440,
+                },
+            }
         )
     return volumes
 

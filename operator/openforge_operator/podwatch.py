@@ -101,7 +101,9 @@ async def watch(api: k8s.Api, cache: PodCache, namespace: str | None) -> None:
             cache.relisted(namespace, pods)
             cache.synced(namespace).set()
             while True:
-                async for event in api.watch(path, label_selector=objects.POD_SELECTOR, resource_version=version):
+                async for event in api.watch(
+                    path, label_selector=objects.POD_SELECTOR, resource_version=version
+                ):
                     body = event.get("object") or {}
                     version = str((body.get("metadata") or {}).get("resourceVersion") or version)
                     if event.get("type") in ("ADDED", "MODIFIED", "DELETED"):
@@ -110,7 +112,11 @@ async def watch(api: k8s.Api, cache: PodCache, namespace: str | None) -> None:
             raise
         except k8s.ApiError as error:
             if error.status != 410:
-                log.warning("pod watch of %s failed: %s; listing again", namespace or "all namespaces", error)
+                log.warning(
+                    "pod watch of %s failed: %s; listing again",
+                    namespace or "all namespaces",
+                    error,
+                )
                 await asyncio.sleep(RETRY_SECONDS)
         except Exception:
             log.exception("pod watch of %s failed; listing again", namespace or "all namespaces")

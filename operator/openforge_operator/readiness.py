@@ -57,7 +57,9 @@ def evaluate(body: Mapping[str, Any]) -> Readiness:
     try:
         env = manifests.parse(dict(body))
     except manifests.ManifestError as error:
-        return Readiness(False, "InvalidSpec", "; ".join(f"{p.path}: {p.message}" for p in error.problems))
+        return Readiness(
+            False, "InvalidSpec", "; ".join(f"{p.path}: {p.message}" for p in error.problems)
+        )
     assert isinstance(env, v1alpha1.HarnessEnv)
     return check(env)
 
@@ -67,10 +69,7 @@ def status(body: Mapping[str, Any], now: datetime.datetime) -> dict[str, Any] | 
     verdict = evaluate(body)
     generation = (body.get("metadata") or {}).get("generation")
     current = body.get("status") or {}
-    conditions = [
-        v1alpha1.Condition.model_validate(c)
-        for c in current.get("conditions") or []
-    ]
+    conditions = [v1alpha1.Condition.model_validate(c) for c in current.get("conditions") or []]
     updated = v1alpha1.set_condition(
         conditions,
         v1alpha1.Condition(

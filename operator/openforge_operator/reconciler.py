@@ -117,16 +117,23 @@ class Reconciler:
 
     def jobs_using(self, namespace: str, env_name: str) -> list[str]:
         """Uids of the jobs this process reconciles that run the HarnessEnv."""
-        return [uid for uid, memory in self._memory.items() if memory.env_key == (namespace, env_name)]
+        return [
+            uid for uid, memory in self._memory.items() if memory.env_key == (namespace, env_name)
+        ]
 
-    async def reconcile(self, body: Mapping[str, Any], env_body: Mapping[str, Any] | None) -> float | None:
+    async def reconcile(
+        self, body: Mapping[str, Any], env_body: Mapping[str, Any] | None
+    ) -> float | None:
         """Reconcile once; the seconds until the next look (None: nothing left to do)."""
         meta = body["metadata"]
         uid = meta["uid"]
         namespace = meta.get("namespace") or "default"
         env_name = str((body.get("spec") or {}).get("harnessEnvRef", {}).get("name", ""))
         memory = self._memory.setdefault(uid, JobMemory((namespace, env_name)))
-        current = {**body, "status": memory.status if memory.status is not None else body.get("status")}
+        current = {
+            **body,
+            "status": memory.status if memory.status is not None else body.get("status"),
+        }
         if current["status"] is None:
             current.pop("status")
         try:
@@ -148,19 +155,37 @@ class Reconciler:
             memory.warned = None
         failed_create = False
         status = plan.status
-        if plan.create and env is not None and records is not None and time.monotonic() >= memory.backoff_until:
+        if (
+            plan.create
+            and env is not None
+            and records is not None
+            and time.monotonic() >= memory.backoff_until
+        ):
             failed_create = not await self._create(body, job, env, records, plan.create, memory)
             # count what was just created in the status written now, not one reconcile later
-            after = planner.plan(job=job, total=total, attempts=self._observe(job, memory), now=now, blocked=plan_blocked)
+            after = planner.plan(
+                job=job,
+                total=total,
+                attempts=self._observe(job, memory),
+                now=now,
+                blocked=plan_blocked,
+            )
             status = after.status
-        await asyncio.gather(*(self._api.delete(k8s.namespaced(namespace, "pods", name)) for name in plan.delete))
+        await asyncio.gather(
+            *(self._api.delete(k8s.namespaced(namespace, "pods", name)) for name in plan.delete)
+        )
         # Events before the status: a status that finishes the job stops this loop (the
         # daemon's filter), and the Events of the transition must not be lost to that
         for event in plan.events:
             await self._event(body, event.type, event.reason, event.message)
         await self._write_status(body, status, memory)
         if plan.delete_job:
-            await self._api.delete(k8s.namespaced(namespace, "rolloutjobs", meta["name"], api_version=v1alpha1.API_VERSION), uid=uid)
+            await self._api.delete(
+                k8s.namespaced(
+                    namespace, "rolloutjobs", meta["name"], api_version=v1alpha1.API_VERSION
+                ),
+                uid=uid,
+            )
             return None
         if plan.finished and plan.requeue_after is None and not plan.delete:
             return None
@@ -188,14 +213,22 @@ class Reconciler:
         try:
             env = manifests.parse(dict(env_body))
         except manifests.ManifestError as error:
-            return Inputs(Blocked("HarnessEnvInvalid", f"HarnessEnv {env_name!r}: {error}"), None, records)
+            return Inputs(
+                Blocked("HarnessEnvInvalid", f"HarnessEnv {env_name!r}: {error}"), None, records
+            )
         assert isinstance(env, v1alpha1.HarnessEnv)
         ready = readiness.check(env)
         if not ready.ready:
-            return Inputs(Blocked("HarnessEnvNotReady", f"HarnessEnv {env_name!r}: {ready.message}"), env, records)
+            return Inputs(
+                Blocked("HarnessEnvNotReady", f"HarnessEnv {env_name!r}: {ready.message}"),
+                env,
+                records,
+            )
         return Inputs(found if isinstance(found, Blocked) else None, env, records)
 
-    async def _tasks(self, job: v1alpha1.RolloutJob, memory: JobMemory) -> list[dict[str, Any]] | Blocked | None:
+    async def _tasks(
+        self, job: v1alpha1.RolloutJob, memory: JobMemory
+    ) -> list[dict[str, Any]] | Blocked | None:
         """The job's task records (None: the job names none yet), or why they cannot be read."""
         if memory.tasks is not None:
             return memory.tasks
@@ -212,7 +245,9 @@ class Reconciler:
                 return Blocked("TasksUnavailable", f"spec.tasks.configMapRef: {where} not found")
             text = (config_map.get("data") or {}).get(ref.key)
             if text is None:
-                return Blocked("TasksUnavailable", f"spec.tasks.configMapRef: {where} does not exist")
+                return Blocked(
+                    "TasksUnavailable", f"spec.tasks.configMapRef: {where} does not exist"
+                )
             try:
                 records = task_records.parse_jsonl(text, where=where)
             except task_records.TaskError as error:
@@ -255,8 +290,11 @@ class Reconciler:
             await self._companions(job, env, records, memory)
             bodies = [
                 pods.build_pod(
-                    job=job, env=env, rollout=tasks.rollout(records, job.spec.samples_per_task, index),
-                    attempt=attempt, config=self._config,
+                    job=job,
+                    env=env,
+                    rollout=tasks.rollout(records, job.spec.samples_per_task, index),
+                    attempt=attempt,
+                    config=self._config,
                 )
                 for index, attempt in todo
             ]
@@ -274,8 +312,18 @@ class Reconciler:
             if not isinstance(result, BaseException):
                 memory.expected[pod["metadata"]["name"]] = Expected(index, attempt, now)
         if errors:
-            log.warning("creating %d of %d pods of %s failed: %s", len(errors), len(bodies), objects.job_name(job), errors[0])
-            await self._warn(body, memory, Blocked("FailedCreate", f"{len(errors)} pods not created: {errors[0]}"))
+            log.warning(
+                "creating %d of %d pods of %s failed: %s",
+                len(errors),
+                len(bodies),
+                objects.job_name(job),
+                errors[0],
+            )
+            await self._warn(
+                body,
+                memory,
+                Blocked("FailedCreate", f"{len(errors)} pods not created: {errors[0]}"),
+            )
             memory.backoff_until = now + CREATE_BACKOFF_SECONDS
             return False
         return True
@@ -285,39 +333,65 @@ class Reconciler:
             return await self._api.create(k8s.pods_path(namespace), pod)
 
     async def _companions(
-        self, job: v1alpha1.RolloutJob, env: v1alpha1.HarnessEnv, records: list[dict[str, Any]], memory: JobMemory
+        self,
+        job: v1alpha1.RolloutJob,
+        env: v1alpha1.HarnessEnv,
+        records: list[dict[str, Any]],
+        memory: JobMemory,
     ) -> None:
         """The per-job objects pods refer to, created once (a 409 means they exist)."""
         namespace = job.metadata.namespace or "default"
         if certs.needs_ca(env) and Made.CA not in memory.made:
-            key_pem, cert_pem = await asyncio.to_thread(certs.generate_ca, f"openforge {objects.job_name(job)}")
+            key_pem, cert_pem = await asyncio.to_thread(
+                certs.generate_ca, f"openforge {objects.job_name(job)}"
+            )
             secret = certs.build_ca_secret(job, key_pem=key_pem, cert_pem=cert_pem)
             await self._api.create(k8s.namespaced(namespace, "secrets"), secret)
             memory.made.add(Made.CA)
         master_key = self._config.collector_master_key
-        if master_key is not None and tokens.issues_token(job, self._config) and Made.TOKEN not in memory.made:
-            await self._api.create(k8s.namespaced(namespace, "secrets"), tokens.build_secret(job, master_key))
+        if (
+            master_key is not None
+            and tokens.issues_token(job, self._config)
+            and Made.TOKEN not in memory.made
+        ):
+            await self._api.create(
+                k8s.namespaced(namespace, "secrets"), tokens.build_secret(job, master_key)
+            )
             memory.made.add(Made.TOKEN)
         files = tasks.task_files(env, records)
         if files is not None and Made.TASK_FILES not in memory.made:
-            await self._api.create(k8s.namespaced(namespace, "configmaps"), objects.build_task_files(job, files))
+            await self._api.create(
+                k8s.namespaced(namespace, "configmaps"), objects.build_task_files(job, files)
+            )
             memory.made.add(Made.TASK_FILES)
         policy = network.build_network_policy(job, env, self._config)
         digest = hashlib.sha256(json.dumps(policy["spec"], sort_keys=True).encode()).hexdigest()
         if digest != memory.policy_digest:
             path = k8s.namespaced(namespace, "networkpolicies", api_version="networking.k8s.io/v1")
             if not await self._api.create(path, policy):
-                await self._api.merge_patch(f"{path}/{policy['metadata']['name']}", {"spec": policy["spec"]})
+                await self._api.merge_patch(
+                    f"{path}/{policy['metadata']['name']}", {"spec": policy["spec"]}
+                )
             memory.policy_digest = digest
 
-    async def _write_status(self, body: Mapping[str, Any], status: dict[str, Any], memory: JobMemory) -> None:
+    async def _write_status(
+        self, body: Mapping[str, Any], status: dict[str, Any], memory: JobMemory
+    ) -> None:
         old = memory.status if memory.status is not None else dict(body.get("status") or {})
         if status == old:
             memory.status = status
             return
         patch = {key: status.get(key) for key in {*old, *status}}
         meta = body["metadata"]
-        path = k8s.namespaced(meta.get("namespace") or "default", "rolloutjobs", meta["name"], api_version=v1alpha1.API_VERSION) + "/status"
+        path = (
+            k8s.namespaced(
+                meta.get("namespace") or "default",
+                "rolloutjobs",
+                meta["name"],
+                api_version=v1alpha1.API_VERSION,
+            )
+            + "/status"
+        )
         if await self._api.merge_patch(path, {"status": patch}) is not None:
             memory.status = status
 
@@ -326,12 +400,18 @@ class Reconciler:
         if memory.warned == blocked.message:
             return
         memory.warned = blocked.message
-        log.warning("RolloutJob %s/%s: %s", body["metadata"].get("namespace"), body["metadata"]["name"], blocked.message)
+        log.warning(
+            "RolloutJob %s/%s: %s",
+            body["metadata"].get("namespace"),
+            body["metadata"]["name"],
+            blocked.message,
+        )
         await self._event(body, "Warning", blocked.reason, blocked.message)
 
     async def _event(self, body: Mapping[str, Any], type_: str, reason: str, message: str) -> None:
         try:
-            await self._api.post_event(body, type_=type_, reason=reason, message=message, component=COMPONENT)
+            await self._api.post_event(
+                body, type_=type_, reason=reason, message=message, component=COMPONENT
+            )
         except k8s.ApiError as error:
             log.warning("cannot record event %s: %s", reason, error)
-

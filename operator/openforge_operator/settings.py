@@ -75,8 +75,18 @@ def parse_resources(text: str) -> dict[str, Any]:
         if key not in ("requests", "limits"):
             raise ValueError(f"{key!r}: only requests and limits may be set")
         if not isinstance(quantities, dict):
-            raise ValueError(f"{key}: want an object of resource: quantity, got {type(quantities).__name__}")
+            raise ValueError(
+                f"{key}: want an object of resource: quantity, got {type(quantities).__name__}"
+            )
         for name, quantity in quantities.items():
-            if not isinstance(quantity, str | int | float) or isinstance(quantity, bool) or not _QUANTITY.match(str(quantity)):
-                raise ValueError(f"{key}.{name}: {quantity!r} is not a Kubernetes quantity (e.g. 50m, 256Mi)")
-    return {key: {name: str(q) for name, q in quantities.items()} for key, quantities in value.items()}
+            if (
+                not isinstance(quantity, str | int | float)
+                or isinstance(quantity, bool)
+                or not _QUANTITY.match(str(quantity))
+            ):
+                raise ValueError(
+                    f"{key}.{name}: {quantity!r} is not a Kubernetes quantity (e.g. 50m, 256Mi)"
+                )
+    return {
+        key: {name: str(q) for name, q in quantities.items()} for key, quantities in value.items()
+    }

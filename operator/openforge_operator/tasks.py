@@ -68,7 +68,9 @@ def task_files(
         try:
             files[file_key(task_index)] = task_records.render_file(spec, task)
         except templates.TemplateError as error:
-            raise task_records.TaskError(f"spec.task.file.template of HarnessEnv {env.metadata.name}: {error}") from None
+            raise task_records.TaskError(
+                f"spec.task.file.template of HarnessEnv {env.metadata.name}: {error}"
+            ) from None
     size = sum(len(key) + len(value.encode()) for key, value in files.items())
     if size > CONFIGMAP_DATA_LIMIT:
         raise task_records.TaskError(

@@ -25,14 +25,20 @@ SECRET_KEY = "token"
 
 def identity(job: v1alpha1.RolloutJob) -> auth.JobIdentity:
     """The job as its token names it."""
-    return auth.JobIdentity(job.metadata.namespace or "default", objects.job_name(job), objects.job_uid(job))
+    return auth.JobIdentity(
+        job.metadata.namespace or "default", objects.job_name(job), objects.job_uid(job)
+    )
 
 
 def issues_token(job: v1alpha1.RolloutJob, config: settings.Settings) -> bool:
     """Whether the operator makes the job's token: it has the master key, and the job
     streams to a collector without naming a token Secret of its own."""
     trainer = job.spec.trainer
-    return config.collector_master_key is not None and trainer is not None and trainer.token_secret_ref is None
+    return (
+        config.collector_master_key is not None
+        and trainer is not None
+        and trainer.token_secret_ref is None
+    )
 
 
 def token_source(job: v1alpha1.RolloutJob, config: settings.Settings) -> tuple[str, str] | None:
@@ -50,7 +56,9 @@ def build_secret(job: v1alpha1.RolloutJob, master_key: bytes) -> dict[str, Any]:
     return {
         "apiVersion": "v1",
         "kind": "Secret",
-        "metadata": objects.metadata(job, objects.collector_token_secret_name(objects.job_name(job))),
+        "metadata": objects.metadata(
+            job, objects.collector_token_secret_name(objects.job_name(job))
+        ),
         "type": "Opaque",
         "immutable": True,
         "stringData": {SECRET_KEY: auth.issue(master_key, identity(job))},

@@ -55,7 +55,9 @@ HANDLER_ID = "capture.openforge.dev"
 CAPTURE_LABEL = "openforge.dev/capture"
 PREFIX = "openforge.dev/"
 _URL = re.compile(r"^https?://[^\s/]+(/\S*)?$")
-_HOST_PORT = re.compile(r"^(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9]([-A-Za-z0-9.]*[A-Za-z0-9])?):[0-9]{1,5}$")
+_HOST_PORT = re.compile(
+    r"^(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9]([-A-Za-z0-9.]*[A-Za-z0-9])?):[0-9]{1,5}$"
+)
 _ENV_NAME = re.compile(r"^[-._a-zA-Z][-._a-zA-Z0-9]*$")
 
 
@@ -87,7 +89,12 @@ class WebhookOptions:
         if certfile is None or pkeyfile is None:
             certfile, pkeyfile = self_signed(self.host or "localhost")
         server = kopf.WebhookServer(
-            addr=self.addr, port=self.port, host=self.host, certfile=certfile, pkeyfile=pkeyfile, cafile=certfile
+            addr=self.addr,
+            port=self.port,
+            host=self.host,
+            certfile=certfile,
+            pkeyfile=pkeyfile,
+            cafile=certfile,
         )
         if self.service is None:
             return server
@@ -115,7 +122,9 @@ class _ThroughService:
             yield service_config(config, namespace=self.namespace, name=self.name, port=self.port)
 
 
-def service_config(config: dict[str, Any], *, namespace: str, name: str, port: int) -> dict[str, Any]:
+def service_config(
+    config: dict[str, Any], *, namespace: str, name: str, port: int
+) -> dict[str, Any]:
     """kopf's client config with its URL replaced by the Service (same path); pure."""
     path = urllib.parse.urlsplit(str(config.get("url", ""))).path
     out = {key: value for key, value in config.items() if key != "url"}
@@ -132,15 +141,25 @@ def inject(pod: dict[str, Any], config: settings.Settings) -> dict[str, Any]:
     annotations = (mutated.get("metadata") or {}).get("annotations") or {}
     endpoint = _required(annotations, "policy-endpoint")
     if not _URL.match(endpoint):
-        raise InjectionError(f"annotation {PREFIX}policy-endpoint: {endpoint!r} is not an http(s) URL")
+        raise InjectionError(
+            f"annotation {PREFIX}policy-endpoint: {endpoint!r} is not an http(s) URL"
+        )
     model = _required(annotations, "policy-model")
     version = annotations.get(PREFIX + "policy-version", "0")
     if not version.isdigit():
-        raise InjectionError(f"annotation {PREFIX}policy-version: {version!r} is not a non-negative integer")
-    env_names = [n.strip() for n in annotations.get(PREFIX + "base-url-env", "OPENAI_BASE_URL").split(",") if n.strip()]
+        raise InjectionError(
+            f"annotation {PREFIX}policy-version: {version!r} is not a non-negative integer"
+        )
+    env_names = [
+        n.strip()
+        for n in annotations.get(PREFIX + "base-url-env", "OPENAI_BASE_URL").split(",")
+        if n.strip()
+    ]
     for name in env_names:
         if not _ENV_NAME.match(name):
-            raise InjectionError(f"annotation {PREFIX}base-url-env: {name!r} is not an env var name")
+            raise InjectionError(
+                f"annotation {PREFIX}base-url-env: {name!r} is not an env var name"
+            )
     suffix = annotations.get(PREFIX + "base-url-suffix", "")
     if suffix and not suffix.startswith("/"):
         raise InjectionError(f"annotation {PREFIX}base-url-suffix: {suffix!r} must start with '/'")
@@ -166,14 +185,29 @@ def inject(pod: dict[str, Any], config: settings.Settings) -> dict[str, Any]:
         if token:
             secret, _, key = token.partition("/")
             if not secret or not key:
-                raise InjectionError(f"annotation {PREFIX}collector-token-secret: {token!r} is not secret-name/key")
+                raise InjectionError(
+                    f"annotation {PREFIX}collector-token-secret: {token!r} is not secret-name/key"
+                )
             args += ["--collector-token-file", f"{pods.TOKEN_DIR}/{pods.TOKEN_FILE}"]
-            mounts.append({"name": pods.TOKEN_VOLUME, "mountPath": pods.TOKEN_DIR, "readOnly": True})
-            volumes.append(
-                {"name": pods.TOKEN_VOLUME, "secret": {"secretName": secret, "items": [{"key": key, "path": pods.TOKEN_FILE}], "defaultMode": 0o440}}
+            mounts.append(
+                {"name": pods.TOKEN_VOLUME, "mountPath": pods.TOKEN_DIR, "readOnly": True}
             )
-    sidecar = pods.sidecar_container(config.sidecar_image, pods.SIDECAR_COMMAND, args, mounts, config)
-    sidecar["env"].append({"name": "OPENFORGE_POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}})
+            volumes.append(
+                {
+                    "name": pods.TOKEN_VOLUME,
+                    "secret": {
+                        "secretName": secret,
+                        "items": [{"key": key, "path": pods.TOKEN_FILE}],
+                        "defaultMode": 0o440,
+                    },
+                }
+            )
+    sidecar = pods.sidecar_container(
+        config.sidecar_image, pods.SIDECAR_COMMAND, args, mounts, config
+    )
+    sidecar["env"].append(
+        {"name": "OPENFORGE_POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}
+    )
     spec["initContainers"] = [sidecar, *(spec.get("initContainers") or [])]
     spec["volumes"] = [*(spec.get("volumes") or []), *volumes]
     spec["securityContext"] = dict(spec.get("securityContext") or {})
@@ -208,7 +242,11 @@ def self_signed(host: str) -> tuple[str, str]:
     certfile, keyfile = directory / "tls.crt", directory / "tls.key"
     certfile.write_bytes(certificate.public_bytes(serialization.Encoding.PEM))
     keyfile.write_bytes(
-        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
     )
     keyfile.chmod(0o600)
     return str(certfile), str(keyfile)
@@ -217,7 +255,9 @@ def self_signed(host: str) -> tuple[str, str]:
 def _required(annotations: dict[str, str], name: str) -> str:
     value = annotations.get(PREFIX + name, "").strip()
     if not value:
-        raise InjectionError(f"annotation {PREFIX}{name} is required on a pod labelled {CAPTURE_LABEL}=true")
+        raise InjectionError(
+            f"annotation {PREFIX}{name} is required on a pod labelled {CAPTURE_LABEL}=true"
+        )
     return value
 
 
@@ -230,4 +270,6 @@ def _target(containers: list[dict[str, Any]], name: str | None) -> dict[str, Any
         if container.get("name") == name:
             return container
     names = [c.get("name") for c in containers]
-    raise InjectionError(f"annotation {PREFIX}container: no container named {name!r} (the pod has {names})")
+    raise InjectionError(
+        f"annotation {PREFIX}container: no container named {name!r} (the pod has {names})"
+    )

@@ -16,18 +16,62 @@ from collections.abc import Callable, Sequence
 # subcommand -> (module, function, one-line help)
 COMMANDS: dict[str, tuple[str, str, str]] = {
     "run": ("openforge_runner.cli", "main", "run a RolloutJob (and train on it) on this machine"),
-    "sidecar": ("openforge_sidecar.cli", "main", "run the capture sidecar (mitmproxy + capture addon)"),
-    "drain": ("openforge_sidecar.recording.drain", "main", "deliver what stopped sidecars left in their spools; close the rollouts they never finished"),
-    "collector": ("openforge_trainer.cli", "collector_main", "run the trajectory collector (gRPC + durable store)"),
-    "trajectories": ("openforge_trainer.cli", "trajectories_main", "inspect and export captured trajectories"),
-    "test-engine": ("openforge_trainer.testengine.engine", "main", "serve the deterministic token-in/token-out test engine"),
-    "tokenizer": ("openforge_trainer.tiny.tokenizer_build", "main", "build the tiny offline tokenizer and chat template"),
-    "serve": ("openforge_trainer.serving.server", "main", "serve a Hugging Face causal LM over vLLM's /v1/completions (continuous batching, live weight updates)"),
-    "train": ("openforge_trainer.training.cli", "main", "train the policy on captured rollouts (GRPO) and publish new weights"),
-    "model": ("openforge_trainer.tiny.cli", "main", "build, warm-start and evaluate the tiny offline policy"),
+    "sidecar": (
+        "openforge_sidecar.cli",
+        "main",
+        "run the capture sidecar (mitmproxy + capture addon)",
+    ),
+    "drain": (
+        "openforge_sidecar.recording.drain",
+        "main",
+        "deliver what stopped sidecars left in their spools; close the rollouts they never finished",
+    ),
+    "collector": (
+        "openforge_trainer.cli",
+        "collector_main",
+        "run the trajectory collector (gRPC + durable store)",
+    ),
+    "trajectories": (
+        "openforge_trainer.cli",
+        "trajectories_main",
+        "inspect and export captured trajectories",
+    ),
+    "test-engine": (
+        "openforge_trainer.testengine.engine",
+        "main",
+        "serve the deterministic token-in/token-out test engine",
+    ),
+    "tokenizer": (
+        "openforge_trainer.tiny.tokenizer_build",
+        "main",
+        "build the tiny offline tokenizer and chat template",
+    ),
+    "serve": (
+        "openforge_trainer.serving.server",
+        "main",
+        "serve a Hugging Face causal LM over vLLM's /v1/completions (continuous batching, live weight updates)",
+    ),
+    "train": (
+        "openforge_trainer.training.cli",
+        "main",
+        "train the policy on captured rollouts (GRPO) and publish new weights",
+    ),
+    "model": (
+        "openforge_trainer.tiny.cli",
+        "main",
+        "build, warm-start and evaluate the tiny offline policy",
+    ),
     "crds": ("openforge.api.crds", "main", "write crds/ from the API models"),
-    "operator": ("openforge_operator.cli", "main", "run the Kubernetes operator (kopf) for RolloutJob and HarnessEnv"),
-    "analyze": ("openforge_trainer.analysis.cli", "main", "behaviour metrics of stored trajectories per harness and policy version"),
+    "operator": (
+        "openforge_operator.cli",
+        "main",
+        "run the Kubernetes operator (kopf) for RolloutJob and HarnessEnv",
+    ),
+    "analyze": (
+        "openforge_trainer.analysis.cli",
+        "main",
+        "behaviour metrics of stored trajectories per harness and policy version",
+    ),
 }
 
 
@@ -64,7 +108,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"openforge: unknown command {name!r}\n\n{_usage()}", file=sys.stderr)
         return 2
     module_name, function_name, _ = COMMANDS[name]
-    function: Callable[[list[str]], int] = getattr(importlib.import_module(module_name), function_name)
+    function: Callable[[list[str]], int] = getattr(
+        importlib.import_module(module_name), function_name
+    )
     try:
         return function(rest)
     except BrokenPipeError:

@@ -30,11 +30,21 @@ TRAINER_READY = ("openforge train: starting", "openforge train: resumed")
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="openforge run", description=cli.description(__doc__))
-    parser.add_argument("files", nargs="+", type=Path, help="YAML manifests: one RolloutJob and its HarnessEnv")
-    parser.add_argument("--run-dir", type=Path, help="where everything of this run goes (default: runs/<job name>)")
-    parser.add_argument("--iterations", type=int, help="rollout -> train iterations (default: spec.training.iterations, else 1)")
+    parser.add_argument(
+        "files", nargs="+", type=Path, help="YAML manifests: one RolloutJob and its HarnessEnv"
+    )
+    parser.add_argument(
+        "--run-dir", type=Path, help="where everything of this run goes (default: runs/<job name>)"
+    )
+    parser.add_argument(
+        "--iterations",
+        type=int,
+        help="rollout -> train iterations (default: spec.training.iterations, else 1)",
+    )
     parser.add_argument("--no-train", action="store_true", help="only run and capture rollouts")
-    parser.add_argument("--quiet", action="store_true", help="no live display; a line per iteration")
+    parser.add_argument(
+        "--quiet", action="store_true", help="no live display; a line per iteration"
+    )
     return parser
 
 
@@ -58,25 +68,57 @@ def main(argv: list[str]) -> int:
     iterations = args.iterations or (training.iterations if training and training.iterations else 1)
     train = not args.no_train
     run_dir = (args.run_dir or Path("runs") / bundle.name).resolve()
-    train_args = plan.trainer_args(bundle, model=model, run_dir=run_dir, store=run_dir / "store.db", serve=CHECK_SERVE_URL, iterations=iterations) if train else None
+    train_args = (
+        plan.trainer_args(
+            bundle,
+            model=model,
+            run_dir=run_dir,
+            store=run_dir / "store.db",
+            serve=CHECK_SERVE_URL,
+            iterations=iterations,
+        )
+        if train
+        else None
+    )
     problem = _check_training(train_args)
     if problem:
         print(f"openforge run: RolloutJob {bundle.name}: spec.training: {problem}", file=sys.stderr)
         return 2
     run_dir.mkdir(parents=True, exist_ok=True)
-    finished = runner.finished_history(bundle, runner.Journal(run_dir / "journal.jsonl"), iterations, train=train)
+    finished = runner.finished_history(
+        bundle, runner.Journal(run_dir / "journal.jsonl"), iterations, train=train
+    )
     if finished is not None:  # nothing to start any process for
         print(progress.summary(finished, run_dir=run_dir, trained=train, nothing_left=True))
         return 0
     stop = threading.Event()
     _on_signal(stop)
     services: list[processes.Service] = []
-    supervisor = processes.Supervisor(stop=stop, on_event=runner.Journal(run_dir / "journal.jsonl").write)
+    supervisor = processes.Supervisor(
+        stop=stop, on_event=runner.Journal(run_dir / "journal.jsonl").write
+    )
     try:
-        collector = supervisor.watch(_start(services, processes.Service(
-            "collector", processes.openforge("collector", "--store", str(run_dir / "store.db"), "--listen", f"127.0.0.1:{(cport := processes.free_port())}"),
-            run_dir / "collector.log", port=cport, stopping=stop)))
-        _drain_leftovers(run_dir, collector=f"127.0.0.1:{collector.port}", when="left by an earlier run")
+        collector = supervisor.watch(
+            _start(
+                services,
+                processes.Service(
+                    "collector",
+                    processes.openforge(
+                        "collector",
+                        "--store",
+                        str(run_dir / "store.db"),
+                        "--listen",
+                        f"127.0.0.1:{(cport := processes.free_port())}",
+                    ),
+                    run_dir / "collector.log",
+                    port=cport,
+                    stopping=stop,
+                ),
+            )
+        )
+        _drain_leftovers(
+            run_dir, collector=f"127.0.0.1:{collector.port}", when="left by an earlier run"
+        )
         engine_url = bundle.job.spec.policy.endpoint
         if engine_url is None:
             assert model is not None
@@ -84,16 +126,48 @@ def main(argv: list[str]) -> int:
 
             def serve_argv() -> list[str]:  # a restart serves the newest checkpoint
                 served = plan.latest_checkpoint(run_dir / "train") or model
-                return processes.openforge("serve", "--model", str(served), "--port", str(eport), "--model-name",
-                                           bundle.job.spec.policy.model, "--policy-version", str(plan.checkpoint_version(served)))
+                return processes.openforge(
+                    "serve",
+                    "--model",
+                    str(served),
+                    "--port",
+                    str(eport),
+                    "--model-name",
+                    bundle.job.spec.policy.model,
+                    "--policy-version",
+                    str(plan.checkpoint_version(served)),
+                )
 
-            engine = supervisor.watch(_start(services, processes.Service("serve", serve_argv(), run_dir / "serve.log", port=eport, stopping=stop)), argv=serve_argv)
+            engine = supervisor.watch(
+                _start(
+                    services,
+                    processes.Service(
+                        "serve", serve_argv(), run_dir / "serve.log", port=eport, stopping=stop
+                    ),
+                ),
+                argv=serve_argv,
+            )
             engine_url = engine.url
         trainer = None
         if train:
-            trainer = _start(services, processes.Service(
-                "trainer", processes.openforge(*plan.trainer_args(bundle, model=model, run_dir=run_dir, store=run_dir / "store.db", serve=engine_url, iterations=iterations)),
-                run_dir / "trainer.log", stopping=stop))
+            trainer = _start(
+                services,
+                processes.Service(
+                    "trainer",
+                    processes.openforge(
+                        *plan.trainer_args(
+                            bundle,
+                            model=model,
+                            run_dir=run_dir,
+                            store=run_dir / "store.db",
+                            serve=engine_url,
+                            iterations=iterations,
+                        )
+                    ),
+                    run_dir / "trainer.log",
+                    stopping=stop,
+                ),
+            )
             trainer.wait_for_line(TRAINER_READY)
             supervisor.watch(trainer)  # a restarted trainer resumes from its checkpoint
         base_version = runner.policy_version(engine_url)
@@ -101,38 +175,67 @@ def main(argv: list[str]) -> int:
         endpoints = executor.Endpoints(engine_url, f"127.0.0.1:{collector.port}", base_version)
 
         def current_endpoints() -> executor.Endpoints:
-            return executor.Endpoints(engine_url, endpoints.collector, runner.policy_version(engine_url))
+            return executor.Endpoints(
+                engine_url, endpoints.collector, runner.policy_version(engine_url)
+            )
 
-        display = progress.Display(job=bundle.name, iterations=iterations, metrics=run_dir / "train" / "metrics.jsonl")
+        display = progress.Display(
+            job=bundle.name, iterations=iterations, metrics=run_dir / "train" / "metrics.jsonl"
+        )
         history: list[runner.IterationStats] = []
-        with (display if not args.quiet else _Null()):
-            job_runner = runner.Runner(bundle, run_dir=run_dir, endpoints=current_endpoints, on_change=display.update, stop=stop, ready=supervisor.up.is_set)
+        with display if not args.quiet else _Null():
+            job_runner = runner.Runner(
+                bundle,
+                run_dir=run_dir,
+                endpoints=current_endpoints,
+                on_change=display.update,
+                stop=stop,
+                ready=supervisor.up.is_set,
+            )
             for iteration in range(iterations):
                 display.update(phase=f"iteration {iteration + 1}: rollouts")
                 stats = job_runner.run_iteration(iteration)
                 history.append(stats)
                 if args.quiet:
-                    print(f"iteration {iteration + 1}/{iterations}: {stats.done}/{stats.total} done, {stats.failed} failed, mean reward {stats.mean_reward}", flush=True)
+                    print(
+                        f"iteration {iteration + 1}/{iterations}: {stats.done}/{stats.total} done, {stats.failed} failed, mean reward {stats.mean_reward}",
+                        flush=True,
+                    )
                 if stop.is_set():
                     break
                 if trainer is not None and iteration not in resume.trained:
                     display.update(phase=f"iteration {iteration + 1}: training")
-                    version = runner.wait_for_policy(engine_url, iteration + 1, alive=lambda: supervisor.alive(trainer), stop=stop, timeout=1800)
+                    version = runner.wait_for_policy(
+                        engine_url,
+                        iteration + 1,
+                        alive=lambda: supervisor.alive(trainer),
+                        stop=stop,
+                        timeout=1800,
+                    )
                     if version is None:
                         break  # stopped while the trainer trained: the rerun waits for it again
-                    job_runner.journal.write({"event": "trained", "iteration": iteration, "policy_version": version})
+                    job_runner.journal.write(
+                        {"event": "trained", "iteration": iteration, "policy_version": version}
+                    )
         supervisor.close()
         if supervisor.failure:
             print(f"openforge run: {supervisor.failure}", file=sys.stderr)
             return 1
-        _drain_leftovers(run_dir, collector=f"127.0.0.1:{collector.port}", when="left with records unacknowledged")
+        _drain_leftovers(
+            run_dir,
+            collector=f"127.0.0.1:{collector.port}",
+            when="left with records unacknowledged",
+        )
         print(progress.summary(history, run_dir=run_dir, trained=trainer is not None))
         if stop.is_set():
             print(f"openforge run: stopped; run the same command again to continue ({run_dir})")
             return 130
         return 0
     except processes.Stopped as exc:
-        print(f"openforge run: {exc}; run the same command again to continue ({run_dir})", file=sys.stderr)
+        print(
+            f"openforge run: {exc}; run the same command again to continue ({run_dir})",
+            file=sys.stderr,
+        )
         return 130
     except (processes.ServiceError, RuntimeError, TimeoutError) as exc:
         print(f"openforge run: {exc}", file=sys.stderr)
@@ -155,9 +258,13 @@ def _drain_leftovers(run_dir: Path, *, collector: str, when: str) -> executor.Dr
     """Deliver what stopped sidecars left in this run's spools, and close the attempts
     none of them finished (a killed run's): journalled, and said when it did anything."""
     spools = sorted((run_dir / "rollouts").glob("*/spool"))
-    drained = executor.drain(spools, collector=collector, reason="the run stopped before this attempt was finished")
+    drained = executor.drain(
+        spools, collector=collector, reason="the run stopped before this attempt was finished"
+    )
     if drained.delivered or drained.closed or drained.kept or drained.error:
-        runner.Journal(run_dir / "journal.jsonl").write({"event": "drained", **dataclasses.asdict(drained)})
+        runner.Journal(run_dir / "journal.jsonl").write(
+            {"event": "drained", **dataclasses.asdict(drained)}
+        )
         line = f"openforge run: spools {when}: {drained.delivered} records delivered, {drained.closed} unfinished attempts recorded lost and failed"
         if drained.kept or drained.error:
             line += f"; {drained.kept} records still unacknowledged ({drained.error}), kept for the next run"
@@ -175,7 +282,9 @@ def _check_training(train_args: list[str] | None) -> str:
     starts, so that a bad ``spec.training`` option costs no service start and no rollout."""
     if train_args is None:
         return ""
-    done = subprocess.run(processes.openforge(*train_args, "--check"), capture_output=True, text=True, check=False)
+    done = subprocess.run(
+        processes.openforge(*train_args, "--check"), capture_output=True, text=True, check=False
+    )
     if done.returncode == 0:
         return ""
     lines = [line.removeprefix("openforge train: ") for line in done.stderr.strip().splitlines()]
@@ -191,7 +300,9 @@ def _on_signal(stop: threading.Event) -> None:
     def handler(signum: int, frame: FrameType | None) -> None:
         if stop.is_set():
             raise KeyboardInterrupt
-        print("\nopenforge run: stopping after cleaning up (Ctrl-C again to abort)", file=sys.stderr)
+        print(
+            "\nopenforge run: stopping after cleaning up (Ctrl-C again to abort)", file=sys.stderr
+        )
         stop.set()
 
     signal.signal(signal.SIGINT, handler)

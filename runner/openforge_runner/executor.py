@@ -62,7 +62,12 @@ CONTROL_TOKEN = control.FILENAME
 
 
 def run_rollout(
-    bundle: plan.Bundle, rollout: plan.Rollout, *, run_dir: Path, endpoints: Endpoints, stop: threading.Event
+    bundle: plan.Bundle,
+    rollout: plan.Rollout,
+    *,
+    run_dir: Path,
+    endpoints: Endpoints,
+    stop: threading.Event,
 ) -> Outcome:
     """Run one attempt. When ``stop`` is set the harness is killed and the
     outcome's reason is :data:`INTERRUPTED` (the runner does not count it)."""
@@ -73,15 +78,36 @@ def run_rollout(
     sidecar = processes.Service(
         "sidecar",
         processes.openforge(
-            "sidecar", "--listen", f"127.0.0.1:{(port := processes.free_port())}",
-            "--engine", endpoints.engine, "--spool", str(home / "spool"),
-            "--collector", endpoints.collector, "--job", bundle.name,
-            "--rollout-id", rollout.rollout_id, "--task-id", rollout.task_id,
-            "--sample-index", str(rollout.sample), "--attempt", str(rollout.attempt),
-            "--harness", bundle.env.metadata.name or "", "--policy-version", str(endpoints.policy_version),
-            "--control-token-file", str(home / CONTROL_TOKEN),
-            "--flush-timeout", str(SIDECAR_FLUSH_SECONDS), "--finish-on-stop",
-            "--label", f"{trajectory.BATCH_LABEL}={rollout.iteration}/{len(bundle.tasks) * bundle.job.spec.samples_per_task}",
+            "sidecar",
+            "--listen",
+            f"127.0.0.1:{(port := processes.free_port())}",
+            "--engine",
+            endpoints.engine,
+            "--spool",
+            str(home / "spool"),
+            "--collector",
+            endpoints.collector,
+            "--job",
+            bundle.name,
+            "--rollout-id",
+            rollout.rollout_id,
+            "--task-id",
+            rollout.task_id,
+            "--sample-index",
+            str(rollout.sample),
+            "--attempt",
+            str(rollout.attempt),
+            "--harness",
+            bundle.env.metadata.name or "",
+            "--policy-version",
+            str(endpoints.policy_version),
+            "--control-token-file",
+            str(home / CONTROL_TOKEN),
+            "--flush-timeout",
+            str(SIDECAR_FLUSH_SECONDS),
+            "--finish-on-stop",
+            "--label",
+            f"{trajectory.BATCH_LABEL}={rollout.iteration}/{len(bundle.tasks) * bundle.job.spec.samples_per_task}",
         ),
         home / "sidecar.log",
         port=port,
@@ -89,14 +115,22 @@ def run_rollout(
     try:
         sidecar.start(timeout=60)
     except processes.ServiceError as exc:
-        return Outcome(rollout, "failed", -1, None, "SidecarFailed", str(exc), 0, time.monotonic() - started)
+        return Outcome(
+            rollout, "failed", -1, None, "SidecarFailed", str(exc), 0, time.monotonic() - started
+        )
     died: int | None = None
     try:
         judged = attempt(bundle, rollout, sidecar_url=sidecar.url, home=home, stop=stop)
         if judged is None:
-            return Outcome(rollout, "failed", -1, None, INTERRUPTED, "stopped", 0, time.monotonic() - started)
+            return Outcome(
+                rollout, "failed", -1, None, INTERRUPTED, "stopped", 0, time.monotonic() - started
+            )
         died = None if sidecar.alive() else sidecar.stop()
-        finish = _finish(sidecar.url, home / CONTROL_TOKEN, judged) if died is None else {"acknowledged": False}
+        finish = (
+            _finish(sidecar.url, home / CONTROL_TOKEN, judged)
+            if died is None
+            else {"acknowledged": False}
+        )
         (home / "sidecar.json").write_text(json.dumps(finish, indent=2) + "\n")
     finally:
         sidecar.stop(timeout=SIDECAR_STOP_SECONDS)
@@ -105,14 +139,29 @@ def run_rollout(
         # the sidecar is gone: deliver what its spool holds, and close the attempt it never finished
         reason = f"its sidecar exited with {died} before the rollout was finished"
         drained = drain([home / "spool"], collector=endpoints.collector, reason=reason)
-        final = dataclasses.replace(final, status="failed", reason="SidecarFailed", message=f"{reason}; {drained.summary()}")
+        final = dataclasses.replace(
+            final, status="failed", reason="SidecarFailed", message=f"{reason}; {drained.summary()}"
+        )
     elif not finish.get("acknowledged"):
-        drained = drain([home / "spool"], collector=endpoints.collector, reason="its sidecar stopped with the rollout unfinished")
+        drained = drain(
+            [home / "spool"],
+            collector=endpoints.collector,
+            reason="its sidecar stopped with the rollout unfinished",
+        )
         if "error" not in finish and drained.spools and not drained.kept and not drained.error:
             final = judged  # the sidecar recorded the finish, and every record reached the store after all
         else:
             final = dataclasses.replace(final, message=f"{final.message}; {drained.summary()}")
-    return Outcome(rollout, final.status, final.exit_code, final.reward, final.reason, final.message, int(finish.get("calls", 0) or 0), time.monotonic() - started)
+    return Outcome(
+        rollout,
+        final.status,
+        final.exit_code,
+        final.reward,
+        final.reason,
+        final.message,
+        int(finish.get("calls", 0) or 0),
+        time.monotonic() - started,
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,15 +186,29 @@ class Drained:
         return text
 
 
-def drain(spools: list[Path], *, collector: str, reason: str, timeout: float = DRAIN_SECONDS) -> Drained:
+def drain(
+    spools: list[Path], *, collector: str, reason: str, timeout: float = DRAIN_SECONDS
+) -> Drained:
     """Run ``openforge drain --close`` over stopped sidecars' spools: deliver their records,
     close their rollouts if never finished. Never raises: what it could not do is counted."""
     present = [str(s) for s in spools if s.is_dir()]
     if not present:
         return Drained()
-    argv = processes.openforge("drain", *present, "--collector", collector, "--close", "--reason", reason, "--timeout", str(timeout))
+    argv = processes.openforge(
+        "drain",
+        *present,
+        "--collector",
+        collector,
+        "--close",
+        "--reason",
+        reason,
+        "--timeout",
+        str(timeout),
+    )
     try:
-        done = subprocess.run(argv, capture_output=True, text=True, timeout=60 + timeout * len(present), check=False)
+        done = subprocess.run(
+            argv, capture_output=True, text=True, timeout=60 + timeout * len(present), check=False
+        )
     except subprocess.TimeoutExpired:
         return Drained(len(present), error="openforge drain did not finish")
     reports = []
@@ -156,7 +219,10 @@ def drain(spools: list[Path], *, collector: str, reason: str, timeout: float = D
             continue
     if not reports and done.returncode:
         last = done.stderr.strip().splitlines()
-        return Drained(len(present), error=last[-1] if last else f"openforge drain exited with {done.returncode}")
+        return Drained(
+            len(present),
+            error=last[-1] if last else f"openforge drain exited with {done.returncode}",
+        )
     return Drained(
         spools=len(reports),
         delivered=sum(int(r["unacked_before"]) - int(r["unacked"]) for r in reports),
@@ -166,15 +232,28 @@ def drain(spools: list[Path], *, collector: str, reason: str, timeout: float = D
     )
 
 
-def attempt(bundle: plan.Bundle, rollout: plan.Rollout, *, sidecar_url: str, home: Path, stop: threading.Event) -> verdict.Verdict | None:
+def attempt(
+    bundle: plan.Bundle,
+    rollout: plan.Rollout,
+    *,
+    sidecar_url: str,
+    home: Path,
+    stop: threading.Event,
+) -> verdict.Verdict | None:
     """Run the harness, then (unless it ran past its timeout) the grader, in ``home/work``,
     and judge them (``verdict.judge``, as the in-pod agent does); None when ``stop`` cut it off."""
     workdir = home / "work"
-    exit_code, timed_out = _run_harness(bundle, rollout, sidecar_url, workdir, home / "harness.log", stop)
+    exit_code, timed_out = _run_harness(
+        bundle, rollout, sidecar_url, workdir, home / "harness.log", stop
+    )
     if stop.is_set():
         return None
     grader = bundle.env.spec.grader
-    graded = None if timed_out else _grade(bundle, rollout, sidecar_url, workdir, exit_code, home / "grader.log")
+    graded = (
+        None
+        if timed_out
+        else _grade(bundle, rollout, sidecar_url, workdir, exit_code, home / "grader.log")
+    )
     return verdict.judge(
         exit_code=exit_code, grader=graded, reward_from=grader.reward_from if grader is not None else None,
         failing_exit_codes=retries.failing_exit_codes(bundle.job.spec), timed_out=timed_out,
@@ -187,7 +266,12 @@ def _harness_timeout(bundle: plan.Bundle) -> float:
 
 
 def _run_harness(
-    bundle: plan.Bundle, rollout: plan.Rollout, sidecar_url: str, workdir: Path, log: Path, stop: threading.Event
+    bundle: plan.Bundle,
+    rollout: plan.Rollout,
+    sidecar_url: str,
+    workdir: Path,
+    log: Path,
+    stop: threading.Event,
 ) -> tuple[int, bool]:
     command = plan.harness_command(bundle, rollout, sidecar_url=sidecar_url, workdir=workdir)
     for path, content in command.files.items():
@@ -198,7 +282,9 @@ def _run_harness(
     with log.open("ab") as handle:
         try:
             process = subprocess.Popen(
-                processes.tethered(command.argv),  # a runner killed outright takes its harnesses too
+                processes.tethered(
+                    command.argv
+                ),  # a runner killed outright takes its harnesses too
                 cwd=command.cwd,
                 env={**os.environ, **command.env},
                 stdin=subprocess.DEVNULL,
@@ -219,9 +305,18 @@ def _run_harness(
         return retries.exit_code(process.wait()), not stop.is_set()
 
 
-def _grade(bundle: plan.Bundle, rollout: plan.Rollout, sidecar_url: str, workdir: Path, exit_code: int, log: Path) -> verdict.Graded | None:
+def _grade(
+    bundle: plan.Bundle,
+    rollout: plan.Rollout,
+    sidecar_url: str,
+    workdir: Path,
+    exit_code: int,
+    log: Path,
+) -> verdict.Graded | None:
     """Run the grader (None without one) under its timeout."""
-    command = plan.grader_command(bundle, rollout, sidecar_url=sidecar_url, workdir=workdir, harness_exit=exit_code)
+    command = plan.grader_command(
+        bundle, rollout, sidecar_url=sidecar_url, workdir=workdir, harness_exit=exit_code
+    )
     grader = bundle.env.spec.grader
     if command is None or grader is None:
         return None
@@ -231,7 +326,11 @@ def _grade(bundle: plan.Bundle, rollout: plan.Rollout, sidecar_url: str, workdir
             capture_output=True, text=True, timeout=grader.timeout_seconds,
         )  # fmt: skip
     except subprocess.TimeoutExpired as exc:
-        stdout = exc.stdout.decode(errors="replace") if isinstance(exc.stdout, bytes) else (exc.stdout or "")
+        stdout = (
+            exc.stdout.decode(errors="replace")
+            if isinstance(exc.stdout, bytes)
+            else (exc.stdout or "")
+        )
         log.write_text(f"{stdout}\nopenforge run: {exc}\n")
         return verdict.Graded(stdout=stdout, timed_out=True)
     except OSError as exc:

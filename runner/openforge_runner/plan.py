@@ -67,7 +67,9 @@ class Rollout:
         return rollouts.rollout_name(f"{self.job}-i{self.iteration}", self.index, self.attempt)
 
     def retry(self) -> Rollout:
-        return Rollout(self.job, self.iteration, self.index, self.attempt + 1, self.task, self.sample)
+        return Rollout(
+            self.job, self.iteration, self.index, self.attempt + 1, self.task, self.sample
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,7 +96,9 @@ def load(paths: Sequence[str | os.PathLike[str]]) -> Bundle:
     jobs = [(r, p) for r, p in resources if isinstance(r, v1alpha1.RolloutJob)]
     envs = {r.metadata.name: (r, p) for r, p in resources if isinstance(r, v1alpha1.HarnessEnv)}
     if len(jobs) != 1:
-        raise PlanError(f"expected exactly one RolloutJob in {', '.join(map(str, paths))}, found {len(jobs)}")
+        raise PlanError(
+            f"expected exactly one RolloutJob in {', '.join(map(str, paths))}, found {len(jobs)}"
+        )
     job, job_path = jobs[0]
     assert isinstance(job, v1alpha1.RolloutJob)
     ref = job.spec.harness_env_ref.name
@@ -111,16 +115,29 @@ def load(paths: Sequence[str | os.PathLike[str]]) -> Bundle:
     return Bundle(env, job, tuple(tasks), job_path.resolve().parent, env_path.resolve().parent)
 
 
-def _check_templates(env: v1alpha1.HarnessEnv, path: Path, tasks: Sequence[Mapping[str, Any]]) -> None:
+def _check_templates(
+    env: v1alpha1.HarnessEnv, path: Path, tasks: Sequence[Mapping[str, Any]]
+) -> None:
     """Render the task's args, env and file templates for every task now, so that a field
     one task lacks stops the run before anything starts, naming the line and the task."""
     delivery = env.spec.task
     checks: list[tuple[tuple[str | int, ...], Callable[[Mapping[str, Any]], str]]] = [
-        *((("spec", "task", "args", i), functools.partial(templates.render, arg)) for i, arg in enumerate(delivery.args or [])),
-        *((("spec", "task", "env", name), functools.partial(templates.render, value)) for name, value in (delivery.env or {}).items()),
+        *(
+            (("spec", "task", "args", i), functools.partial(templates.render, arg))
+            for i, arg in enumerate(delivery.args or [])
+        ),
+        *(
+            (("spec", "task", "env", name), functools.partial(templates.render, value))
+            for name, value in (delivery.env or {}).items()
+        ),
     ]
     if delivery.file is not None:
-        checks.append((("spec", "task", "file", "template"), functools.partial(task_records.render_file, delivery.file)))
+        checks.append(
+            (
+                ("spec", "task", "file", "template"),
+                functools.partial(task_records.render_file, delivery.file),
+            )
+        )
     for loc, render in checks:
         for task in tasks:
             try:
@@ -145,7 +162,9 @@ def missing_env(job: v1alpha1.RolloutJob, path: Path, ref: str, names: list[str]
         hint = f"the files define {', '.join(repr(n) for n in names)}"
     else:
         hint = "the files define none: give the HarnessEnv's file too (openforge run JOB.yaml ENV.yaml)"
-    return f"{where}: spec.harnessEnvRef.name: no HarnessEnv named {ref!r} in the given files; {hint}"
+    return (
+        f"{where}: spec.harnessEnvRef.name: no HarnessEnv named {ref!r} in the given files; {hint}"
+    )
 
 
 def _tasks(job: v1alpha1.RolloutJob, path: Path) -> list[dict[str, Any]]:
@@ -153,30 +172,44 @@ def _tasks(job: v1alpha1.RolloutJob, path: Path) -> list[dict[str, Any]]:
         records = _records(job, path)
         task_records.check_rollouts(records, job.spec.samples_per_task)
     except task_records.TaskError as error:
-        line = manifests.line_of(path, "RolloutJob", job.metadata.name or "", error.loc) if error.loc else None
-        raise PlanError(f"{path}:{line}: {error}" if line is not None else f"{path}: {error}") from None
+        line = (
+            manifests.line_of(path, "RolloutJob", job.metadata.name or "", error.loc)
+            if error.loc
+            else None
+        )
+        raise PlanError(
+            f"{path}:{line}: {error}" if line is not None else f"{path}: {error}"
+        ) from None
     return records
 
 
 def _records(job: v1alpha1.RolloutJob, path: Path) -> list[dict[str, Any]]:
     source = job.spec.tasks
     if source.config_map_ref is not None:
-        raise PlanError(f"{path}: spec.tasks.configMapRef: a ConfigMap exists only on a cluster; use spec.tasks.file or inline locally")
+        raise PlanError(
+            f"{path}: spec.tasks.configMapRef: a ConfigMap exists only on a cluster; use spec.tasks.file or inline locally"
+        )
     records = task_records.inline(source)
     if records is not None:
         return records
     assert source.file is not None
     task_file = (path.resolve().parent / source.file).resolve()
     if not task_file.is_file():
-        raise PlanError(f"{path}: spec.tasks.file: {source.file} does not exist (looked for {task_file})")
+        raise PlanError(
+            f"{path}: spec.tasks.file: {source.file} does not exist (looked for {task_file})"
+        )
     size = task_file.stat().st_size
     limit = task_records.MAX_TASKS * task_records.MAX_TASK_BYTES
     if size > limit:
-        raise PlanError(f"{path}: spec.tasks.file: {task_file} is {size} bytes; a task file holds at most {limit}")
+        raise PlanError(
+            f"{path}: spec.tasks.file: {task_file} is {size} bytes; a task file holds at most {limit}"
+        )
     try:
         text = task_file.read_text(encoding="utf-8")
     except UnicodeDecodeError as error:
-        raise PlanError(f"{path}: spec.tasks.file: {task_file} is not UTF-8 text (at byte offset {error.start})") from None
+        raise PlanError(
+            f"{path}: spec.tasks.file: {task_file} is not UTF-8 text (at byte offset {error.start})"
+        ) from None
     try:
         return task_records.parse_jsonl(text, where=str(task_file))
     except task_records.TaskError as error:
@@ -193,7 +226,9 @@ def rollouts_for(bundle: Bundle, iteration: int) -> list[Rollout]:
     ]
 
 
-def harness_command(bundle: Bundle, rollout: Rollout, *, sidecar_url: str, workdir: Path) -> Command:
+def harness_command(
+    bundle: Bundle, rollout: Rollout, *, sidecar_url: str, workdir: Path
+) -> Command:
     spec = bundle.env.spec
     process = spec.local_process()
     delivery = spec.task
@@ -203,26 +238,47 @@ def harness_command(bundle: Bundle, rollout: Rollout, *, sidecar_url: str, workd
     if delivery.file is not None:
         content = task_records.render_file(delivery.file, rollout.task)
         files[workdir / delivery.file.path] = content
-    cwd = workdir / process.working_dir if process.working_dir and not os.path.isabs(process.working_dir) else Path(process.working_dir or workdir)
-    return Command([rollout_env.expand(a, base) for a in argv], _harness_env(bundle, rollout, base, sidecar_url), cwd, files)
+    cwd = (
+        workdir / process.working_dir
+        if process.working_dir and not os.path.isabs(process.working_dir)
+        else Path(process.working_dir or workdir)
+    )
+    return Command(
+        [rollout_env.expand(a, base) for a in argv],
+        _harness_env(bundle, rollout, base, sidecar_url),
+        cwd,
+        files,
+    )
 
 
-def grader_command(bundle: Bundle, rollout: Rollout, *, sidecar_url: str, workdir: Path, harness_exit: int) -> Command | None:
+def grader_command(
+    bundle: Bundle, rollout: Rollout, *, sidecar_url: str, workdir: Path, harness_exit: int
+) -> Command | None:
     """The grader, in the harness's environment (as in a pod) with its exit code."""
     grader = bundle.env.spec.grader
     if grader is None:
         return None
     base = _base_env(bundle, rollout, workdir)
-    env = {**_harness_env(bundle, rollout, base, sidecar_url), "OPENFORGE_HARNESS_EXIT_CODE": str(harness_exit)}
+    env = {
+        **_harness_env(bundle, rollout, base, sidecar_url),
+        "OPENFORGE_HARNESS_EXIT_CODE": str(harness_exit),
+    }
     return Command([rollout_env.expand(a, base) for a in grader.command], env, workdir, {})
 
 
-def _harness_env(bundle: Bundle, rollout: Rollout, base: Mapping[str, str], sidecar_url: str) -> dict[str, str]:
+def _harness_env(
+    bundle: Bundle, rollout: Rollout, base: Mapping[str, str], sidecar_url: str
+) -> dict[str, str]:
     """The base variables, the template's own, the task's, then the base URL's, in the
     order a pod's container merges them."""
     spec = bundle.env.spec
     env = {**base, **spec.local_process().env}
-    env.update({name: templates.render(value, rollout.task) for name, value in (spec.task.env or {}).items()})
+    env.update(
+        {
+            name: templates.render(value, rollout.task)
+            for name, value in (spec.task.env or {}).items()
+        }
+    )
     if spec.base_url is not None:
         for name in spec.base_url.env:
             env[name] = sidecar_url + spec.base_url.suffix
@@ -237,8 +293,12 @@ def _base_env(bundle: Bundle, rollout: Rollout, workdir: Path) -> dict[str, str]
         # environment OpenForge runs in
         "PATH": os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")]),
         **rollout_env.base_env(
-            job=bundle.name, rollout_id=rollout.rollout_id, task=rollout.task, sample=rollout.sample,
-            attempt=rollout.attempt, workdir=str(workdir),
+            job=bundle.name,
+            rollout_id=rollout.rollout_id,
+            task=rollout.task,
+            sample=rollout.sample,
+            attempt=rollout.attempt,
+            workdir=str(workdir),
         ),
         "OPENFORGE_MANIFEST_DIR": str(bundle.manifest_dir),
         "OPENFORGE_HARNESS_DIR": str(bundle.harness_dir),
@@ -279,16 +339,32 @@ def checkpoint_version(model_dir: Path) -> int:
     return int(json.loads(state.read_text()).get("policy_version", 0))
 
 
-def trainer_args(bundle: Bundle, *, model: Path | None, run_dir: Path, store: Path, serve: str, iterations: int) -> list[str]:
+def trainer_args(
+    bundle: Bundle, *, model: Path | None, run_dir: Path, store: Path, serve: str, iterations: int
+) -> list[str]:
     """``openforge train`` arguments for a local run: one step per iteration,
     trained on every task's group of that iteration; ``spec.training.options``
     become ``--option NAME=VALUE`` (the trainer validates them)."""
     if model is None:
         raise PlanError("training locally needs spec.policy.model to be a local model directory")
     args = [
-        "train", "--store", str(store), "--job", bundle.name, "--model", str(model),
-        "--run-dir", str(run_dir / "train"), "--serve", serve, "--steps", str(iterations),
-        "--groups-per-step", str(len(bundle.tasks)), "--group-size", str(bundle.job.spec.samples_per_task),
+        "train",
+        "--store",
+        str(store),
+        "--job",
+        bundle.name,
+        "--model",
+        str(model),
+        "--run-dir",
+        str(run_dir / "train"),
+        "--serve",
+        serve,
+        "--steps",
+        str(iterations),
+        "--groups-per-step",
+        str(len(bundle.tasks)),
+        "--group-size",
+        str(bundle.job.spec.samples_per_task),
     ]
     training = bundle.job.spec.training
     if training is not None:

@@ -207,7 +207,9 @@ class Supervisor:
         self._watched: list[_Watched] = []
         self._closed = threading.Event()
         self._lock = threading.Lock()
-        self._thread = threading.Thread(target=self._watch, name="openforge-supervisor", daemon=True)
+        self._thread = threading.Thread(
+            target=self._watch, name="openforge-supervisor", daemon=True
+        )
         self._thread.start()
 
     def watch(self, service: Service, *, argv: Callable[[], list[str]] | None = None) -> Service:
@@ -231,7 +233,9 @@ class Supervisor:
         while not self._closed.wait(self.poll):
             with self._lock:
                 # a service that exited 0 is done (the trainer, its steps trained), not dead
-                self._watched = [w for w in self._watched if w.service.alive() or _code(w.service) != 0]
+                self._watched = [
+                    w for w in self._watched if w.service.alive() or _code(w.service) != 0
+                ]
                 dead = [w for w in self._watched if not w.service.alive()]
             if not dead:
                 self.up.set()
@@ -251,14 +255,25 @@ class Supervisor:
         code = service.process.returncode if service.process is not None else None
         if watched.restarts >= self.restarts:
             self.failure = f"{service.name} exited with {code} {watched.restarts + 1} times; giving up (see {service.log.name}):\n{service.tail()}"
-            self._event({"event": "service", "service": service.name, "exit_code": code, "action": "gave up"})
+            self._event(
+                {
+                    "event": "service",
+                    "service": service.name,
+                    "exit_code": code,
+                    "action": "gave up",
+                }
+            )
             self.log(f"openforge run: {service.name} keeps dying; stopping the run")
             self.stop.set()
             return
         delay = self.backoff * 2**watched.restarts
         watched.restarts += 1
-        self.log(f"openforge run: {service.name} exited with {code}; restarting it in {delay:g} s ({watched.restarts}/{self.restarts})")
-        self._event({"event": "service", "service": service.name, "exit_code": code, "action": "restarted"})
+        self.log(
+            f"openforge run: {service.name} exited with {code}; restarting it in {delay:g} s ({watched.restarts}/{self.restarts})"
+        )
+        self._event(
+            {"event": "service", "service": service.name, "exit_code": code, "action": "restarted"}
+        )
         if self._closed.wait(delay):
             return
         if watched.argv is not None:

@@ -31,7 +31,9 @@ def trainer_metrics(path: Path) -> list[dict[str, Any]]:
 class Display:
     """One table, refreshed as rollouts and training steps finish."""
 
-    def __init__(self, *, job: str, iterations: int, metrics: Path, console: Console | None = None) -> None:
+    def __init__(
+        self, *, job: str, iterations: int, metrics: Path, console: Console | None = None
+    ) -> None:
         self.job = job
         self.iterations = iterations
         self.metrics = metrics
@@ -42,7 +44,9 @@ class Display:
         self._live: Live | None = None
 
     def __enter__(self) -> Display:
-        self._live = Live(self.render(), console=self.console, refresh_per_second=4, transient=False)
+        self._live = Live(
+            self.render(), console=self.console, refresh_per_second=4, transient=False
+        )
         self._live.__enter__()
         return self
 
@@ -51,7 +55,9 @@ class Display:
             self._live.update(self.render())
             self._live.__exit__(None, None, None)
 
-    def update(self, stats: runner.IterationStats | None = None, *, phase: str | None = None) -> None:
+    def update(
+        self, stats: runner.IterationStats | None = None, *, phase: str | None = None
+    ) -> None:
         with self._lock:
             if stats is not None:
                 self.history[stats.iteration] = stats
@@ -70,8 +76,13 @@ class Display:
             stats = self.history[iteration]
             reward = stats.mean_reward
             table.add_row(
-                f"{iteration + 1}/{self.iterations}", str(stats.total), str(stats.running), str(stats.done),
-                str(stats.failed), str(stats.retried), "-" if reward is None else f"{reward:.3f}",
+                f"{iteration + 1}/{self.iterations}",
+                str(stats.total),
+                str(stats.running),
+                str(stats.done),
+                str(stats.failed),
+                str(stats.retried),
+                "-" if reward is None else f"{reward:.3f}",
             )
         if last:
             table.caption = (
@@ -98,16 +109,22 @@ def summary(
     lines = []
     if nothing_left:
         done = "finished and been trained on" if trained else "finished"
-        lines.append(f"already complete: every rollout had {done} in an earlier run; nothing was run")
+        lines.append(
+            f"already complete: every rollout had {done} in an earlier run; nothing was run"
+        )
     lines.append("iteration  rollouts  failed  mean reward")
     for stats in history:
         reward = stats.mean_reward
         count = f"{stats.total}" if stats.done >= stats.total else f"{stats.done}/{stats.total}"
         partial = "  (stopped: partial)" if stats.done < stats.total else ""
-        lines.append(f"{stats.iteration + 1:>9}  {count:>8}  {stats.failed:>6}  {'-' if reward is None else f'{reward:.3f}':>11}{partial}")
+        lines.append(
+            f"{stats.iteration + 1:>9}  {count:>8}  {stats.failed:>6}  {'-' if reward is None else f'{reward:.3f}':>11}{partial}"
+        )
     rewards = [s.mean_reward for s in history if s.mean_reward is not None and s.done >= s.total]
     if len(rewards) >= 2:
-        lines.append(f"reward: {rewards[0]:.3f} (first iteration) -> {rewards[-1]:.3f} (last), change {rewards[-1] - rewards[0]:+.3f}")
+        lines.append(
+            f"reward: {rewards[0]:.3f} (first iteration) -> {rewards[-1]:.3f} (last), change {rewards[-1] - rewards[0]:+.3f}"
+        )
     if run_dir is not None:
         store = run_dir / "store.db"
         lines += ["", f"run directory  {run_dir}", f"store          {store}"]

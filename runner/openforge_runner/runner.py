@@ -142,7 +142,12 @@ class Runner:
             pending: dict[Future[executor.Outcome], plan.Rollout] = {}
             queue = [self._next_attempt(r, resume) for r in todo]
             while (queue or pending) and not self.stop.is_set():
-                while queue and len(pending) < parallelism and not self.stop.is_set() and self._ready():
+                while (
+                    queue
+                    and len(pending) < parallelism
+                    and not self.stop.is_set()
+                    and self._ready()
+                ):
                     rollout = queue.pop(0)
                     self._start(stats, rollout)
                     pending[pool.submit(self._run, rollout)] = rollout
@@ -164,24 +169,45 @@ class Runner:
         return rollout
 
     def _start(self, stats: IterationStats, rollout: plan.Rollout) -> None:
-        self.journal.write({"event": "start", "iteration": rollout.iteration, "index": rollout.index, "attempt": rollout.attempt, "rollout_id": rollout.rollout_id})
+        self.journal.write(
+            {
+                "event": "start",
+                "iteration": rollout.iteration,
+                "index": rollout.index,
+                "attempt": rollout.attempt,
+                "rollout_id": rollout.rollout_id,
+            }
+        )
         with self._lock:
             stats.running += 1
         self._on_change(stats)
 
     def _run(self, rollout: plan.Rollout) -> executor.Outcome:
-        return executor.run_rollout(self.bundle, rollout, run_dir=self.run_dir, endpoints=self._endpoints(), stop=self.stop)
+        return executor.run_rollout(
+            self.bundle, rollout, run_dir=self.run_dir, endpoints=self._endpoints(), stop=self.stop
+        )
 
-    def _settle(self, stats: IterationStats, rollout: plan.Rollout, outcome: executor.Outcome) -> plan.Rollout | None:
+    def _settle(
+        self, stats: IterationStats, rollout: plan.Rollout, outcome: executor.Outcome
+    ) -> plan.Rollout | None:
         with self._lock:
             stats.running -= 1
         if outcome.reason == executor.INTERRUPTED:
             return None  # not finished: a rerun starts it again, as a new attempt
         entry = {
-            "event": "finish", "iteration": rollout.iteration, "index": rollout.index, "attempt": rollout.attempt,
-            "rollout_id": rollout.rollout_id, "task_id": rollout.task_id, "status": outcome.status,
-            "reward": outcome.reward, "reason": outcome.reason, "message": outcome.message[:500],
-            "exit_code": outcome.exit_code, "calls": outcome.calls, "seconds": round(outcome.seconds, 3),
+            "event": "finish",
+            "iteration": rollout.iteration,
+            "index": rollout.index,
+            "attempt": rollout.attempt,
+            "rollout_id": rollout.rollout_id,
+            "task_id": rollout.task_id,
+            "status": outcome.status,
+            "reward": outcome.reward,
+            "reason": outcome.reason,
+            "message": outcome.message[:500],
+            "exit_code": outcome.exit_code,
+            "calls": outcome.calls,
+            "seconds": round(outcome.seconds, 3),
         }
         key = (rollout.iteration, rollout.index)
         with self._lock:
@@ -214,7 +240,9 @@ def count(stats: IterationStats, entry: dict[str, Any]) -> None:
         stats.failed += 1
 
 
-def finished_history(bundle: plan.Bundle, journal: Journal, iterations: int, *, train: bool) -> list[IterationStats] | None:
+def finished_history(
+    bundle: plan.Bundle, journal: Journal, iterations: int, *, train: bool
+) -> list[IterationStats] | None:
     """Each iteration's counts when an earlier run left nothing to do (every rollout of
     ``iterations`` finished, and trained on when ``train``), read from its journal; None
     when something is left."""
@@ -222,7 +250,9 @@ def finished_history(bundle: plan.Bundle, journal: Journal, iterations: int, *, 
     history = []
     for iteration in range(iterations):
         every = plan.rollouts_for(bundle, iteration)
-        if any((iteration, r.index) not in resume.finished for r in every) or (train and iteration not in resume.trained):
+        if any((iteration, r.index) not in resume.finished for r in every) or (
+            train and iteration not in resume.trained
+        ):
             return None
         stats = IterationStats(iteration, total=len(every))
         for rollout in every:
@@ -236,7 +266,14 @@ def policy_version(engine_url: str) -> int:
         return int(json.load(response).get("policy_version", 0))
 
 
-def wait_for_policy(engine_url: str, version: int, *, alive: Callable[[], bool], stop: threading.Event, timeout: float) -> int | None:
+def wait_for_policy(
+    engine_url: str,
+    version: int,
+    *,
+    alive: Callable[[], bool],
+    stop: threading.Event,
+    timeout: float,
+) -> int | None:
     """Block until the engine serves ``version`` or later (the trainer published); None
     when ``stop`` is set first."""
     deadline = time.monotonic() + timeout
@@ -250,6 +287,10 @@ def wait_for_policy(engine_url: str, version: int, *, alive: Callable[[], bool],
         if current >= version:
             return current
         if not alive():
-            raise RuntimeError("the trainer stopped before publishing new weights (see trainer.log)")
+            raise RuntimeError(
+                "the trainer stopped before publishing new weights (see trainer.log)"
+            )
         stop.wait(0.5)
-    raise TimeoutError(f"the engine still serves a policy older than version {version} after {timeout:.0f} s")
+    raise TimeoutError(
+        f"the engine still serves a policy older than version {version} after {timeout:.0f} s"
+    )

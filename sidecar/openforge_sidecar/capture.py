@@ -46,7 +46,9 @@ from openforge_sidecar.policy import engine, history, signatures, template
 from openforge_sidecar.recording import records, redact, spool
 from openforge_sidecar.recording import resume as resuming
 
-if TYPE_CHECKING:  # imported once the proxy serves, and only with a collector: gRPC is ~8 MB resident
+if (
+    TYPE_CHECKING
+):  # imported once the proxy serves, and only with a collector: gRPC is ~8 MB resident
     from openforge_sidecar.recording import exporter as exporting
 
 log = logging.getLogger("openforge.sidecar")
@@ -154,36 +156,109 @@ class Capture:
     # --- mitmproxy lifecycle ------------------------------------------------
 
     def load(self, loader: Any) -> None:
-        loader.add_option("openforge_mode", str, "tokens", "tokens: render and generate token-in/token-out from the engine (training); passthrough: forward unchanged to the upstream and record what it returns.")
-        loader.add_option("openforge_engine", str, "", "Base URL of the inference engine (vLLM or `openforge serve`), e.g. http://127.0.0.1:8000. Required in tokens mode.")
-        loader.add_option("openforge_engine_model", str, "", "Model name sent to the engine (default: the engine's first model).")
-        loader.add_option("openforge_tokenizer", str, "", "Directory or engine URL holding tokenizer.json and tokenizer_config.json (default: the engine).")
-        loader.add_option("openforge_max_model_len", int, 0, "Context length of the policy; a call's max_tokens is a ceiling, lowered so prompt + completion fit. 0: the engine's (its /v1/models max_model_len), else 32768; a value above the engine's is lowered to it.")
+        loader.add_option(
+            "openforge_mode",
+            str,
+            "tokens",
+            "tokens: render and generate token-in/token-out from the engine (training); passthrough: forward unchanged to the upstream and record what it returns.",
+        )
+        loader.add_option(
+            "openforge_engine",
+            str,
+            "",
+            "Base URL of the inference engine (vLLM or `openforge serve`), e.g. http://127.0.0.1:8000. Required in tokens mode.",
+        )
+        loader.add_option(
+            "openforge_engine_model",
+            str,
+            "",
+            "Model name sent to the engine (default: the engine's first model).",
+        )
+        loader.add_option(
+            "openforge_tokenizer",
+            str,
+            "",
+            "Directory or engine URL holding tokenizer.json and tokenizer_config.json (default: the engine).",
+        )
+        loader.add_option(
+            "openforge_max_model_len",
+            int,
+            0,
+            "Context length of the policy; a call's max_tokens is a ceiling, lowered so prompt + completion fit. 0: the engine's (its /v1/models max_model_len), else 32768; a value above the engine's is lowered to it.",
+        )
         loader.add_option("openforge_spool", str, "", "Directory of the durable spool (required).")
-        loader.add_option("openforge_collector", str, "", "host:port of the trajectory collector; empty: spool only.")
-        loader.add_option("openforge_collector_token_file", str, "", "File holding the collector's bearer token.")
-        loader.add_option("openforge_flush_timeout", int, 30, "Seconds to wait on shutdown for the collector to acknowledge everything.")
-        loader.add_option("openforge_job", str, "local", "RolloutJob name recorded with every record.")
+        loader.add_option(
+            "openforge_collector",
+            str,
+            "",
+            "host:port of the trajectory collector; empty: spool only.",
+        )
+        loader.add_option(
+            "openforge_collector_token_file", str, "", "File holding the collector's bearer token."
+        )
+        loader.add_option(
+            "openforge_flush_timeout",
+            int,
+            30,
+            "Seconds to wait on shutdown for the collector to acknowledge everything.",
+        )
+        loader.add_option(
+            "openforge_job", str, "local", "RolloutJob name recorded with every record."
+        )
         loader.add_option("openforge_rollout_id", str, "", "Rollout id (default: a new UUID).")
         loader.add_option("openforge_task_id", str, "", "Task id of this rollout.")
         loader.add_option("openforge_sample_index", int, 0, "Sample index within the task's group.")
         loader.add_option("openforge_attempt", int, 0, "Attempt number of this rollout.")
         loader.add_option("openforge_harness", str, "", "Harness name, for the record.")
-        loader.add_option("openforge_policy_version", int, 0, "Policy version when the engine does not report one.")
-        loader.add_option("openforge_labels", str, "{}", "The rollout's started-record labels, as a JSON object of strings.")
-        loader.add_option("openforge_max_body", int, 32 * 1024 * 1024, "Largest LLM request body accepted, in bytes.")
-        loader.add_option("openforge_ready_file", str, "", "File created once the sidecar serves: its proxy listens and its spool is open.")
-        loader.add_option("openforge_finish_on_stop", bool, False, "On shutdown, record a rollout that was never finished as failed (no reward), as a stopped pod's is.")
-        loader.add_option("openforge_control_token_file", str, "", "rollout/finish needs 'Authorization: Bearer' with the token in this file (created, random, when absent).")
+        loader.add_option(
+            "openforge_policy_version",
+            int,
+            0,
+            "Policy version when the engine does not report one.",
+        )
+        loader.add_option(
+            "openforge_labels",
+            str,
+            "{}",
+            "The rollout's started-record labels, as a JSON object of strings.",
+        )
+        loader.add_option(
+            "openforge_max_body",
+            int,
+            32 * 1024 * 1024,
+            "Largest LLM request body accepted, in bytes.",
+        )
+        loader.add_option(
+            "openforge_ready_file",
+            str,
+            "",
+            "File created once the sidecar serves: its proxy listens and its spool is open.",
+        )
+        loader.add_option(
+            "openforge_finish_on_stop",
+            bool,
+            False,
+            "On shutdown, record a rollout that was never finished as failed (no reward), as a stopped pod's is.",
+        )
+        loader.add_option(
+            "openforge_control_token_file",
+            str,
+            "",
+            "rollout/finish needs 'Authorization: Bearer' with the token in this file (created, random, when absent).",
+        )
 
     def configure(self, updated: set[str]) -> None:
         opts = ctx.options
         if "openforge_mode" in updated and opts.openforge_mode not in MODES:
-            raise exceptions.OptionsError(f"openforge_mode must be one of {MODES}, not {opts.openforge_mode!r}")
+            raise exceptions.OptionsError(
+                f"openforge_mode must be one of {MODES}, not {opts.openforge_mode!r}"
+            )
         if opts.openforge_mode == "tokens" and not opts.openforge_engine:
             raise exceptions.OptionsError("openforge_engine is required in tokens mode")
         if not opts.openforge_spool:
-            raise exceptions.OptionsError("openforge_spool is required: every call is spooled before it is exported")
+            raise exceptions.OptionsError(
+                "openforge_spool is required: every call is spooled before it is exported"
+            )
         if not opts.openforge_rollout_id:
             opts.openforge_rollout_id = uuid.uuid4().hex
         if "openforge_control_token_file" in updated:
@@ -201,14 +276,24 @@ class Capture:
         self._spool = spool.Spool(directory)
         self._signer = signatures.Signer.in_directory(directory)
         resume = resuming.resume(self._spool, directory / resuming.INFLIGHT_JOURNAL)
-        self._next_call, self._next_lost, self._finished = resume.next_call, resume.next_lost, resume.finished
+        self._next_call, self._next_lost, self._finished = (
+            resume.next_call,
+            resume.next_lost,
+            resume.finished,
+        )
         self._restarted = resume.next_call > 0
-        self._journal = os.open(directory / resuming.INFLIGHT_JOURNAL, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        self._journal = os.open(
+            directory / resuming.INFLIGHT_JOURNAL, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600
+        )
         if opts.openforge_collector_token_file:
             self._collector_token = Path(opts.openforge_collector_token_file).read_text().strip()
         self._writer = _Writer(self._spool)
         for index in resume.vanished_calls:
-            self._lose(f"the sidecar stopped while call {index} was in flight", whole=False, call_index=index)
+            self._lose(
+                f"the sidecar stopped while call {index} was in flight",
+                whole=False,
+                call_index=index,
+            )
         if not resume.started:
             self._writer.put(
                 records.started(
@@ -235,7 +320,10 @@ class Capture:
                 log.warning("tokenizer not loaded yet (%s); will retry on the first call", exc)
         await self._export()
         if self._restarted:
-            log.warning("sidecar restarted: resuming at call %d; token history starts a new segment", resume.next_call)
+            log.warning(
+                "sidecar restarted: resuming at call %d; token history starts a new segment",
+                resume.next_call,
+            )
 
     async def _export(self) -> None:
         """Start streaming the spool to the collector (``openforge_collector``), once.
@@ -249,16 +337,27 @@ class Capture:
         opts = ctx.options
         if not opts.openforge_collector or self._spool is None or self._exporter is not None:
             return
-        module = await asyncio.to_thread(importlib.import_module, "openforge_sidecar.recording.exporter")
+        module = await asyncio.to_thread(
+            importlib.import_module, "openforge_sidecar.recording.exporter"
+        )
         if self._exporter is None:  # a stop may have started it meanwhile
-            self._exporter = module.Exporter(self._spool, opts.openforge_collector, token=self._collector_token)
+            self._exporter = module.Exporter(
+                self._spool, opts.openforge_collector, token=self._collector_token
+            )
             self._exporter_task = asyncio.create_task(self._exporter.run())
 
     async def done(self) -> None:
         if ctx.options.openforge_finish_on_stop and not self._finished and self._writer is not None:
             self._finished = True
             log.warning("stopped before the rollout was finished: recording it as stopped")
-            self._put(self._finished_record(exit_code=STOPPED_EXIT_CODE, reward=None, grader_output="", status=trajectory.STOPPED))
+            self._put(
+                self._finished_record(
+                    exit_code=STOPPED_EXIT_CODE,
+                    reward=None,
+                    grader_output="",
+                    status=trajectory.STOPPED,
+                )
+            )
         await self._export()
         if self._writer is not None:
             await asyncio.to_thread(self._writer.close)
@@ -300,7 +399,9 @@ class Capture:
         limit = ctx.options.openforge_max_body
         try:
             if len(body) > limit:
-                raise CodecError(f"request body of {len(body)} bytes exceeds the limit of {limit}", status=413)
+                raise CodecError(
+                    f"request body of {len(body)} bytes exceeds the limit of {limit}", status=413
+                )
             request = codec.parse_request(body)
             self._check_signatures(request)
         except CodecError as exc:
@@ -405,7 +506,11 @@ class Capture:
             return
         message = flow.error.msg if flow.error else "unknown error"
         self.stats["failed_calls"] += 1
-        self._spool_call(call, status=flow.response.status_code if flow.response else 502, error=f"connection failed: {message}")
+        self._spool_call(
+            call,
+            status=flow.response.status_code if flow.response else 502,
+            error=f"connection failed: {message}",
+        )
 
     # --- tokens mode ----------------------------------------------------------
 
@@ -478,7 +583,9 @@ class Capture:
         assert flow.response is not None
         response = flow.response
         if response.status_code == 200 and call.relay is None:
-            self._fail(flow, call, 502, "the sidecar could not take the call in (no relay; see the log)")
+            self._fail(
+                flow, call, 502, "the sidecar could not take the call in (no relay; see the log)"
+            )
             return
         if response.status_code != 200 or call.relay is None:
             detail = (response.get_content(strict=False) or b"")[:500].decode(errors="replace")
@@ -511,20 +618,35 @@ class Capture:
             assert result is not None
             if result.error:
                 self.stats["engine_errors"] += 1
-            if result.engine_prompt_ids is not None and call.plan is not None and result.engine_prompt_ids != call.plan.prompt_ids:
+            if (
+                result.engine_prompt_ids is not None
+                and call.plan is not None
+                and result.engine_prompt_ids != call.plan.prompt_ids
+            ):
                 call.notes.append("engine echoed different prompt_token_ids")
                 self.stats["prompt_mismatch"] += 1
-            if self._history is not None and call.plan is not None and result.completion is not None and not result.error:
-                self._history.record(call.request, call.plan, result.completion.message, result.token_ids)
+            if (
+                self._history is not None
+                and call.plan is not None
+                and result.completion is not None
+                and not result.error
+            ):
+                self._history.record(
+                    call.request, call.plan, result.completion.message, result.token_ids
+                )
                 recorded = True
         except Exception:  # a callback's exception would only reach asyncio's handler
             self.stats["history_failed"] += 1
             log.exception("remembering call %d failed", call.index)
-        self._spool_soon(call, 200, (result.error if result else None) or "; ".join(call.notes), None)
+        self._spool_soon(
+            call, 200, (result.error if result else None) or "; ".join(call.notes), None
+        )
         if recorded and self._history is not None:
             self._history.prerender()  # the next call's first rendering (see TokenHistory.prerender)
 
-    def _record_rejected(self, flow: http.HTTPFlow, codec: Codec, body: bytes, exc: CodecError) -> None:
+    def _record_rejected(
+        self, flow: http.HTTPFlow, codec: Codec, body: bytes, exc: CodecError
+    ) -> None:
         """A refused LLM request is a call too: recorded, with its error."""
         call = _Call(
             index=self._claim_call_index(),
@@ -536,7 +658,12 @@ class Capture:
             started=time.monotonic(),
             raw_headers=flow.request.headers.fields,
         )
-        self._spool_call(call, status=exc.status, error=f"rejected: {exc}", response_json=json.dumps(codec.error_body(exc.status, str(exc))).encode())
+        self._spool_call(
+            call,
+            status=exc.status,
+            error=f"rejected: {exc}",
+            response_json=json.dumps(codec.error_body(exc.status, str(exc))).encode(),
+        )
 
     def _fail(self, flow: http.HTTPFlow, call: _Call, status: int, message: str) -> None:
         self._reject(flow, call.codec, status, message)
@@ -554,7 +681,12 @@ class Capture:
             result(b"")
         response_json = result.response_json
         if result.completion is not None and (call.request.stream or not response_json):
-            body = call.codec.build_response(call.request, result.completion, response_id=_response_id(call.codec, call.index), created=int(time.time()))
+            body = call.codec.build_response(
+                call.request,
+                result.completion,
+                response_id=_response_id(call.codec, call.index),
+                created=int(time.time()),
+            )
             response_json = json.dumps(body, separators=(",", ":")).encode()
         status = flow.response.status_code
         error = result.error or ("" if status < 400 else f"upstream answered {status}")
@@ -562,7 +694,9 @@ class Capture:
 
     # --- records ------------------------------------------------------------------
 
-    def _spool_after_answer(self, call: _Call, *, status: int, error: str, response_json: bytes | None = None) -> None:
+    def _spool_after_answer(
+        self, call: _Call, *, status: int, error: str, response_json: bytes | None = None
+    ) -> None:
         """Spool a call from the response hook once the harness has the end of its answer.
 
         mitmproxy sends the end of a response (the chunked terminator) only
@@ -577,7 +711,9 @@ class Capture:
         call.finished = True  # an error hook for this flow in the meantime spools nothing
         asyncio.get_running_loop().call_soon(self._spool_soon, call, status, error, response_json)
 
-    def _spool_soon(self, call: _Call, status: int, error: str, response_json: bytes | None) -> None:
+    def _spool_soon(
+        self, call: _Call, status: int, error: str, response_json: bytes | None
+    ) -> None:
         try:
             self._spool_call(call, status=status, error=error, response_json=response_json)
         except Exception as exc:  # a callback's exception would only reach asyncio's handler
@@ -585,11 +721,17 @@ class Capture:
             log.exception("spooling call %d failed", call.index)
             # Never silently: the call is reported lost, with why.
             try:
-                self._lose(f"recording call {call.index} failed: {exc!r}", whole=False, call_index=call.index)
+                self._lose(
+                    f"recording call {call.index} failed: {exc!r}",
+                    whole=False,
+                    call_index=call.index,
+                )
             except Exception:
                 log.exception("reporting call %d as lost failed", call.index)
 
-    def _spool_call(self, call: _Call, *, status: int, error: str, response_json: bytes | None = None) -> None:
+    def _spool_call(
+        self, call: _Call, *, status: int, error: str, response_json: bytes | None = None
+    ) -> None:
         call.finished = True
         self._journal_call(call)  # when it ends before its request went on
         opts = ctx.options
@@ -600,7 +742,9 @@ class Capture:
         completion = source.completion if source is not None else None
         finish = completion.finish_reason if completion is not None and not error else "error"
         plan = call.plan
-        prompt_ids = plan.prompt_ids if plan is not None else (call.tee.prompt_ids or [] if call.tee else [])
+        prompt_ids = (
+            plan.prompt_ids if plan is not None else (call.tee.prompt_ids or [] if call.tee else [])
+        )
         if error:
             self.stats["calls_with_error"] += 1
         model_call = records.model_call(
@@ -610,7 +754,9 @@ class Capture:
             stream=call.request.stream,
             model=call.request.model,
             request_json=call.request_json,
-            response_json=response_json if response_json is not None else (result.response_json if result else b""),
+            response_json=response_json
+            if response_json is not None
+            else (result.response_json if result else b""),
             http_status=status,
             request_headers=call.headers,
             prompt_ids=prompt_ids,
@@ -620,13 +766,21 @@ class Capture:
             segment_index=plan.segment_index if plan else 0,
             segment_reason=plan.segment_reason if plan else "",
             prefix_token_count=plan.prefix_token_count if plan else 0,
-            policy_version=opts.openforge_policy_version if call.policy_version is None else call.policy_version,
+            policy_version=opts.openforge_policy_version
+            if call.policy_version is None
+            else call.policy_version,
             received_ns=call.received_ns,
-            ttft_ms=(first - call.started) * 1000 if first is not None and call.request.stream else 0.0,
+            ttft_ms=(first - call.started) * 1000
+            if first is not None and call.request.stream
+            else 0.0,
             total_ms=(now - call.started) * 1000,
             error=error,
         )
-        self._put(records.call(job=opts.openforge_job, rollout_id=opts.openforge_rollout_id, model_call=model_call))
+        self._put(
+            records.call(
+                job=opts.openforge_job, rollout_id=opts.openforge_rollout_id, model_call=model_call
+            )
+        )
         self.stats["spooled_calls"] += 1
         _release(call)
 
@@ -637,7 +791,16 @@ class Capture:
 
     def _lose(self, reason: str, *, whole: bool, call_index: int = 0) -> None:
         opts = ctx.options
-        self._put(records.lost(job=opts.openforge_job, rollout_id=opts.openforge_rollout_id, index=self._next_lost, reason=reason, call_index=call_index, whole=whole))
+        self._put(
+            records.lost(
+                job=opts.openforge_job,
+                rollout_id=opts.openforge_rollout_id,
+                index=self._next_lost,
+                reason=reason,
+                call_index=call_index,
+                whole=whole,
+            )
+        )
         self._next_lost += 1
         self.stats["lost_reported"] += 1
 
@@ -681,7 +844,9 @@ class Capture:
         with self._loading:
             if self._tokenizer is None:
                 opts = ctx.options
-                tokenizer = template.PolicyTokenizer.load(opts.openforge_tokenizer or opts.openforge_engine)
+                tokenizer = template.PolicyTokenizer.load(
+                    opts.openforge_tokenizer or opts.openforge_engine
+                )
                 try:
                     served = _served_model(opts.openforge_engine)
                 except OSError:
@@ -689,7 +854,9 @@ class Capture:
                         raise
                     served = _ServedModel(opts.openforge_engine_model, None)  # its context unknown
                 self._engine_model = served.name
-                self._max_model_len = context_length(opts.openforge_max_model_len, served.max_model_len)
+                self._max_model_len = context_length(
+                    opts.openforge_max_model_len, served.max_model_len
+                )
                 reason = "sidecar_restarted" if self._restarted else "first"
                 self._history = history.TokenHistory(tokenizer, first_reason=reason)
                 self._tokenizer = tokenizer
@@ -705,10 +872,19 @@ class Capture:
             flow.response = _json_response(200, self.snapshot())
             return
         if path == endpoints.ROLLOUT_FINISH and flow.request.method == "POST":
-            if self._control_token is not None and not control.allows(self._control_token, flow.request.headers.get(control.HEADER)):
+            if self._control_token is not None and not control.allows(
+                self._control_token, flow.request.headers.get(control.HEADER)
+            ):
                 self.stats["finish_refused"] += 1
-                log.warning("refused a rollout/finish without the control token (the harness's own?)")
-                flow.response = _json_response(401, {"error": "rollout/finish needs the control token: Authorization: Bearer <the --control-token-file's token>"})
+                log.warning(
+                    "refused a rollout/finish without the control token (the harness's own?)"
+                )
+                flow.response = _json_response(
+                    401,
+                    {
+                        "error": "rollout/finish needs the control token: Authorization: Bearer <the --control-token-file's token>"
+                    },
+                )
                 return
             try:
                 body = json.loads(flow.request.get_content(strict=False) or b"{}")
@@ -723,7 +899,12 @@ class Capture:
     async def _finish_rollout(self, flow: http.HTTPFlow, report: verdict.Report) -> None:
         if not self._finished:
             self._finished = True
-            record = self._finished_record(exit_code=report.exit_code, reward=report.reward, grader_output=report.grader_output, status=report.status)
+            record = self._finished_record(
+                exit_code=report.exit_code,
+                reward=report.reward,
+                grader_output=report.grader_output,
+                status=report.status,
+            )
             ticket = self._put(record)
             assert self._writer is not None
             await asyncio.to_thread(self._writer.wait, ticket)
@@ -734,7 +915,9 @@ class Capture:
             acked = await self._exporter.flush(report.wait_seconds)
         flow.response = _json_response(200, {**self.snapshot(), "acknowledged": acked})
 
-    def _finished_record(self, *, exit_code: int, reward: float | None, grader_output: str, status: str) -> pb.Record:
+    def _finished_record(
+        self, *, exit_code: int, reward: float | None, grader_output: str, status: str
+    ) -> pb.Record:
         opts = ctx.options
         return records.finished(
             job=opts.openforge_job,
@@ -758,9 +941,17 @@ class Capture:
             "unacked": self._spool.unacked_count if self._spool else 0,
         }
 
-    def _reject(self, flow: http.HTTPFlow, codec: Codec | codecs.TokenCounter, status: int, message: str) -> None:
+    def _reject(
+        self, flow: http.HTTPFlow, codec: Codec | codecs.TokenCounter, status: int, message: str
+    ) -> None:
         self.stats[f"rejected_{status}"] += 1
-        log.warning("answering %d to %s %s: %s", status, flow.request.method, redact.path(flow.request.path), message)
+        log.warning(
+            "answering %d to %s %s: %s",
+            status,
+            flow.request.method,
+            redact.path(flow.request.path),
+            message,
+        )
         flow.response = _json_response(status, codec.error_body(status, message))
 
 
@@ -777,7 +968,9 @@ def _relay_whole(transform: relay.Relay, response: http.Response) -> bool:
     relay's ``error`` set, when the answer failed, so nothing is answered yet.
     """
     try:
-        body = _relayed(transform, response.get_content(strict=False) or b"") + _relayed(transform, b"")
+        body = _relayed(transform, response.get_content(strict=False) or b"") + _relayed(
+            transform, b""
+        )
     except Exception:  # logged and kept on the relay by _relayed
         return False
     if transform.error is not None:
@@ -922,9 +1115,15 @@ def _served_model(engine_url: str) -> _ServedModel:
 
 
 def _json_response(status: int, body: dict[str, Any]) -> http.Response:
-    return http.Response.make(status, json.dumps(body).encode(), {"content-type": "application/json"})
+    return http.Response.make(
+        status, json.dumps(body).encode(), {"content-type": "application/json"}
+    )
 
 
 def _response_id(codec: Codec, index: int) -> str:
-    prefix = {"openai_chat": "chatcmpl", "openai_responses": "resp", "anthropic_messages": "msg"}.get(codec.api.value, "gen")
+    prefix = {
+        "openai_chat": "chatcmpl",
+        "openai_responses": "resp",
+        "anthropic_messages": "msg",
+    }.get(codec.api.value, "gen")
     return f"{prefix}_{uuid.uuid4().hex[:24]}{index:04d}"

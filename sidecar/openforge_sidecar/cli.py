@@ -32,19 +32,52 @@ from openforge_sidecar import capture, master
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="openforge sidecar", description=front_door.description(__doc__))
-    parser.add_argument("--listen", default="127.0.0.1:8090", help="host:port to listen on (default %(default)s)")
-    parser.add_argument("--mode", choices=("reverse", "regular", "transparent"), default="reverse", help="network mode (default %(default)s)")
-    parser.add_argument("--capture", choices=capture.MODES, default="tokens", help="tokens: token-in/token-out from the engine; passthrough: forward unchanged")
-    parser.add_argument("--engine", default="", help="engine base URL (tokens mode), e.g. http://127.0.0.1:8000")
+    parser = argparse.ArgumentParser(
+        prog="openforge sidecar", description=front_door.description(__doc__)
+    )
+    parser.add_argument(
+        "--listen", default="127.0.0.1:8090", help="host:port to listen on (default %(default)s)"
+    )
+    parser.add_argument(
+        "--mode",
+        choices=("reverse", "regular", "transparent"),
+        default="reverse",
+        help="network mode (default %(default)s)",
+    )
+    parser.add_argument(
+        "--capture",
+        choices=capture.MODES,
+        default="tokens",
+        help="tokens: token-in/token-out from the engine; passthrough: forward unchanged",
+    )
+    parser.add_argument(
+        "--engine", default="", help="engine base URL (tokens mode), e.g. http://127.0.0.1:8000"
+    )
     parser.add_argument("--engine-model", default="", help="model name to send to the engine")
-    parser.add_argument("--tokenizer", default="", help="tokenizer directory or URL (default: the engine)")
-    parser.add_argument("--max-model-len", type=int, default=0, help="policy context length (default: the engine's, from its /v1/models; else 32768)")
-    parser.add_argument("--upstream", default="", help="reverse-mode upstream for passthrough and non-LLM paths (default: the engine)")
-    parser.add_argument("--spool", required=True, type=Path, help="spool directory (durable, fsync'd)")
+    parser.add_argument(
+        "--tokenizer", default="", help="tokenizer directory or URL (default: the engine)"
+    )
+    parser.add_argument(
+        "--max-model-len",
+        type=int,
+        default=0,
+        help="policy context length (default: the engine's, from its /v1/models; else 32768)",
+    )
+    parser.add_argument(
+        "--upstream",
+        default="",
+        help="reverse-mode upstream for passthrough and non-LLM paths (default: the engine)",
+    )
+    parser.add_argument(
+        "--spool", required=True, type=Path, help="spool directory (durable, fsync'd)"
+    )
     parser.add_argument("--collector", default="", help="collector host:port; empty: spool only")
-    parser.add_argument("--collector-token-file", default="", help="file holding the collector bearer token")
-    parser.add_argument("--flush-timeout", type=int, default=30, help="seconds to wait for acks on shutdown")
+    parser.add_argument(
+        "--collector-token-file", default="", help="file holding the collector bearer token"
+    )
+    parser.add_argument(
+        "--flush-timeout", type=int, default=30, help="seconds to wait for acks on shutdown"
+    )
     parser.add_argument("--job", default="local")
     parser.add_argument("--rollout-id", default="")
     parser.add_argument("--task-id", default="")
@@ -56,10 +89,23 @@ def build_parser() -> argparse.ArgumentParser:
         "--label", action="append", default=[], metavar="KEY=VALUE",
         help=f"a label of the rollout's started record (repeatable), e.g. {trajectory.BATCH_LABEL}=3",
     )  # fmt: skip
-    parser.add_argument("--confdir", default="", help="mitmproxy confdir holding the CA (regular/transparent modes)")
-    parser.add_argument("--listen-fd", type=int, default=-1, help="serve this inherited socket, already listening on --listen, instead of binding one")
-    parser.add_argument("--ready-file", default="", help="file to create once the sidecar serves (its spool open)")
-    parser.add_argument("--finish-on-stop", action="store_true", help="on SIGTERM, record a rollout nobody finished as failed (a stopped pod)")
+    parser.add_argument(
+        "--confdir", default="", help="mitmproxy confdir holding the CA (regular/transparent modes)"
+    )
+    parser.add_argument(
+        "--listen-fd",
+        type=int,
+        default=-1,
+        help="serve this inherited socket, already listening on --listen, instead of binding one",
+    )
+    parser.add_argument(
+        "--ready-file", default="", help="file to create once the sidecar serves (its spool open)"
+    )
+    parser.add_argument(
+        "--finish-on-stop",
+        action="store_true",
+        help="on SIGTERM, record a rollout nobody finished as failed (a stopped pod)",
+    )
     parser.add_argument(
         "--control-token-file", default="",
         help=f"POST {endpoints.ROLLOUT_FINISH} needs 'Authorization: Bearer TOKEN', TOKEN this file's (made, random, 0600, when absent):"
@@ -90,7 +136,9 @@ def settings(ns: argparse.Namespace) -> list[str]:
     upstream = ns.upstream or ns.engine
     if ns.mode == "reverse":
         if not upstream:
-            raise SystemExit("openforge sidecar: --upstream is required in reverse passthrough mode")
+            raise SystemExit(
+                "openforge sidecar: --upstream is required in reverse passthrough mode"
+            )
         mode = f"reverse:{upstream}"
     else:
         mode = ns.mode
@@ -162,7 +210,9 @@ def inherited(fd: int, listen: str) -> socket.socket | None:
     listening = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN)
     if sock.type != socket.SOCK_STREAM or not listening or bound != (host.strip("[]"), int(port)):
         sock.detach()
-        raise SystemExit(f"openforge sidecar: --listen-fd {fd} is not a TCP socket listening on --listen {listen} (it is bound to {bound})")
+        raise SystemExit(
+            f"openforge sidecar: --listen-fd {fd} is not a TCP socket listening on --listen {listen} (it is bound to {bound})"
+        )
     return sock
 
 

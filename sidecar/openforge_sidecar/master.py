@@ -90,7 +90,11 @@ def run(
 
 
 async def _serve(
-    settings: Sequence[str], *, verbose: bool, extra_addons: Sequence[Any], listening: socket.socket | None
+    settings: Sequence[str],
+    *,
+    verbose: bool,
+    extra_addons: Sequence[Any],
+    listening: socket.socket | None,
 ) -> None:
     # As mitmproxy's own entry point does: its log handlers filter by level.
     logging.getLogger().setLevel(logging.DEBUG)

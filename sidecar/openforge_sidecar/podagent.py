@@ -93,9 +93,13 @@ def judge(run_dir: Path, *, reward_from: str, failing_exit_codes: frozenset[int]
         if grader_exit is None:
             graded = verdict.Graded(stdout=stdout, error="its exit code was never recorded")
         elif grader_exit in (126, 127) and not stdout.strip():
-            graded = verdict.Graded(error=f"exit {grader_exit}: its command was not found or cannot be run")
+            graded = verdict.Graded(
+                error=f"exit {grader_exit}: its command was not found or cannot be run"
+            )
         else:
-            graded = verdict.Graded(stdout=stdout, exit_code=grader_exit, timed_out=grader_exit == GRADER_TIMED_OUT)
+            graded = verdict.Graded(
+                stdout=stdout, exit_code=grader_exit, timed_out=grader_exit == GRADER_TIMED_OUT
+            )
     return verdict.judge(
         exit_code=exit_code, grader=graded, reward_from=None if reward_from == "none" else reward_from,
         failing_exit_codes=failing_exit_codes,
@@ -103,7 +107,9 @@ def judge(run_dir: Path, *, reward_from: str, failing_exit_codes: frozenset[int]
     )  # fmt: skip
 
 
-def post_finish(listen: str, verdict: Verdict, *, wait_seconds: float, deadline: float, token_file: str) -> dict[str, Any]:
+def post_finish(
+    listen: str, verdict: Verdict, *, wait_seconds: float, deadline: float, token_file: str
+) -> dict[str, Any]:
     """Report the rollout to the sidecar with its control token, retrying until
     ``deadline`` while it is not up (nor its token made)."""
     import urllib.request  # here, not at the top: it would be 30 ms before the agent binds the port
@@ -161,10 +167,14 @@ class Agent:
         restarted = self._prepare()
         fd = listen(self.options.listen).detach()  # the sidecar's socket from now on
         if self.options.fence_wait > 0 and not restarted:
-            threading.Thread(target=self._ready_when_fenced, name="openforge-podagent-fence", daemon=True).start()
+            threading.Thread(
+                target=self._ready_when_fenced, name="openforge-podagent-fence", daemon=True
+            ).start()
         else:
             (self.run_dir / podrun.SIDECAR_READY).touch()
-        threading.Thread(target=self._pass_on_stop, name="openforge-podagent-stop", daemon=True).start()
+        threading.Thread(
+            target=self._pass_on_stop, name="openforge-podagent-stop", daemon=True
+        ).start()
         threading.Thread(target=self._watch, name="openforge-podagent", daemon=True).start()
         # SIGTERM and SIGINT stop the sidecar (its own handlers): it records a
         # rollout nobody reported as failed, flushes its spool and returns
@@ -196,16 +206,29 @@ class Agent:
         target, started = self.options.fence_target, time.monotonic()
         if await_fence(target, wait=self.options.fence_wait, poll=self.options.fence_poll):
             (self.run_dir / podrun.SIDECAR_READY).touch()
-            print(f"podagent: fenced after {time.monotonic() - started:.2f} s ({target} unreachable); the harness may start", file=sys.stderr, flush=True)
+            print(
+                f"podagent: fenced after {time.monotonic() - started:.2f} s ({target} unreachable); the harness may start",
+                file=sys.stderr,
+                flush=True,
+            )
             return
-        print(f"podagent: still not fenced after {self.options.fence_wait:g} s ({target} reachable); failing the attempt", file=sys.stderr, flush=True)
+        print(
+            f"podagent: still not fenced after {self.options.fence_wait:g} s ({target} reachable); failing the attempt",
+            file=sys.stderr,
+            flush=True,
+        )
         message = (
             f"the pod could still reach the API server ({target}) after {self.options.fence_wait:g} s: "
             "the cluster did not enforce the job's NetworkPolicy (its network plugin has no NetworkPolicy "
             "support, or is that far behind), so the harness never ran; an operator run with "
             "--fence-wait-seconds 0 starts harnesses without waiting for the fence"
         )
-        self._report(Verdict(podrun.SIDECAR_NOT_READY_EXIT_CODE, None, "", "failed", "SidecarFailed", message), wait=self.options.finish_wait)
+        self._report(
+            Verdict(
+                podrun.SIDECAR_NOT_READY_EXIT_CODE, None, "", "failed", "SidecarFailed", message
+            ),
+            wait=self.options.finish_wait,
+        )
 
     def _keep_stop(self, signum: int, frame: FrameType | None) -> None:
         self.stop_asked = signum
@@ -235,7 +258,13 @@ class Agent:
 
     def _report(self, verdict: Verdict, *, wait: float) -> None:
         deadline = time.monotonic() + wait + 10
-        result = post_finish(self.options.listen, verdict, wait_seconds=wait, deadline=deadline, token_file=self.options.control_token_file)
+        result = post_finish(
+            self.options.listen,
+            verdict,
+            wait_seconds=wait,
+            deadline=deadline,
+            token_file=self.options.control_token_file,
+        )
         message = termination_message(verdict, result)
         _create(self.run_dir / podrun.FINISHED, json.dumps(message, separators=(",", ":")))
 
@@ -269,7 +298,10 @@ def await_fence(target: str, *, wait: float, poll: float) -> bool:
 
 def default_fence_target() -> str:
     """The API server as a pod sees it (the kubelet sets these in every container)."""
-    host, port = os.environ.get("KUBERNETES_SERVICE_HOST", ""), os.environ.get("KUBERNETES_SERVICE_PORT", "")
+    host, port = (
+        os.environ.get("KUBERNETES_SERVICE_HOST", ""),
+        os.environ.get("KUBERNETES_SERVICE_PORT", ""),
+    )
     if not host or not port:
         return ""
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
@@ -301,9 +333,13 @@ def build_parser() -> argparse.ArgumentParser:
         prog="python -m openforge_sidecar.podagent",
         description="Run the capture sidecar in a rollout pod and report the rollout when the harness is done.",
     )
-    parser.add_argument("--run-dir", default=podrun.RUN_DIR, help="directory shared with the harness container")
+    parser.add_argument(
+        "--run-dir", default=podrun.RUN_DIR, help="directory shared with the harness container"
+    )
     parser.add_argument("--listen", required=True, help="the sidecar's host:port (its --listen)")
-    parser.add_argument("--ca-file", default="", help="the job's CA (key and certificate) to copy into --confdir")
+    parser.add_argument(
+        "--ca-file", default="", help="the job's CA (key and certificate) to copy into --confdir"
+    )
     parser.add_argument("--confdir", default="", help="the sidecar's mitmproxy confdir")
     parser.add_argument(
         "--reward-from", choices=("stdout-json", "exit-code", "none"), default="none",
@@ -313,8 +349,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--failing-exit-codes", default="",
         help="harness exit codes that fail the rollout, compact ('1-255'); others are graded data",
     )  # fmt: skip
-    parser.add_argument("--finish-wait", type=float, default=60.0, help="seconds to wait for the collector's ack")
-    parser.add_argument("--poll", type=float, default=0.05, help="seconds between looks at the run directory")
+    parser.add_argument(
+        "--finish-wait", type=float, default=60.0, help="seconds to wait for the collector's ack"
+    )
+    parser.add_argument(
+        "--poll", type=float, default=0.05, help="seconds between looks at the run directory"
+    )
     parser.add_argument(
         "--control-token-file", default="",
         help="the sidecar's --control-token-file (in its own volume): the token the rollout is reported with",
@@ -327,7 +367,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--fence-target", default="",
         help="host:port the fence makes unreachable (default: the API server, $KUBERNETES_SERVICE_HOST:$KUBERNETES_SERVICE_PORT)",
     )  # fmt: skip
-    parser.add_argument("--fence-poll", type=float, default=0.2, help="seconds between tries of the fence")
+    parser.add_argument(
+        "--fence-poll", type=float, default=0.2, help="seconds between tries of the fence"
+    )
     return parser
 
 

@@ -51,7 +51,9 @@ def _collect_tokens(body: Any, tokens: list[int], logprobs: list[float]) -> list
             continue
         tokens.extend(int(t) for t in choice.get("token_ids") or [])
         content = (choice.get("logprobs") or {}).get("content") or []
-        logprobs.extend(float(item.get("logprob", 0.0)) for item in content if isinstance(item, dict))
+        logprobs.extend(
+            float(item.get("logprob", 0.0)) for item in content if isinstance(item, dict)
+        )
     return [int(t) for t in prompt_ids] if isinstance(prompt_ids, list) else None
 
 
@@ -106,7 +108,9 @@ class Tee:
             return
         try:
             self.completion = self._codec.parse_response(bytes(self._buffer))
-            self.prompt_ids = _collect_tokens(json.loads(self._buffer), self.token_ids, self.logprobs)
+            self.prompt_ids = _collect_tokens(
+                json.loads(self._buffer), self.token_ids, self.logprobs
+            )
         except (CodecError, ValueError) as exc:
             self.error = f"upstream body not understood: {exc}"
 

@@ -105,7 +105,10 @@ def test_main_writes_the_files_and_check_reports_staleness(
     assert sorted(p.name for p in tmp_path.iterdir()) == FILES
     capsys.readouterr()
     assert crds.main(["--check", "--output-dir", str(tmp_path)]) == 0
-    assert capsys.readouterr().out == f"up to date: {', '.join(str(tmp_path / name) for name in FILES)}\n"
+    assert (
+        capsys.readouterr().out
+        == f"up to date: {', '.join(str(tmp_path / name) for name in FILES)}\n"
+    )
     assert crds.main(["--output-dir", str(tmp_path)]) == 0  # nothing to write: said so
     assert capsys.readouterr().out.startswith("up to date: ")
     (tmp_path / FILES[0]).write_text("stale")

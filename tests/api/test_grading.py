@@ -30,9 +30,15 @@ def test_stdout_json(stdout: str, exit_code: int, expected: float | None) -> Non
 
 
 def test_reasons_name_what_was_wrong() -> None:
-    assert "without a numeric 'reward'" in grading.reward("stdout-json", stdout='{"score": 1}', exit_code=0)[1]
+    assert (
+        "without a numeric 'reward'"
+        in grading.reward("stdout-json", stdout='{"score": 1}', exit_code=0)[1]
+    )
     assert "no JSON line (exit 2)" in grading.reward("stdout-json", stdout="boom", exit_code=2)[1]
-    assert "not a finite number (nan)" in grading.reward("stdout-json", stdout='{"reward": NaN}', exit_code=0)[1]
+    assert (
+        "not a finite number (nan)"
+        in grading.reward("stdout-json", stdout='{"reward": NaN}', exit_code=0)[1]
+    )
 
 
 def test_exit_code() -> None:

@@ -21,7 +21,9 @@ def source(**tasks: object) -> v1alpha1.TaskSource:
 
 
 def test_inline_records_keep_their_fields_and_drop_nulls() -> None:
-    assert task_records.inline(source(inline=[{"id": "a", "prompt": "p", "n": 1}, {"id": "b"}])) == [{"id": "a", "prompt": "p", "n": 1}, {"id": "b"}]
+    assert task_records.inline(
+        source(inline=[{"id": "a", "prompt": "p", "n": 1}, {"id": "b"}])
+    ) == [{"id": "a", "prompt": "p", "n": 1}, {"id": "b"}]
     assert task_records.inline(source(file="tasks.jsonl")) is None
 
 
@@ -57,4 +59,9 @@ def test_the_longest_id_is_the_crds() -> None:
 def test_task_files_render_from_the_record() -> None:
     task = {"id": "a", "prompt": 'say "hi"'}
     assert task_records.render_file(v1alpha1.TaskFile(path="/t.json"), task) == json.dumps(task)
-    assert task_records.render_file(v1alpha1.TaskFile(path="/t.json", template='{"p": {{ task.prompt }}}'), task) == '{"p": "say \\"hi\\""}'
+    assert (
+        task_records.render_file(
+            v1alpha1.TaskFile(path="/t.json", template='{"p": {{ task.prompt }}}'), task
+        )
+        == '{"p": "say \\"hi\\""}'
+    )

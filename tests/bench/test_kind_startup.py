@@ -16,7 +16,9 @@ import kind_startup  # noqa: E402
 
 
 def test_runtime_timestamps_keep_their_nanoseconds() -> None:
-    assert kind_startup.parse_time("2026-12-01T14:10:01.123456789Z") == pytest.approx(1796134201.123456789, abs=1e-6)
+    assert kind_startup.parse_time("2026-12-01T14:10:01.123456789Z") == pytest.approx(
+        1796134201.123456789, abs=1e-6
+    )
     assert kind_startup.parse_time("2026-12-01T14:10:01Z") == 1796134201.0
 
 
@@ -29,12 +31,18 @@ def test_percentiles_are_nearest_rank() -> None:
 
 
 def test_spans_skip_pods_that_lack_either_end() -> None:
-    pods = {"a": kind_startup.PodTimes(created=1.0, scheduled=2.0, answered=3.5), "b": kind_startup.PodTimes(created=1.0, scheduled=2.5)}
+    pods = {
+        "a": kind_startup.PodTimes(created=1.0, scheduled=2.0, answered=3.5),
+        "b": kind_startup.PodTimes(created=1.0, scheduled=2.5),
+    }
     assert kind_startup.spans(pods, "scheduled", "answered") == [1.5]
 
 
 def test_the_rollout_side_is_a_valid_harness_env_and_job() -> None:
-    env, job = manifests.parse(kind_startup.harness_env("b", 0)), manifests.parse(kind_startup.rollout_job("b", 50, 10))
+    env, job = (
+        manifests.parse(kind_startup.harness_env("b", 0)),
+        manifests.parse(kind_startup.rollout_job("b", 50, 10)),
+    )
     assert env.metadata.name == job.metadata.name == "b"
     assert len(job.spec.tasks.inline) == 50 and job.spec.parallelism == 10
 

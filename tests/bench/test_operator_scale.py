@@ -36,7 +36,9 @@ def kube(tmp_path_factory: pytest.TempPathFactory) -> Iterator[kube_cluster.Kube
         return
     bin_dir = kube_cluster.built_binaries()
     if bin_dir is None:
-        pytest.skip("cluster binaries are not built (scripts/build_cluster_binaries.sh) and KUBECONFIG is unset")
+        pytest.skip(
+            "cluster binaries are not built (scripts/build_cluster_binaries.sh) and KUBECONFIG is unset"
+        )
     directory = tmp_path_factory.mktemp("bench-cluster")
     try:
         yield kube_cluster.start_local(directory, bin_dir)
@@ -55,7 +57,13 @@ def test_a_small_run_reports_both_sides(kube: kube_cluster.Kube) -> None:
     result = json.loads(summary)
     for side in ("rolloutjob", "job"):
         assert result[side]["pods"] == 8 and result[side]["duplicates"] == 0
-        assert result[side]["all_created_s"] > 0 and result[side]["all_complete_s"] >= result[side]["all_created_s"]
+        assert (
+            result[side]["all_created_s"] > 0
+            and result[side]["all_complete_s"] >= result[side]["all_created_s"]
+        )
     assert result["rolloutjob"]["status_counts"]["succeeded"] == 8
-    assert result["rolloutjob"]["operator_cpu_s"] > 0 and result["rolloutjob"]["operator_peak_rss_mib"] > 10
+    assert (
+        result["rolloutjob"]["operator_cpu_s"] > 0
+        and result["rolloutjob"]["operator_peak_rss_mib"] > 10
+    )
     assert result["ratio_all_created"] > 0 and result["ratio_all_complete"] > 0

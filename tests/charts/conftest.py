@@ -35,4 +35,6 @@ def helm() -> helm_chart.Helm:
     on_path = shutil.which("helm")
     if on_path is not None:
         return helm_chart.Helm(on_path)
-    pytest.skip(f"no helm: run {kube_cluster.BUILD_SCRIPT} (builds the pinned helm) or put helm on PATH")
+    pytest.skip(
+        f"no helm: run {kube_cluster.BUILD_SCRIPT} (builds the pinned helm) or put helm on PATH"
+    )

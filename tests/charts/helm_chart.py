@@ -25,7 +25,13 @@ class HelmError(RuntimeError):
 class Helm:
     path: str
 
-    def run(self, *args: str, values: dict[str, Any] | None = None, kubeconfig: Path | None = None, timeout: float = 120.0) -> str:
+    def run(
+        self,
+        *args: str,
+        values: dict[str, Any] | None = None,
+        kubeconfig: Path | None = None,
+        timeout: float = 120.0,
+    ) -> str:
         """``helm ARGS`` (values, if any, fed as ``-f -``); its stdout, or HelmError."""
         argv = [*args, *(["-f", "-"] if values is not None else [])]
         config = ["--kubeconfig", str(kubeconfig)] if kubeconfig else []
@@ -37,13 +43,24 @@ class Helm:
             raise HelmError(argv, result.returncode, result.stderr)
         return result.stdout
 
-    def template(self, values: dict[str, Any] | None = None, *, release: str = "of", namespace: str = "openforge", args: tuple[str, ...] = ()) -> list[dict[str, Any]]:
+    def template(
+        self,
+        values: dict[str, Any] | None = None,
+        *,
+        release: str = "of",
+        namespace: str = "openforge",
+        args: tuple[str, ...] = (),
+    ) -> list[dict[str, Any]]:
         """The chart rendered with ``values``: every object, in helm's order."""
-        out = self.run("template", release, str(CHART), "--namespace", namespace, *args, values=values)
+        out = self.run(
+            "template", release, str(CHART), "--namespace", namespace, *args, values=values
+        )
         return [doc for doc in yaml.safe_load_all(out) if doc]
 
 
-def find(objects: list[dict[str, Any]], kind: str, name: str | None = None, namespace: str | None = None) -> list[dict[str, Any]]:
+def find(
+    objects: list[dict[str, Any]], kind: str, name: str | None = None, namespace: str | None = None
+) -> list[dict[str, Any]]:
     """The objects of ``kind`` (and ``name``, ``namespace`` when given)."""
     return [
         obj for obj in objects
@@ -53,9 +70,13 @@ def find(objects: list[dict[str, Any]], kind: str, name: str | None = None, name
     ]  # fmt: skip
 
 
-def one(objects: list[dict[str, Any]], kind: str, name: str | None = None, namespace: str | None = None) -> dict[str, Any]:
+def one(
+    objects: list[dict[str, Any]], kind: str, name: str | None = None, namespace: str | None = None
+) -> dict[str, Any]:
     found = find(objects, kind, name, namespace)
-    assert len(found) == 1, f"expected one {kind} {name or ''}, found {[o['metadata']['name'] for o in found]}"
+    assert len(found) == 1, (
+        f"expected one {kind} {name or ''}, found {[o['metadata']['name'] for o in found]}"
+    )
     return found[0]
 
 

@@ -36,7 +36,10 @@ NON_DEFAULT: dict[str, Any] = {
             "model": "/opt/openforge/models/tiny-react",
             "serve": ["http://policy.rl.svc:8000"],
             "device": "cuda",
-            "resources": {"limits": {"nvidia.com/gpu": 1, "cpu": "8", "memory": "64Gi"}, "requests": {"cpu": "4", "memory": "32Gi"}},
+            "resources": {
+                "limits": {"nvidia.com/gpu": 1, "cpu": "8", "memory": "64Gi"},
+                "requests": {"cpu": "4", "memory": "32Gi"},
+            },
         },
         "persistence": {"existingClaim": "trajectories"},
         "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
@@ -129,8 +132,15 @@ def test_every_pod_runs_with_secure_defaults(helm: Helm) -> None:
 
 def test_image_tags_default_to_the_app_version(helm: Helm) -> None:
     objects = helm.template()
-    images = {c["image"] for d in find(objects, "Deployment") for c in d["spec"]["template"]["spec"]["containers"]}
-    assert images == {f"ghcr.io/openforge/operator:{APP_VERSION}", f"ghcr.io/openforge/trainer:{APP_VERSION}"}
+    images = {
+        c["image"]
+        for d in find(objects, "Deployment")
+        for c in d["spec"]["template"]["spec"]["containers"]
+    }
+    assert images == {
+        f"ghcr.io/openforge/operator:{APP_VERSION}",
+        f"ghcr.io/openforge/trainer:{APP_VERSION}",
+    }
     for deployment in find(objects, "Deployment"):
         assert deployment["metadata"]["labels"]["app.kubernetes.io/version"] == APP_VERSION
 
@@ -141,13 +151,32 @@ def test_trainer_has_no_api_token_and_serves_grpc(helm: Helm) -> None:
     pod = deployment["spec"]["template"]["spec"]
     assert deployment["spec"]["strategy"] == {"type": "Recreate"}
     assert pod["automountServiceAccountToken"] is False
-    assert one(objects, "ServiceAccount", "of-openforge-trainer")["automountServiceAccountToken"] is False
+    assert (
+        one(objects, "ServiceAccount", "of-openforge-trainer")["automountServiceAccountToken"]
+        is False
+    )
     assert list(containers(deployment)) == ["collector"], "the trainer container is off by default"
     collector = containers(deployment)["collector"]
-    assert collector["args"] == ["--store=/data/store.db", "--listen=0.0.0.0:50051", "--grace=10", f"--master-key-file={MASTER_KEY_FILE}"]
-    assert {"name": "data", "persistentVolumeClaim": {"claimName": "of-openforge-trainer-store"}} in pod["volumes"]
+    assert collector["args"] == [
+        "--store=/data/store.db",
+        "--listen=0.0.0.0:50051",
+        "--grace=10",
+        f"--master-key-file={MASTER_KEY_FILE}",
+    ]
+    assert {
+        "name": "data",
+        "persistentVolumeClaim": {"claimName": "of-openforge-trainer-store"},
+    } in pod["volumes"]
     service = one(objects, "Service", "of-openforge-collector")
-    assert service["spec"]["ports"] == [{"name": "grpc", "port": 50051, "targetPort": "grpc", "protocol": "TCP", "appProtocol": "grpc"}]
+    assert service["spec"]["ports"] == [
+        {
+            "name": "grpc",
+            "port": 50051,
+            "targetPort": "grpc",
+            "protocol": "TCP",
+            "appProtocol": "grpc",
+        }
+    ]
     assert service["spec"]["selector"] == deployment["spec"]["selector"]["matchLabels"]
     claim = one(objects, "PersistentVolumeClaim")
     assert claim["metadata"]["annotations"] == {"helm.sh/resource-policy": "keep"}
@@ -164,7 +193,12 @@ def test_non_default_values_reach_the_objects(helm: Helm) -> None:
     operator_deployment = one(objects, "Deployment", "forge-operator")
     operator = containers(operator_deployment)["operator"]
     assert operator["image"] == "ghcr.io/openforge/operator@sha256:" + "a" * 64
-    assert operator["args"][:4] == ["--standalone", "--namespace=rl-a", "--namespace=rl-b", "--sidecar-image=ghcr.io/openforge/sidecar:0.1.0-rc1"]
+    assert operator["args"][:4] == [
+        "--standalone",
+        "--namespace=rl-a",
+        "--namespace=rl-b",
+        "--sidecar-image=ghcr.io/openforge/sidecar:0.1.0-rc1",
+    ]
     assert operator["args"][-1] == "--verbose"
     assert "--all-namespaces" not in operator["args"]
     pod = operator_deployment["spec"]["template"]["spec"]
@@ -180,24 +214,36 @@ def test_non_default_values_reach_the_objects(helm: Helm) -> None:
     assert token_volume["secret"]["secretName"] == "collector-token"
     assert token_volume["secret"]["items"] == [{"key": "bearer", "path": "token"}]
     trainer = containers(trainer_deployment)["trainer"]
-    assert trainer["args"] == [
-        "--store=/data/store.db",
-        "--job=react-toy",
-        "--model=/opt/openforge/models/tiny-react",
-        "--run-dir=/data/runs/react-toy",
-        "--device=cuda",
-        "--serve=http://policy.rl.svc:8000",
-        "--serve-publish=bytes",  # the policy server is another pod: it cannot read the trainer's checkpoint path
-    ]
+    assert (
+        trainer["args"]
+        == [
+            "--store=/data/store.db",
+            "--job=react-toy",
+            "--model=/opt/openforge/models/tiny-react",
+            "--run-dir=/data/runs/react-toy",
+            "--device=cuda",
+            "--serve=http://policy.rl.svc:8000",
+            "--serve-publish=bytes",  # the policy server is another pod: it cannot read the trainer's checkpoint path
+        ]
+    )
     assert trainer["resources"]["limits"]["nvidia.com/gpu"] == 1
-    assert {"name": "data", "persistentVolumeClaim": {"claimName": "trajectories"}} in pod["volumes"]
+    assert {"name": "data", "persistentVolumeClaim": {"claimName": "trajectories"}} in pod[
+        "volumes"
+    ]
     assert pod["tolerations"] == NON_DEFAULT["trainer"]["tolerations"]
 
 
 def master_key_mounts(deployment: dict[str, Any], container: str) -> list[str]:
     """The Secret and key each container's master-key file comes from (the volume behind its mount)."""
     pod = deployment["spec"]["template"]["spec"]
-    mount = next((m for m in containers(deployment)[container].get("volumeMounts", []) if m["name"] == "collector-master-key"), None)
+    mount = next(
+        (
+            m
+            for m in containers(deployment)[container].get("volumeMounts", [])
+            if m["name"] == "collector-master-key"
+        ),
+        None,
+    )
     if mount is None:
         return []
     assert mount["readOnly"] is True and MASTER_KEY_FILE.startswith(mount["mountPath"] + "/")
@@ -214,14 +260,22 @@ def test_the_operator_and_the_collector_share_a_generated_master_key(helm: Helm)
     key = base64.b64decode(secret["data"]["master-key"]).decode()
     assert len(key) == 64 and key.isalnum()
     assert secret["immutable"] is True, "a render that cannot read the key back must not replace it"
-    assert base64.b64decode(one(helm.template(), "Secret")["data"]["master-key"]).decode() != key, "random per install"
+    assert base64.b64decode(one(helm.template(), "Secret")["data"]["master-key"]).decode() != key, (
+        "random per install"
+    )
     operator = one(objects, "Deployment", "of-openforge-operator")
     trainer = one(objects, "Deployment", "of-openforge-trainer")
-    assert master_key_mounts(operator, "operator") == master_key_mounts(trainer, "collector") == ["of-openforge-collector-master-key", "master-key"]
+    assert (
+        master_key_mounts(operator, "operator")
+        == master_key_mounts(trainer, "collector")
+        == ["of-openforge-collector-master-key", "master-key"]
+    )
     parsed, _ = cli.options(containers(operator)["operator"]["args"])
     assert parsed.collector_master_key_file == MASTER_KEY_FILE
     assert f"--master-key-file={MASTER_KEY_FILE}" in containers(trainer)["collector"]["args"]
-    notes = helm.run("install", "of", str(CHART), "--namespace", "rl", "--dry-run=client").split("NOTES:", 1)[1]
+    notes = helm.run("install", "of", str(CHART), "--namespace", "rl", "--dry-run=client").split(
+        "NOTES:", 1
+    )[1]
     assert "master key in Secret of-openforge-collector-master-key" in notes
 
 
@@ -230,7 +284,11 @@ def test_an_existing_master_key_secret_is_mounted_and_none_is_made(helm: Helm) -
     assert not find(objects, "Secret")
     operator = one(objects, "Deployment", "of-openforge-operator")
     trainer = one(objects, "Deployment", "of-openforge-trainer")
-    assert master_key_mounts(operator, "operator") == master_key_mounts(trainer, "collector") == ["forge-key", "k"]
+    assert (
+        master_key_mounts(operator, "operator")
+        == master_key_mounts(trainer, "collector")
+        == ["forge-key", "k"]
+    )
 
 
 def test_collector_tokens_off_leave_no_key_anywhere(helm: Helm) -> None:
@@ -239,8 +297,14 @@ def test_collector_tokens_off_leave_no_key_anywhere(helm: Helm) -> None:
     operator = one(objects, "Deployment", "of-openforge-operator")
     trainer = one(objects, "Deployment", "of-openforge-trainer")
     assert master_key_mounts(operator, "operator") == master_key_mounts(trainer, "collector") == []
-    assert not any("master-key" in arg for arg in containers(operator)["operator"]["args"] + containers(trainer)["collector"]["args"])
-    assert "collector-master-key" not in {v["name"] for d in (operator, trainer) for v in d["spec"]["template"]["spec"]["volumes"]}
+    assert not any(
+        "master-key" in arg
+        for arg in containers(operator)["operator"]["args"]
+        + containers(trainer)["collector"]["args"]
+    )
+    assert "collector-master-key" not in {
+        v["name"] for d in (operator, trainer) for v in d["spec"]["template"]["spec"]["volumes"]
+    }
 
 
 def test_persistence_off_uses_an_empty_dir(helm: Helm) -> None:
@@ -252,24 +316,42 @@ def test_persistence_off_uses_an_empty_dir(helm: Helm) -> None:
 
 def test_trainer_off_leaves_only_the_operator(helm: Helm) -> None:
     objects = helm.template({"trainer": {"enabled": False}})
-    assert {o["kind"] for o in objects} == {"CustomResourceDefinition", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Deployment", "Secret"}
-    assert one(objects, "Secret")["metadata"]["name"] == "of-openforge-collector-master-key", "the operator still issues tokens"
+    assert {o["kind"] for o in objects} == {
+        "CustomResourceDefinition",
+        "ServiceAccount",
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "Deployment",
+        "Secret",
+    }
+    assert one(objects, "Secret")["metadata"]["name"] == "of-openforge-collector-master-key", (
+        "the operator still issues tokens"
+    )
     assert [d["metadata"]["name"] for d in find(objects, "Deployment")] == ["of-openforge-operator"]
 
 
-@pytest.mark.parametrize(("release", "expected"), [("openforge", "openforge-operator"), ("rl", "rl-openforge-operator")])
+@pytest.mark.parametrize(
+    ("release", "expected"), [("openforge", "openforge-operator"), ("rl", "rl-openforge-operator")]
+)
 def test_names_do_not_repeat_the_chart_name(helm: Helm, release: str, expected: str) -> None:
     assert one(helm.template(release=release), "Deployment", expected)
 
 
 def test_operator_arguments_parse_with_the_operators_own_cli(helm: Helm) -> None:
-    for values, sidecar in ((None, f"ghcr.io/openforge/sidecar:{APP_VERSION}"), (NON_DEFAULT, "ghcr.io/openforge/sidecar:0.1.0-rc1")):
+    for values, sidecar in (
+        (None, f"ghcr.io/openforge/sidecar:{APP_VERSION}"),
+        (NON_DEFAULT, "ghcr.io/openforge/sidecar:0.1.0-rc1"),
+    ):
         name = "forge-operator" if values else "of-openforge-operator"
         operator = containers(one(helm.template(values), "Deployment", name))["operator"]
         parsed, config = cli.options(operator["args"])
         assert parsed.standalone is True
         assert config.sidecar_image == sidecar
-        assert config.sidecar_resources == (values["operator"]["sidecarResources"] if values else settings.Settings().sidecar_resources)
+        assert config.sidecar_resources == (
+            values["operator"]["sidecarResources"]
+            if values
+            else settings.Settings().sidecar_resources
+        )
     assert parsed.namespace == ["rl-a", "rl-b"] and not parsed.all_namespaces
     assert parsed.webhook is True
 
@@ -283,13 +365,32 @@ def test_webhook_gets_a_service_and_a_configuration_the_operator_fills(helm: Hel
     assert parsed.webhook_host == "of-openforge-operator-webhook.openforge.svc"
     # the API server reaches it through the Service (its resolver knows no *.svc names)
     assert parsed.webhook_service == ("openforge", "of-openforge-operator-webhook")
-    assert service["spec"]["ports"] == [{"name": "webhook", "port": parsed.webhook_port, "targetPort": "webhook", "protocol": "TCP", "appProtocol": "https"}]
-    assert {"name": "webhook", "containerPort": parsed.webhook_port, "protocol": "TCP"} in operator["ports"]
+    assert service["spec"]["ports"] == [
+        {
+            "name": "webhook",
+            "port": parsed.webhook_port,
+            "targetPort": "webhook",
+            "protocol": "TCP",
+            "appProtocol": "https",
+        }
+    ]
+    assert {"name": "webhook", "containerPort": parsed.webhook_port, "protocol": "TCP"} in operator[
+        "ports"
+    ]
     assert service["spec"]["selector"] == operator_deployment["spec"]["selector"]["matchLabels"]
-    for kind in ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"):  # kopf manages both
+    for kind in (
+        "MutatingWebhookConfiguration",
+        "ValidatingWebhookConfiguration",
+    ):  # kopf manages both
         configuration = one(objects, kind)
-        assert configuration["metadata"]["name"] == parsed.webhook_configuration == "of-openforge-capture"
-        assert "webhooks" not in configuration, "the operator owns the webhooks; Helm must not overwrite them"
+        assert (
+            configuration["metadata"]["name"]
+            == parsed.webhook_configuration
+            == "of-openforge-capture"
+        )
+        assert "webhooks" not in configuration, (
+            "the operator owns the webhooks; Helm must not overwrite them"
+        )
     # kopf names each webhook HANDLER.CONFIGURATION; the API server wants >= 3 segments.
     assert len(f"{webhook.HANDLER_ID}.{parsed.webhook_configuration}".split(".")) >= 3
 
@@ -299,7 +400,9 @@ def test_notes_print_the_collector_endpoint(helm: Helm) -> None:
     notes = out.split("NOTES:", 1)[1]
     assert "of-openforge-collector.rl.svc:50051" in notes
     assert "every namespace" in notes
-    out = helm.run("install", "of", str(CHART), "--namespace", "rl", "--dry-run=client", values=NON_DEFAULT)
+    out = helm.run(
+        "install", "of", str(CHART), "--namespace", "rl", "--dry-run=client", values=NON_DEFAULT
+    )
     notes = out.split("NOTES:", 1)[1]
     assert "the namespaces rl-a, rl-b" in notes
     assert "crds.install=false" in notes

@@ -17,30 +17,68 @@ BAD: list[tuple[dict[str, Any], str, str]] = [
     ({"operator": {"replicas": 2}}, "/operator", "additional properties 'replicas' not allowed"),
     ({"operatr": {}}, "", "additional properties 'operatr' not allowed"),
     ({"operator": {"image": {"tag": "bad:tag"}}}, "/operator/image/tag", "does not match pattern"),
-    ({"operator": {"image": {"digest": "sha256:xyz"}}}, "/operator/image/digest", "does not match pattern"),
+    (
+        {"operator": {"image": {"digest": "sha256:xyz"}}},
+        "/operator/image/digest",
+        "does not match pattern",
+    ),
     ({"operator": {"image": {"pullPolicy": "Sometimes"}}}, "/operator/image/pullPolicy", "Always"),
-    ({"operator": {"watchNamespaces": ["Team_A"]}}, "/operator/watchNamespaces/0", "does not match pattern"),
-    ({"operator": {"watchNamespaces": ["a", "a"]}}, "/operator/watchNamespaces", "items at 0 and 1 are equal"),
+    (
+        {"operator": {"watchNamespaces": ["Team_A"]}},
+        "/operator/watchNamespaces/0",
+        "does not match pattern",
+    ),
+    (
+        {"operator": {"watchNamespaces": ["a", "a"]}},
+        "/operator/watchNamespaces",
+        "items at 0 and 1 are equal",
+    ),
     ({"operator": {"webhook": {"port": 0}}}, "/operator/webhook/port", "minimum"),
     ({"operator": {"fenceWaitSeconds": 120}}, "/operator/fenceWaitSeconds", "maximum"),
-    ({"operator": {"resources": {"limit": {"cpu": 1}}}}, "/operator/resources", "additional properties 'limit' not allowed"),
+    (
+        {"operator": {"resources": {"limit": {"cpu": 1}}}},
+        "/operator/resources",
+        "additional properties 'limit' not allowed",
+    ),
     ({"crds": {"install": "yes"}}, "/crds/install", "got string, want boolean"),
-    ({"collectorTokens": {"existingSecret": "Key_1"}}, "/collectorTokens/existingSecret", "does not match pattern"),
+    (
+        {"collectorTokens": {"existingSecret": "Key_1"}},
+        "/collectorTokens/existingSecret",
+        "does not match pattern",
+    ),
     ({"collectorTokens": {"key": ""}}, "/collectorTokens/key", "minLength"),
-    ({"collectorTokens": {"enabled": "yes"}}, "/collectorTokens/enabled", "got string, want boolean"),
+    (
+        {"collectorTokens": {"enabled": "yes"}},
+        "/collectorTokens/enabled",
+        "got string, want boolean",
+    ),
     ({"trainer": {"collector": {"port": 70000}}}, "/trainer/collector/port", "maximum"),
     ({"trainer": {"train": {"enabled": True}}}, "/trainer/train/job", "minLength"),
     ({"trainer": {"train": {"enabled": True, "job": "j"}}}, "/trainer/train/model", "minLength"),
     ({"trainer": {"train": {"device": "tpu"}}}, "/trainer/train/device", "does not match pattern"),
-    ({"trainer": {"train": {"serve": ["policy:8000"]}}}, "/trainer/train/serve/0", "does not match pattern"),
-    ({"trainer": {"persistence": {"size": "lots"}}}, "/trainer/persistence/size", "does not match pattern"),
+    (
+        {"trainer": {"train": {"serve": ["policy:8000"]}}},
+        "/trainer/train/serve/0",
+        "does not match pattern",
+    ),
+    (
+        {"trainer": {"persistence": {"size": "lots"}}},
+        "/trainer/persistence/size",
+        "does not match pattern",
+    ),
     ({"trainer": {"service": {"type": "ExternalName"}}}, "/trainer/service/type", "ClusterIP"),
     ({"imagePullSecrets": [{"name": "x"}]}, "/imagePullSecrets/0", "got object, want string"),
 ]
 
 
-@pytest.mark.parametrize(("values", "field", "message"), BAD, ids=[f"{field or 'root'}:{message[:20]}" for _, field, message in BAD])
-def test_bad_values_are_rejected_naming_the_field(helm: Helm, values: dict[str, Any], field: str, message: str) -> None:
+@pytest.mark.parametrize(
+    ("values", "field", "message"),
+    BAD,
+    ids=[f"{field or 'root'}:{message[:20]}" for _, field, message in BAD],
+)
+def test_bad_values_are_rejected_naming_the_field(
+    helm: Helm, values: dict[str, Any], field: str, message: str
+) -> None:
     with pytest.raises(HelmError) as caught:
         helm.template(values)
     stderr = caught.value.stderr
@@ -53,7 +91,9 @@ def _ours(schema: dict[str, Any]) -> bool:
     return "properties" in schema and not str(schema.get("$comment", "")).startswith("a Kubernetes")
 
 
-def _leaf_paths(schema: dict[str, Any], prefix: tuple[str, ...] = ()) -> dict[tuple[str, ...], dict[str, Any]]:
+def _leaf_paths(
+    schema: dict[str, Any], prefix: tuple[str, ...] = ()
+) -> dict[tuple[str, ...], dict[str, Any]]:
     """Every key the schema declares, down to values that are free-form or Kubernetes types."""
     paths: dict[tuple[str, ...], dict[str, Any]] = {}
     for key, sub in schema.get("properties", {}).items():
@@ -63,7 +103,9 @@ def _leaf_paths(schema: dict[str, Any], prefix: tuple[str, ...] = ()) -> dict[tu
     return paths
 
 
-def _value_nodes(node: yaml.MappingNode, prefix: tuple[str, ...] = ()) -> dict[tuple[str, ...], int]:
+def _value_nodes(
+    node: yaml.MappingNode, prefix: tuple[str, ...] = ()
+) -> dict[tuple[str, ...], int]:
     """values.yaml's keys, as paths, with the line each is on (0-based); stops at free-form values."""
     found: dict[tuple[str, ...], int] = {}
     for key, value in node.value:

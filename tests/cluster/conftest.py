@@ -41,7 +41,10 @@ _BUILD_ERROR = pytest.StashKey[str]()
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if config.option.collectonly or not _wants_local_cluster():
         return
-    if any(item.get_closest_marker("cluster") for item in items) and kube_cluster.built_binaries() is None:
+    if (
+        any(item.get_closest_marker("cluster") for item in items)
+        and kube_cluster.built_binaries() is None
+    ):
         try:
             kube_cluster.build_binaries()
         except RuntimeError as exc:  # reported by the fixture, as an error of each cluster test
@@ -49,7 +52,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 @pytest.fixture(scope="session")
-def kube(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[kube_cluster.Kube]:
+def kube(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[kube_cluster.Kube]:
     kubeconfig = os.environ.get("KUBECONFIG")
     if kubeconfig:
         cluster = kube_cluster.from_kubeconfig(kubeconfig)
@@ -59,7 +64,9 @@ def kube(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactor
     bin_dir = kube_cluster.built_binaries()
     if bin_dir is None:
         if os.environ.get(kube_cluster.SKIP_BUILD_ENV) == "1":
-            pytest.skip(f"cluster binaries are not built and {kube_cluster.SKIP_BUILD_ENV}=1; run scripts/build_cluster_binaries.sh or set KUBECONFIG")
+            pytest.skip(
+                f"cluster binaries are not built and {kube_cluster.SKIP_BUILD_ENV}=1; run scripts/build_cluster_binaries.sh or set KUBECONFIG"
+            )
         build_error = request.config.stash.get(_BUILD_ERROR, None)
         if build_error is not None:
             pytest.fail(f"building the cluster binaries failed: {build_error}", pytrace=False)
@@ -80,8 +87,13 @@ def namespace(kube: kube_cluster.Kube) -> Iterator[str]:
     """
     name = f"t-{uuid.uuid4().hex[:10]}"
     kube.kubectl("create", "namespace", name)
-    kube_cluster.wait_for(lambda: kube.kubectl("-n", name, "get", "serviceaccount", "default", check=False).returncode == 0,
-                          what=f"serviceaccount default in {name}")
+    kube_cluster.wait_for(
+        lambda: (
+            kube.kubectl("-n", name, "get", "serviceaccount", "default", check=False).returncode
+            == 0
+        ),
+        what=f"serviceaccount default in {name}",
+    )
     try:
         yield name
     finally:

@@ -41,10 +41,14 @@ class Kube:
     kubeconfig: Path
     kubectl_path: str
 
-    def kubectl(self, *args: str, stdin: str | None = None, check: bool = True, timeout: float = 60.0) -> subprocess.CompletedProcess[str]:
+    def kubectl(
+        self, *args: str, stdin: str | None = None, check: bool = True, timeout: float = 60.0
+    ) -> subprocess.CompletedProcess[str]:
         """Run ``kubectl ARGS`` against this cluster; raise KubectlError on failure when ``check``."""
         cmd = [self.kubectl_path, "--kubeconfig", str(self.kubeconfig), *args]
-        result = subprocess.run(cmd, input=stdin, capture_output=True, text=True, timeout=timeout, check=False)
+        result = subprocess.run(
+            cmd, input=stdin, capture_output=True, text=True, timeout=timeout, check=False
+        )
         if check and result.returncode != 0:
             raise KubectlError(list(args), result.returncode, result.stderr)
         return result
@@ -62,10 +66,14 @@ class Kube:
     def simulated(self) -> bool:
         """Whether this cluster's nodes are kwok fakes (no containers run)."""
         nodes = self.get_json("nodes")["items"]
-        return bool(nodes) and all(FAKE_NODE_ANNOTATION in (n["metadata"].get("annotations") or {}) for n in nodes)
+        return bool(nodes) and all(
+            FAKE_NODE_ANNOTATION in (n["metadata"].get("annotations") or {}) for n in nodes
+        )
 
 
-def wait_for(condition: Callable[[], bool], *, what: str, timeout: float = 30.0, interval: float = 0.2) -> None:
+def wait_for(
+    condition: Callable[[], bool], *, what: str, timeout: float = 30.0, interval: float = 0.2
+) -> None:
     """Poll ``condition`` until it holds; TimeoutError naming ``what`` otherwise."""
     deadline = time.monotonic() + timeout
     while not condition():
@@ -76,14 +84,22 @@ def wait_for(condition: Callable[[], bool], *, what: str, timeout: float = 30.0,
 
 def built_binaries() -> Path | None:
     """The folder of built cluster binaries, or None while any is missing."""
-    result = subprocess.run(["bash", str(BUILD_SCRIPT), "--check"], capture_output=True, text=True, check=False)
+    result = subprocess.run(
+        ["bash", str(BUILD_SCRIPT), "--check"], capture_output=True, text=True, check=False
+    )
     lines = result.stdout.strip().splitlines()
     return Path(lines[-1]) if result.returncode == 0 and lines else None
 
 
 def build_binaries() -> Path:
     """Build the cluster binaries (tens of minutes cold; seconds when cached)."""
-    result = subprocess.run(["bash", str(BUILD_SCRIPT)], stdout=subprocess.PIPE, stderr=sys.stderr, text=True, check=False)
+    result = subprocess.run(
+        ["bash", str(BUILD_SCRIPT)],
+        stdout=subprocess.PIPE,
+        stderr=sys.stderr,
+        text=True,
+        check=False,
+    )
     if result.returncode != 0:
         raise RuntimeError(f"{BUILD_SCRIPT} exited {result.returncode}; see its output above")
     return Path(result.stdout.strip().splitlines()[-1])
@@ -96,15 +112,30 @@ def start_local(directory: Path, bin_dir: Path) -> Kube:
     with log.open("w") as handle:
         result = subprocess.run(
             ["bash", str(CLUSTER_SCRIPT), "up", "--dir", str(directory)],
-            stdout=subprocess.PIPE, stderr=handle, text=True, env=env, timeout=600, check=False,
+            stdout=subprocess.PIPE,
+            stderr=handle,
+            text=True,
+            env=env,
+            timeout=600,
+            check=False,
         )
     if result.returncode != 0:
-        raise RuntimeError(f"cluster.sh up failed ({result.returncode}):\n{log.read_text(errors='replace')}")
-    return Kube(kubeconfig=Path(result.stdout.strip().splitlines()[-1]), kubectl_path=str(bin_dir / "kubectl"))
+        raise RuntimeError(
+            f"cluster.sh up failed ({result.returncode}):\n{log.read_text(errors='replace')}"
+        )
+    return Kube(
+        kubeconfig=Path(result.stdout.strip().splitlines()[-1]),
+        kubectl_path=str(bin_dir / "kubectl"),
+    )
 
 
 def stop_local(directory: Path) -> None:
-    subprocess.run(["bash", str(CLUSTER_SCRIPT), "down", "--dir", str(directory)], capture_output=True, timeout=120, check=False)
+    subprocess.run(
+        ["bash", str(CLUSTER_SCRIPT), "down", "--dir", str(directory)],
+        capture_output=True,
+        timeout=120,
+        check=False,
+    )
 
 
 def from_kubeconfig(kubeconfig: str) -> Kube:
@@ -118,6 +149,8 @@ def from_kubeconfig(kubeconfig: str) -> Kube:
     if kubectl is None:
         bin_dir = built_binaries()
         if bin_dir is None:
-            raise FileNotFoundError(f"KUBECONFIG is set but no kubectl is on PATH; put one there or run {BUILD_SCRIPT}")
+            raise FileNotFoundError(
+                f"KUBECONFIG is set but no kubectl is on PATH; put one there or run {BUILD_SCRIPT}"
+            )
         kubectl = str(bin_dir / "kubectl")
     return Kube(kubeconfig=path, kubectl_path=kubectl)

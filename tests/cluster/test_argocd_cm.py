@@ -16,8 +16,28 @@ PATCH = Path(__file__).resolve().parents[2] / "deploy" / "argocd" / "argocd-cm.y
 
 def test_the_patch_merges_into_argocd_cm(kube: kube_cluster.Kube, namespace: str) -> None:
     existing = {"url": "https://argocd.example.com", "timeout.reconciliation": "180s"}
-    kube.apply(yaml.safe_dump({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "argocd-cm"}, "data": existing}), namespace)
+    kube.apply(
+        yaml.safe_dump(
+            {
+                "apiVersion": "v1",
+                "kind": "ConfigMap",
+                "metadata": {"name": "argocd-cm"},
+                "data": existing,
+            }
+        ),
+        namespace,
+    )
     # The docs' command, with the test's namespace for "argocd".
-    kube.kubectl("-n", namespace, "patch", "configmap", "argocd-cm", "--type", "merge", "--patch-file", str(PATCH))
+    kube.kubectl(
+        "-n",
+        namespace,
+        "patch",
+        "configmap",
+        "argocd-cm",
+        "--type",
+        "merge",
+        "--patch-file",
+        str(PATCH),
+    )
     data = kube.get_json("-n", namespace, "configmap", "argocd-cm")["data"]
     assert data == {**existing, **yaml.safe_load(PATCH.read_text())["data"]}

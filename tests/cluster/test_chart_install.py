@@ -43,13 +43,27 @@ NOT_GRANTED = [
 class Helm:
     def __init__(self, path: str, kube: kube_cluster.Kube, home: Path) -> None:
         self.path, self.kube = path, kube
-        self.env = {**os.environ, **{f"HELM_{kind}_HOME": str(home / kind.lower()) for kind in ("CACHE", "CONFIG", "DATA")}}
+        self.env = {
+            **os.environ,
+            **{
+                f"HELM_{kind}_HOME": str(home / kind.lower())
+                for kind in ("CACHE", "CONFIG", "DATA")
+            },
+        }
 
     def __call__(self, *args: str, values: dict[str, Any] | None = None) -> str:
-        argv = [self.path, "--kubeconfig", str(self.kube.kubeconfig), *args, *(["-f", "-"] if values is not None else [])]
+        argv = [
+            self.path,
+            "--kubeconfig",
+            str(self.kube.kubeconfig),
+            *args,
+            *(["-f", "-"] if values is not None else []),
+        ]
         result = subprocess.run(argv, input=yaml.safe_dump(values) if values is not None else None, env=self.env,
                                 capture_output=True, text=True, timeout=180, check=False)  # fmt: skip
-        assert result.returncode == 0, f"helm {' '.join(args)} exited {result.returncode}: {result.stderr}"
+        assert result.returncode == 0, (
+            f"helm {' '.join(args)} exited {result.returncode}: {result.stderr}"
+        )
         return result.stdout
 
 
@@ -57,7 +71,11 @@ class Helm:
 def helm(kube: kube_cluster.Kube, tmp_path_factory: pytest.TempPathFactory) -> Helm:
     beside_kubectl = Path(kube.kubectl_path).parent / "helm"
     bin_dir = kube_cluster.built_binaries()
-    for candidate in (str(beside_kubectl), str(bin_dir / "helm") if bin_dir else None, shutil.which("helm")):
+    for candidate in (
+        str(beside_kubectl),
+        str(bin_dir / "helm") if bin_dir else None,
+        shutil.which("helm"),
+    ):
         if candidate and Path(candidate).is_file():
             return Helm(candidate, kube, tmp_path_factory.mktemp("helm"))
     pytest.skip(f"no helm: run {kube_cluster.BUILD_SCRIPT} or put helm on PATH")
@@ -73,17 +91,32 @@ def other_namespace(kube: kube_cluster.Kube) -> Iterator[str]:
         kube.kubectl("delete", "namespace", name, "--wait=false", "--ignore-not-found", check=False)
 
 
-def allowed(kube: kube_cluster.Kube, user: str, checks: list[tuple[str, str, str]], namespace: str) -> dict[tuple[str, str, str], bool]:
+def allowed(
+    kube: kube_cluster.Kube, user: str, checks: list[tuple[str, str, str]], namespace: str
+) -> dict[tuple[str, str, str], bool]:
     """The API server's authorizer's answer for each (group, resource[/subresource], verb), as ``user``."""
     reviews = []
     for group, resource, verb in checks:
         name, _, subresource = resource.partition("/")
-        attributes = {"namespace": namespace, "verb": verb, "group": group, "resource": name, "subresource": subresource}
+        attributes = {
+            "namespace": namespace,
+            "verb": verb,
+            "group": group,
+            "resource": name,
+            "subresource": subresource,
+        }
         reviews.append({
             "apiVersion": "authorization.k8s.io/v1", "kind": "SubjectAccessReview",
             "spec": {"user": user, "groups": ["system:serviceaccounts", "system:authenticated"], "resourceAttributes": attributes},
         })  # fmt: skip
-    out = kube.kubectl("create", "-o", "json", "-f", "-", stdin=json.dumps({"apiVersion": "v1", "kind": "List", "items": reviews})).stdout
+    out = kube.kubectl(
+        "create",
+        "-o",
+        "json",
+        "-f",
+        "-",
+        stdin=json.dumps({"apiVersion": "v1", "kind": "List", "items": reviews}),
+    ).stdout
     decoder, answers, position = json.JSONDecoder(), [], 0
     while position < len(out.rstrip()):
         review, position = decoder.raw_decode(out, position)
@@ -94,13 +127,31 @@ def allowed(kube: kube_cluster.Kube, user: str, checks: list[tuple[str, str, str
 
 
 def granted(rules: list[dict[str, Any]]) -> list[tuple[str, str, str]]:
-    return sorted({(g, r, v) for rule in rules for g in rule["apiGroups"] for r in rule["resources"] for v in rule["verbs"]})
+    return sorted(
+        {
+            (g, r, v)
+            for rule in rules
+            for g in rule["apiGroups"]
+            for r in rule["resources"]
+            for v in rule["verbs"]
+        }
+    )
 
 
-def test_install_grants_exactly_the_rules_and_uninstall_keeps_the_crds(kube: kube_cluster.Kube, helm: Helm, namespace: str) -> None:
+def test_install_grants_exactly_the_rules_and_uninstall_keeps_the_crds(
+    kube: kube_cluster.Kube, helm: Helm, namespace: str
+) -> None:
     release = f"r{uuid.uuid4().hex[:6]}"
     # --take-ownership: earlier tests may have applied the CRDs with kubectl, as a user may have.
-    helm("install", release, str(CHART), "--namespace", namespace, "--take-ownership", "--force-conflicts")
+    helm(
+        "install",
+        release,
+        str(CHART),
+        "--namespace",
+        namespace,
+        "--take-ownership",
+        "--force-conflicts",
+    )
     operator = f"system:serviceaccount:{namespace}:{release}-openforge-operator"
     kube.get_json("-n", namespace, "deployment", f"{release}-openforge-operator")
     kube.get_json("-n", namespace, "service", f"{release}-openforge-collector")
@@ -109,11 +160,18 @@ def test_install_grants_exactly_the_rules_and_uninstall_keeps_the_crds(kube: kub
         assert [check for check in granted(permissions.RULES) if not answers[check]] == [], where
         assert [check for check in NOT_GRANTED if answers[check]] == [], where
     trainer = f"system:serviceaccount:{namespace}:{release}-openforge-trainer"
-    assert not any(allowed(kube, trainer, granted(permissions.RULES), namespace).values()), "the trainer may call nothing"
+    assert not any(allowed(kube, trainer, granted(permissions.RULES), namespace).values()), (
+        "the trainer may call nothing"
+    )
 
     helm("uninstall", release, "--namespace", namespace)
     kube_cluster.wait_for(
-        lambda: kube.kubectl("get", "clusterrole", f"{release}-openforge-operator", check=False).returncode != 0,
+        lambda: (
+            kube.kubectl(
+                "get", "clusterrole", f"{release}-openforge-operator", check=False
+            ).returncode
+            != 0
+        ),
         what="the ClusterRole to be deleted",
     )
     crd = kube.get_json("crd", "rolloutjobs.openforge.dev")
@@ -122,52 +180,109 @@ def test_install_grants_exactly_the_rules_and_uninstall_keeps_the_crds(kube: kub
     kube.get_json("-n", namespace, "pvc", f"{release}-openforge-trainer-store")  # kept too
 
 
-def test_namespaced_install_grants_only_the_watched_namespace(kube: kube_cluster.Kube, helm: Helm, namespace: str, other_namespace: str) -> None:
+def test_namespaced_install_grants_only_the_watched_namespace(
+    kube: kube_cluster.Kube, helm: Helm, namespace: str, other_namespace: str
+) -> None:
     release = f"r{uuid.uuid4().hex[:6]}"
-    values = {"crds": {"install": False}, "operator": {"watchNamespaces": [other_namespace]}, "trainer": {"enabled": False}}
+    values = {
+        "crds": {"install": False},
+        "operator": {"watchNamespaces": [other_namespace]},
+        "trainer": {"enabled": False},
+    }
     helm("install", release, str(CHART), "--namespace", namespace, values=values)
     operator = f"system:serviceaccount:{namespace}:{release}-openforge-operator"
     try:
         assert all(allowed(kube, operator, granted(permissions.RULES), other_namespace).values())
         assert not any(allowed(kube, operator, granted(permissions.RULES), "default").values())
-        assert not any(allowed(kube, operator, granted(permissions.WEBHOOK_RULES), "").values()), "no webhook, no webhook rights"
+        assert not any(allowed(kube, operator, granted(permissions.WEBHOOK_RULES), "").values()), (
+            "no webhook, no webhook rights"
+        )
     finally:
         helm("uninstall", release, "--namespace", namespace)
 
 
-def test_upgrades_keep_the_generated_collector_master_key(kube: kube_cluster.Kube, helm: Helm, namespace: str) -> None:
+def test_upgrades_keep_the_generated_collector_master_key(
+    kube: kube_cluster.Kube, helm: Helm, namespace: str
+) -> None:
     """A new key would void the token of every running job: the chart reads it back."""
     release = f"r{uuid.uuid4().hex[:6]}"
-    values = {"crds": {"install": False}, "operator": {"watchNamespaces": [namespace]}, "trainer": {"enabled": False}}
+    values = {
+        "crds": {"install": False},
+        "operator": {"watchNamespaces": [namespace]},
+        "trainer": {"enabled": False},
+    }
     helm("install", release, str(CHART), "--namespace", namespace, values=values)
     try:
-        secret = kube.get_json("-n", namespace, "secret", f"{release}-openforge-collector-master-key")
-        assert secret["immutable"] is True and len(base64.b64decode(secret["data"]["master-key"])) == 64
-        helm("upgrade", release, str(CHART), "--namespace", namespace, values={**values, "commonLabels": {"upgraded": "yes"}})
-        after = kube.get_json("-n", namespace, "secret", f"{release}-openforge-collector-master-key")
+        secret = kube.get_json(
+            "-n", namespace, "secret", f"{release}-openforge-collector-master-key"
+        )
+        assert (
+            secret["immutable"] is True
+            and len(base64.b64decode(secret["data"]["master-key"])) == 64
+        )
+        helm(
+            "upgrade",
+            release,
+            str(CHART),
+            "--namespace",
+            namespace,
+            values={**values, "commonLabels": {"upgraded": "yes"}},
+        )
+        after = kube.get_json(
+            "-n", namespace, "secret", f"{release}-openforge-collector-master-key"
+        )
         assert after["metadata"]["labels"]["upgraded"] == "yes", "the upgrade did reach the Secret"
         assert after["data"] == secret["data"]
     finally:
         helm("uninstall", release, "--namespace", namespace)
 
 
-def test_webhook_and_trainer_render_is_admitted(kube: kube_cluster.Kube, helm: Helm, namespace: str) -> None:
+def test_webhook_and_trainer_render_is_admitted(
+    kube: kube_cluster.Kube, helm: Helm, namespace: str
+) -> None:
     values = {
         "crds": {"install": False},
         "operator": {"watchNamespaces": [namespace], "webhook": {"enabled": True}},
-        "trainer": {"train": {"enabled": True, "job": "react-toy", "model": "/opt/openforge/models/tiny-react"}, "persistence": {"enabled": False}},
+        "trainer": {
+            "train": {
+                "enabled": True,
+                "job": "react-toy",
+                "model": "/opt/openforge/models/tiny-react",
+            },
+            "persistence": {"enabled": False},
+        },
     }
-    out = helm("install", "dry", str(CHART), "--namespace", namespace, "--dry-run=server", values=values)
-    assert "kind: MutatingWebhookConfiguration" in out and "kind: ValidatingWebhookConfiguration" in out
+    out = helm(
+        "install", "dry", str(CHART), "--namespace", namespace, "--dry-run=server", values=values
+    )
+    assert (
+        "kind: MutatingWebhookConfiguration" in out
+        and "kind: ValidatingWebhookConfiguration" in out
+    )
     assert "name: dry-openforge-capture" in out
 
 
-def test_the_webhook_the_operator_registers_is_admitted(kube: kube_cluster.Kube, helm: Helm, namespace: str) -> None:
+def test_the_webhook_the_operator_registers_is_admitted(
+    kube: kube_cluster.Kube, helm: Helm, namespace: str
+) -> None:
     """What kopf writes into the chart's configuration (named as the chart names it) passes validation."""
-    rendered = helm("template", "of", str(CHART), "--namespace", namespace, values={"operator": {"webhook": {"enabled": True}}})
-    (configuration,) = [doc for doc in yaml.safe_load_all(rendered) if doc and doc["kind"] == "MutatingWebhookConfiguration"]
+    rendered = helm(
+        "template",
+        "of",
+        str(CHART),
+        "--namespace",
+        namespace,
+        values={"operator": {"webhook": {"enabled": True}}},
+    )
+    (configuration,) = [
+        doc
+        for doc in yaml.safe_load_all(rendered)
+        if doc and doc["kind"] == "MutatingWebhookConfiguration"
+    ]
     name = configuration["metadata"]["name"]
-    configuration["metadata"]["name"] = f"t-{uuid.uuid4().hex[:8]}"  # a dry run, but keep clear of real ones
+    configuration["metadata"]["name"] = (
+        f"t-{uuid.uuid4().hex[:8]}"  # a dry run, but keep clear of real ones
+    )
     configuration["webhooks"] = [{
         "name": f"{webhook.HANDLER_ID}.{name}",
         "sideEffects": "None",
@@ -185,22 +300,40 @@ def test_the_webhook_the_operator_registers_is_admitted(kube: kube_cluster.Kube,
 def test_the_cluster_examples_are_admitted(kube: kube_cluster.Kube, namespace: str) -> None:
     for path in sorted((ROOT / "crds").glob("*.yaml")):
         kube.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(path))
-    kube.kubectl("wait", "--for=condition=Established", "--timeout=60s", "crd/harnessenvs.openforge.dev", "crd/rolloutjobs.openforge.dev")
+    kube.kubectl(
+        "wait",
+        "--for=condition=Established",
+        "--timeout=60s",
+        "crd/harnessenvs.openforge.dev",
+        "crd/rolloutjobs.openforge.dev",
+    )
     for name in ("tasks.yaml", "policy.yaml", "harnessenv.yaml", "rolloutjob.yaml"):
-        kube.kubectl("-n", namespace, "apply", "--dry-run=server", "--validate=strict", "-f", str(EXAMPLES / name))
+        kube.kubectl(
+            "-n",
+            namespace,
+            "apply",
+            "--dry-run=server",
+            "--validate=strict",
+            "-f",
+            str(EXAMPLES / name),
+        )
 
 
 def test_rbac_scopes_the_chart_assumes_are_the_api_servers(kube: kube_cluster.Kube) -> None:
     """scripts/sync_deploy_files.py splits rules by scope from its own table; the API server agrees."""
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("sync_deploy_files", ROOT / "scripts" / "sync_deploy_files.py")
+    spec = importlib.util.spec_from_file_location(
+        "sync_deploy_files", ROOT / "scripts" / "sync_deploy_files.py"
+    )
     assert spec is not None and spec.loader is not None
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)
     served: dict[tuple[str, str], bool] = {}
     for namespaced in (True, False):
-        for name in kube.kubectl("api-resources", f"--namespaced={str(namespaced).lower()}", "-o", "name").stdout.split():
+        for name in kube.kubectl(
+            "api-resources", f"--namespaced={str(namespaced).lower()}", "-o", "name"
+        ).stdout.split():
             resource, _, group = name.partition(".")
             served[(group, resource)] = namespaced
     checked = 0

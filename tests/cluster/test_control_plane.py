@@ -28,15 +28,25 @@ def rollout_pod(name: str, *, exit_code: int) -> str:
         "metadata": {
             "name": name,
             "labels": {ROLLOUT_LABEL: name},
-            "annotations": {EXIT_CODE_ANNOTATION: str(exit_code), "openforge.dev/simulate-duration": "200ms"},
+            "annotations": {
+                EXIT_CODE_ANNOTATION: str(exit_code),
+                "openforge.dev/simulate-duration": "200ms",
+            },
         },
         "spec": {
             "restartPolicy": "Never",
             "terminationGracePeriodSeconds": 0,
-            "containers": [{"name": "harness", "image": IMAGE, "command": ["sh", "-c", f"exit {exit_code}"]}],
+            "containers": [
+                {"name": "harness", "image": IMAGE, "command": ["sh", "-c", f"exit {exit_code}"]}
+            ],
             # A native sidecar, as the operator writes the capture sidecar.
             "initContainers": [
-                {"name": "sidecar", "image": IMAGE, "restartPolicy": "Always", "command": ["sleep", "3600"]},
+                {
+                    "name": "sidecar",
+                    "image": IMAGE,
+                    "restartPolicy": "Always",
+                    "command": ["sleep", "3600"],
+                },
             ],
         },
     }
@@ -44,7 +54,15 @@ def rollout_pod(name: str, *, exit_code: int) -> str:
 
 
 def wait_phase(kube: Kube, namespace: str, pod: str, phase: str) -> dict[str, Any]:
-    kube.kubectl("-n", namespace, "wait", f"pod/{pod}", f"--for=jsonpath={{.status.phase}}={phase}", "--timeout=120s", timeout=130)
+    kube.kubectl(
+        "-n",
+        namespace,
+        "wait",
+        f"pod/{pod}",
+        f"--for=jsonpath={{.status.phase}}={phase}",
+        "--timeout=120s",
+        timeout=130,
+    )
     return kube.get_json("-n", namespace, "pod", pod)
 
 
@@ -92,14 +110,26 @@ def test_owned_pod_is_garbage_collected_with_its_owner(kube: Kube, namespace: st
         "kind": "Pod",
         "metadata": {
             "name": "owned",
-            "ownerReferences": [{"apiVersion": "v1", "kind": "ConfigMap", "name": "owner", "uid": owner["metadata"]["uid"]}],
+            "ownerReferences": [
+                {
+                    "apiVersion": "v1",
+                    "kind": "ConfigMap",
+                    "name": "owner",
+                    "uid": owner["metadata"]["uid"],
+                }
+            ],
         },
-        "spec": {"terminationGracePeriodSeconds": 0, "containers": [{"name": "c", "image": IMAGE, "command": ["sleep", "3600"]}]},
+        "spec": {
+            "terminationGracePeriodSeconds": 0,
+            "containers": [{"name": "c", "image": IMAGE, "command": ["sleep", "3600"]}],
+        },
     }
     kube.apply(json.dumps(pod), namespace)
     wait_phase(kube, namespace, "owned", "Running")
     kube.kubectl("-n", namespace, "delete", "configmap", "owner")
-    kube.kubectl("-n", namespace, "wait", "pod/owned", "--for=delete", "--timeout=120s", timeout=130)
+    kube.kubectl(
+        "-n", namespace, "wait", "pod/owned", "--for=delete", "--timeout=120s", timeout=130
+    )
 
 
 def test_indexed_job_completes(kube: Kube, namespace: str) -> None:
@@ -114,13 +144,27 @@ def test_indexed_job_completes(kube: Kube, namespace: str) -> None:
             "template": {
                 "spec": {
                     "restartPolicy": "Never",
-                    "containers": [{"name": "c", "image": IMAGE, "command": ["sh", "-c", "test -n \"$JOB_COMPLETION_INDEX\""]}],
+                    "containers": [
+                        {
+                            "name": "c",
+                            "image": IMAGE,
+                            "command": ["sh", "-c", 'test -n "$JOB_COMPLETION_INDEX"'],
+                        }
+                    ],
                 }
             },
         },
     }
     kube.apply(json.dumps(job), namespace)
-    kube.kubectl("-n", namespace, "wait", "job/indexed", "--for=condition=Complete", "--timeout=180s", timeout=190)
+    kube.kubectl(
+        "-n",
+        namespace,
+        "wait",
+        "job/indexed",
+        "--for=condition=Complete",
+        "--timeout=180s",
+        timeout=190,
+    )
     status = kube.get_json("-n", namespace, "job", "indexed")["status"]
     assert status["succeeded"] == 5
     assert status["completedIndexes"] == "0-4"
@@ -131,8 +175,20 @@ def test_rbac_is_enforced_for_service_accounts(kube: Kube, namespace: str) -> No
     who = f"system:serviceaccount:{namespace}:reader"
     with pytest.raises(KubectlError, match=r"\(Forbidden\).*cannot list resource \"pods\""):
         kube.kubectl("-n", namespace, "get", "pods", f"--as={who}")
-    kube.kubectl("-n", namespace, "create", "role", "pod-reader", "--verb=get,list", "--resource=pods")
-    kube.kubectl("-n", namespace, "create", "rolebinding", "reader", "--role=pod-reader", f"--serviceaccount={namespace}:reader")
+    kube.kubectl(
+        "-n", namespace, "create", "role", "pod-reader", "--verb=get,list", "--resource=pods"
+    )
+    kube.kubectl(
+        "-n",
+        namespace,
+        "create",
+        "rolebinding",
+        "reader",
+        "--role=pod-reader",
+        f"--serviceaccount={namespace}:reader",
+    )
     kube.kubectl("-n", namespace, "get", "pods", f"--as={who}")
-    denied = kube.kubectl("-n", namespace, "auth", "can-i", "delete", "pods", f"--as={who}", check=False)
+    denied = kube.kubectl(
+        "-n", namespace, "auth", "can-i", "delete", "pods", f"--as={who}", check=False
+    )
     assert denied.stdout.strip() == "no"

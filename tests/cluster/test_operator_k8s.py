@@ -26,10 +26,17 @@ def run(kube: kube_cluster.Kube, scenario: Callable[[k8s.Api], Awaitable[Any]]) 
 
 
 def config_map(name: str, **labels: str) -> dict[str, Any]:
-    return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name, "labels": labels}, "data": {"k": "v"}}
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": name, "labels": labels},
+        "data": {"k": "v"},
+    }
 
 
-def test_create_is_idempotent_and_absent_objects_are_none(kube: kube_cluster.Kube, namespace: str) -> None:
+def test_create_is_idempotent_and_absent_objects_are_none(
+    kube: kube_cluster.Kube, namespace: str
+) -> None:
     path = k8s.namespaced(namespace, "configmaps")
 
     async def scenario(api: k8s.Api) -> None:
@@ -40,13 +47,21 @@ def test_create_is_idempotent_and_absent_objects_are_none(kube: kube_cluster.Kub
         assert await api.merge_patch(f"{path}/missing", {"data": {"k": "w"}}) is None
         patched = await api.merge_patch(f"{path}/a", {"data": {"k": "w"}})
         assert patched is not None and patched["data"] == {"k": "w"}
-        assert await api.delete(f"{path}/a", uid="00000000-0000-0000-0000-000000000000") is False, "uid precondition"
+        assert await api.delete(f"{path}/a", uid="00000000-0000-0000-0000-000000000000") is False, (
+            "uid precondition"
+        )
         assert await api.get(f"{path}/a") is not None
         assert await api.delete(f"{path}/a", uid=patched["metadata"]["uid"]) is True
         assert await api.delete(f"{path}/a") is False
         with pytest.raises(k8s.ApiError) as error:
-            await api.create(path, {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "Not_Valid"}})
-        assert error.value.status == 422 and error.value.reason == "Invalid" and "Not_Valid" in error.value.message
+            await api.create(
+                path, {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "Not_Valid"}}
+            )
+        assert (
+            error.value.status == 422
+            and error.value.reason == "Invalid"
+            and "Not_Valid" in error.value.message
+        )
 
     run(kube, scenario)
 
@@ -86,8 +101,18 @@ def test_events_are_recorded_about_an_object(kube: kube_cluster.Kube, namespace:
         await api.create(path, config_map("subject"))
         subject = await api.get(f"{path}/subject")
         assert subject is not None
-        await api.post_event(subject, type_="Warning", reason="Tested", message="hello", component="openforge-operator")
+        await api.post_event(
+            subject,
+            type_="Warning",
+            reason="Tested",
+            message="hello",
+            component="openforge-operator",
+        )
 
     run(kube, scenario)
-    events = kube.get_json("-n", namespace, "events", "--field-selector", "involvedObject.name=subject")["items"]
-    assert [(e["type"], e["reason"], e["message"], e["source"]["component"]) for e in events] == [("Warning", "Tested", "hello", "openforge-operator")]
+    events = kube.get_json(
+        "-n", namespace, "events", "--field-selector", "involvedObject.name=subject"
+    )["items"]
+    assert [(e["type"], e["reason"], e["message"], e["source"]["component"]) for e in events] == [
+        ("Warning", "Tested", "hello", "openforge-operator")
+    ]

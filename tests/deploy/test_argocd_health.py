@@ -27,7 +27,17 @@ ARGOCD_CM = ROOT / "deploy" / "argocd" / "argocd-cm.yaml"
 DOCS = ROOT / "docs" / "cluster.md"
 KINDS = ("RolloutJob", "HarnessEnv")
 STATUSES = {"Healthy", "Progressing", "Degraded", "Suspended", "Missing", "Unknown"}
-UNSAFE_GLOBALS = ("io", "os", "debug", "require", "dofile", "loadfile", "load", "loadstring", "package")
+UNSAFE_GLOBALS = (
+    "io",
+    "os",
+    "debug",
+    "require",
+    "dofile",
+    "loadfile",
+    "load",
+    "loadstring",
+    "package",
+)
 
 
 def run_health(script: str, obj: dict[str, Any]) -> dict[str, str]:
@@ -64,7 +74,9 @@ def test_health_of_each_sample_object(kind: str, case: dict[str, Any]) -> None:
 def test_every_sample_is_a_case_and_the_statuses_are_argocds(kind: str) -> None:
     spec = yaml.safe_load((CUSTOMIZATIONS / kind / "health_test.yaml").read_text())
     inputs = {case["inputPath"] for case in spec["tests"]}
-    on_disk = {f"testdata/{path.name}" for path in (CUSTOMIZATIONS / kind / "testdata").glob("*.yaml")}
+    on_disk = {
+        f"testdata/{path.name}" for path in (CUSTOMIZATIONS / kind / "testdata").glob("*.yaml")
+    }
     assert inputs == on_disk
     assert {case["healthStatus"]["status"] for case in spec["tests"]} <= STATUSES
 
@@ -77,19 +89,32 @@ def test_harnessenv_samples_say_what_the_operator_would() -> None:
         obj = yaml.safe_load(path.read_text())
         status = obj.get("status") or {}
         ready = next((c for c in status.get("conditions", []) if c["type"] == "Ready"), None)
-        if ready is None or ready["status"] == "Unknown" or status.get("observedGeneration") != obj["metadata"]["generation"]:
+        if (
+            ready is None
+            or ready["status"] == "Unknown"
+            or status.get("observedGeneration") != obj["metadata"]["generation"]
+        ):
             continue
         env = manifests.parse(obj)
         assert isinstance(env, v1alpha1.HarnessEnv)
         verdict = readiness.check(env)
-        assert (ready["status"] == "True", ready["reason"], ready["message"]) == (verdict.ready, verdict.reason, verdict.message), path.name
+        assert (ready["status"] == "True", ready["reason"], ready["message"]) == (
+            verdict.ready,
+            verdict.reason,
+            verdict.message,
+        ), path.name
         checked += 1
     assert checked == 2
 
 
 def test_rolloutjob_cases_cover_every_status_the_script_returns() -> None:
     spec = yaml.safe_load((CUSTOMIZATIONS / "RolloutJob" / "health_test.yaml").read_text())
-    assert {case["healthStatus"]["status"] for case in spec["tests"]} == {"Healthy", "Progressing", "Degraded", "Suspended"}
+    assert {case["healthStatus"]["status"] for case in spec["tests"]} == {
+        "Healthy",
+        "Progressing",
+        "Degraded",
+        "Suspended",
+    }
 
 
 def test_a_script_using_a_library_argocd_lacks_fails_here() -> None:
@@ -99,24 +124,41 @@ def test_a_script_using_a_library_argocd_lacks_fails_here() -> None:
 
 def test_failed_wins_over_complete_and_suspended() -> None:
     conditions = [
-        {"type": kind, "status": "True", "reason": kind, "message": f"{kind} says so", "lastTransitionTime": "2026-01-05T10:00:00Z"}
+        {
+            "type": kind,
+            "status": "True",
+            "reason": kind,
+            "message": f"{kind} says so",
+            "lastTransitionTime": "2026-01-05T10:00:00Z",
+        }
         for kind in ("Suspended", "Complete", "Failed")
     ]
-    obj = {"metadata": {"name": "j", "generation": 1}, "status": {"observedGeneration": 1, "conditions": conditions}}
+    obj = {
+        "metadata": {"name": "j", "generation": 1},
+        "status": {"observedGeneration": 1, "conditions": conditions},
+    }
     script = (CUSTOMIZATIONS / "RolloutJob" / "health.lua").read_text()
     assert run_health(script, obj) == {"status": "Degraded", "message": "Failed says so"}
 
 
 def test_argocd_cm_carries_each_script_verbatim() -> None:
     patch = yaml.safe_load(ARGOCD_CM.read_text())
-    assert list(patch) == ["data"], "a merge patch of data only (metadata would have to match the namespace)"
+    assert list(patch) == ["data"], (
+        "a merge patch of data only (metadata would have to match the namespace)"
+    )
     assert patch["data"] == {
-        f"resource.customizations.health.openforge.dev_{kind}": (CUSTOMIZATIONS / kind / "health.lua").read_text()
+        f"resource.customizations.health.openforge.dev_{kind}": (
+            CUSTOMIZATIONS / kind / "health.lua"
+        ).read_text()
         for kind in KINDS
     }
 
 
 def test_docs_show_the_argocd_cm_file() -> None:
     text = DOCS.read_text()
-    blocks = re.findall(r"<!-- argocd-cm:begin -->\n```yaml\n(.*?)```\n<!-- argocd-cm:end -->", text, re.DOTALL)
-    assert blocks == [ARGOCD_CM.read_text()], "docs/cluster.md's argocd-cm block differs from deploy/argocd/argocd-cm.yaml; run scripts/sync_deploy_files.py"
+    blocks = re.findall(
+        r"<!-- argocd-cm:begin -->\n```yaml\n(.*?)```\n<!-- argocd-cm:end -->", text, re.DOTALL
+    )
+    assert blocks == [ARGOCD_CM.read_text()], (
+        "docs/cluster.md's argocd-cm block differs from deploy/argocd/argocd-cm.yaml; run scripts/sync_deploy_files.py"
+    )

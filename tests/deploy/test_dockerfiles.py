@@ -24,7 +24,16 @@ from openforge_operator import settings
 ROOT = Path(__file__).resolve().parents[2]
 
 # Top-level modules of the dependencies each image does not install.
-NOT_IN_SIDECAR = ["torch", "transformers", "verl", "safetensors", "tensorboard", "matplotlib", "kopf", "kubernetes_asyncio"]
+NOT_IN_SIDECAR = [
+    "torch",
+    "transformers",
+    "verl",
+    "safetensors",
+    "tensorboard",
+    "matplotlib",
+    "kopf",
+    "kubernetes_asyncio",
+]
 NOT_IN_TRAINER = ["kopf", "kubernetes_asyncio"]
 
 BLOCKER = """
@@ -71,7 +80,9 @@ def test_every_copied_path_exists(component: str) -> None:
         if word == "COPY" and not args.startswith("--from"):
             *sources, _ = shlex.split(args)
             for source in sources:
-                assert (ROOT / source).exists(), f"{component}/Dockerfile copies {source}, which does not exist"
+                assert (ROOT / source).exists(), (
+                    f"{component}/Dockerfile copies {source}, which does not exist"
+                )
 
 
 def test_sidecar_image_runs_as_the_operators_sidecar_user() -> None:
@@ -88,18 +99,30 @@ def test_trainer_image_runs_as_the_charts_user() -> None:
 
 
 @pytest.mark.parametrize(("component", "extras"), [("sidecar", ""), ("trainer", " train")])
-def test_dependencies_come_before_the_sources_with_only_the_components_extras(component: str, extras: str) -> None:
+def test_dependencies_come_before_the_sources_with_only_the_components_extras(
+    component: str, extras: str
+) -> None:
     """The dependencies are installed from pyproject.toml alone, in a layer no source change
     invalidates; the project is installed after them without its dependencies."""
     steps = instructions(ROOT / component / "Dockerfile")
-    (install,) = [i for i, (word, args) in enumerate(steps) if word == "RUN" and "-c constraints.txt" in args]
-    assert steps[install][1].startswith(f"python requirements.py{extras} < pyproject.toml > requirements.txt")
+    (install,) = [
+        i for i, (word, args) in enumerate(steps) if word == "RUN" and "-c constraints.txt" in args
+    ]
+    assert steps[install][1].startswith(
+        f"python requirements.py{extras} < pyproject.toml > requirements.txt"
+    )
     assert steps[install][1].endswith("-c constraints.txt -r requirements.txt")
     copied = [shlex.split(args)[:-1] for word, args in steps[:install] if word == "COPY"]
-    assert copied == [["pyproject.toml", "constraints.txt", "docker/requirements.py"]], "only what the dependencies are read from"
-    (project,) = [i for i, (word, args) in enumerate(steps) if word == "RUN" and "--no-deps" in args]
+    assert copied == [["pyproject.toml", "constraints.txt", "docker/requirements.py"]], (
+        "only what the dependencies are read from"
+    )
+    (project,) = [
+        i for i, (word, args) in enumerate(steps) if word == "RUN" and "--no-deps" in args
+    ]
     assert project > install
-    assert "--no-compile" not in steps[project][1], "the project is byte-compiled in the image, not at every start"
+    assert "--no-compile" not in steps[project][1], (
+        "the project is byte-compiled in the image, not at every start"
+    )
 
 
 def test_requirements_are_the_dependencies_and_the_named_extras() -> None:
@@ -107,10 +130,19 @@ def test_requirements_are_the_dependencies_and_the_named_extras() -> None:
     pyproject = (ROOT / "pyproject.toml").read_text()
 
     def run(*extras: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, str(script), *extras], input=pyproject, capture_output=True, text=True, timeout=30, check=False)
+        return subprocess.run(
+            [sys.executable, str(script), *extras],
+            input=pyproject,
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+        )
 
     base, train = run().stdout.split(), run("train").stdout.split()
-    assert any(r.startswith("mitmproxy") for r in base) and not any(r.startswith("torch") for r in base)
+    assert any(r.startswith("mitmproxy") for r in base) and not any(
+        r.startswith("torch") for r in base
+    )
     assert set(base) < set(train) and any(r.startswith("torch") for r in train)
     bad = run("nosuch")
     assert bad.returncode != 0 and "no extra ['nosuch']" in bad.stderr
@@ -138,7 +170,11 @@ def test_what_the_trainer_image_runs_needs_no_kopf() -> None:
     )
     result = run_without(NOT_IN_TRAINER, code)
     assert result.returncode == 0, result.stderr
-    assert [line for line in result.stdout.splitlines() if line.startswith("ok ")] == ["ok collector", "ok train", "ok serve"]
+    assert [line for line in result.stdout.splitlines() if line.startswith("ok ")] == [
+        "ok collector",
+        "ok train",
+        "ok serve",
+    ]
 
 
 def test_the_blocker_does_block() -> None:
@@ -148,7 +184,9 @@ def test_the_blocker_does_block() -> None:
 
 
 @pytest.mark.parametrize("component", ["operator", "sidecar", "trainer"])
-def test_the_image_builds_on_its_dependency_stage_so_the_two_share_their_layers(component: str) -> None:
+def test_the_image_builds_on_its_dependency_stage_so_the_two_share_their_layers(
+    component: str,
+) -> None:
     """``FROM deps``, not ``COPY --from=deps /opt/openforge`` into a fresh base: the copy is a
     layer of its own, and with the ``openforge/deps-*`` tag images.sh keeps, the trainer's 7 GB
     of torch and CUDA were stored twice (the CI machine's disk ran out building it)."""
@@ -158,7 +196,11 @@ def test_the_image_builds_on_its_dependency_stage_so_the_two_share_their_layers(
     assert not [args for word, args in steps if word == "COPY" and args.startswith("--from")]
 
 
-@pytest.mark.parametrize("dockerfile", sorted(ROOT.glob("*/Dockerfile")) + sorted(ROOT.glob("examples/harnesses/*/Dockerfile")), ids=str)
+@pytest.mark.parametrize(
+    "dockerfile",
+    sorted(ROOT.glob("*/Dockerfile")) + sorted(ROOT.glob("examples/harnesses/*/Dockerfile")),
+    ids=str,
+)
 def test_the_tests_a_dockerfile_names_exist(dockerfile: Path) -> None:
     named = re.findall(r"\btests/[\w/.-]+\.py", dockerfile.read_text())
     assert [path for path in named if not (ROOT / path).is_file()] == []

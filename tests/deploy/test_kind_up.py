@@ -18,7 +18,14 @@ SCRIPT = ROOT / "scripts" / "kind-up.sh"
 
 def kind_up(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "OPENFORGE_CACHE": str(tmp_path / "cache"), "KIND": "/bin/false"}
-    return subprocess.run(["bash", str(SCRIPT), *args], env=env, capture_output=True, text=True, timeout=60, check=False)
+    return subprocess.run(
+        ["bash", str(SCRIPT), *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
 
 
 def test_an_unknown_subcommand_is_a_usage_error_naming_them_all(tmp_path: Path) -> None:
@@ -29,9 +36,13 @@ def test_an_unknown_subcommand_is_a_usage_error_naming_them_all(tmp_path: Path) 
 
 
 @pytest.mark.parametrize("subcommand", ["demo", "demo-down", "kubeconfig"])
-def test_commands_that_need_a_cluster_refuse_without_its_kubeconfig(tmp_path: Path, subcommand: str) -> None:
+def test_commands_that_need_a_cluster_refuse_without_its_kubeconfig(
+    tmp_path: Path, subcommand: str
+) -> None:
     result = kind_up(tmp_path, subcommand)
-    assert result.returncode == 1 and "run:" in result.stderr and "up" in result.stderr, result.stderr
+    assert result.returncode == 1 and "run:" in result.stderr and "up" in result.stderr, (
+        result.stderr
+    )
 
 
 def test_load_needs_an_image(tmp_path: Path) -> None:

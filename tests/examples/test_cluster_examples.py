@@ -43,9 +43,18 @@ def test_the_task_config_map_is_the_demo_task_file() -> None:
     (config_map,) = load("tasks.yaml")
     text = config_map["data"]["tasks.jsonl"]
     assert text == (TOY_TOOLS / "demo.jsonl").read_text()
-    image_ids = {json.loads(line)["id"] for line in (TOY_TOOLS / "tasks.jsonl").read_text().splitlines() if line.strip()}
-    ids = [record["id"] for record in task_records.parse_jsonl(text, where="examples/cluster/tasks.yaml")]
-    assert set(ids) <= image_ids, "prepare.py and grade.py in the harness image look the ids up in tasks.jsonl"
+    image_ids = {
+        json.loads(line)["id"]
+        for line in (TOY_TOOLS / "tasks.jsonl").read_text().splitlines()
+        if line.strip()
+    }
+    ids = [
+        record["id"]
+        for record in task_records.parse_jsonl(text, where="examples/cluster/tasks.yaml")
+    ]
+    assert set(ids) <= image_ids, (
+        "prepare.py and grade.py in the harness image look the ids up in tasks.jsonl"
+    )
 
 
 def test_the_policy_service_is_the_jobs_policy_endpoint() -> None:
@@ -68,7 +77,10 @@ def test_the_operator_builds_a_rollout_pod_from_them() -> None:
     records = task_records.parse_jsonl(config_map["data"]["tasks.jsonl"], where="tasks")
     rollout = tasks.rollout(records, job.spec.samples_per_task, 5)
     pod = pods.build_pod(
-        job=job, env=env, rollout=rollout, attempt=0,
+        job=job,
+        env=env,
+        rollout=rollout,
+        attempt=0,
         config=settings.Settings(sidecar_image="ghcr.io/openforge/sidecar:0.1.0"),
     )
     harness = next(c for c in pod["spec"]["containers"] if c["name"] == v1alpha1.HARNESS_CONTAINER)

@@ -34,7 +34,9 @@ import agent  # noqa: E402
 import browser  # noqa: E402
 import webforms  # noqa: E402
 
-HAVE_CHROMIUM = os.access(browser.DEBIAN_BROWSER_BINARY, os.X_OK) or shutil.which("chromium") is not None
+HAVE_CHROMIUM = (
+    os.access(browser.DEBIAN_BROWSER_BINARY, os.X_OK) or shutil.which("chromium") is not None
+)
 needs_gui = pytest.mark.skipif(
     not (HAVE_CHROMIUM and shutil.which("Xvfb")),
     reason="Chromium or Xvfb is not installed; run scripts/install_gui_deps.sh",
@@ -101,7 +103,13 @@ def test_clicks_and_keys_fill_and_submit_forms_and_screenshots_are_the_viewport(
     page.press_key("Enter")
     assert page.location() == (site.url + "/search/results?q=blue+kettle", "Search results")
     submitted = [e for e in webforms.read_log(tmp_path) if e["event"] == "submit"]
-    assert submitted == [{"event": "submit", "form": "newsletter", "fields": {"email": "alan@example.org", "digest": "on"}}]
+    assert submitted == [
+        {
+            "event": "submit",
+            "form": "newsletter",
+            "fields": {"email": "alan@example.org", "digest": "on"},
+        }
+    ]
 
 
 def test_the_browser_reaches_no_host_but_the_local_one(page: browser.Browser) -> None:
@@ -120,14 +128,26 @@ def test_tools_report_bad_calls_to_the_model(site: webforms.Site) -> None:
         assert tools.run("click", "{x: 1}").startswith("error: the arguments are not valid JSON")
         assert tools.run("click", "[1, 2]") == "error: the arguments must be a JSON object"
         assert tools.run("click", '{"x": 1}').startswith("error: bad arguments for click:")
-        assert tools.run("click", '{"x": 400, "y": 10}') == "error: (400, 10) is outside the 400x300 screenshot"
-        assert tools.run("click", '{"x": true, "y": 10}') == "error: x and y must be numbers, got True and 10"
+        assert (
+            tools.run("click", '{"x": 400, "y": 10}')
+            == "error: (400, 10) is outside the 400x300 screenshot"
+        )
+        assert (
+            tools.run("click", '{"x": true, "y": 10}')
+            == "error: x and y must be numbers, got True and 10"
+        )
         assert tools.run("press_key", '{"key": "F13"}').startswith("error: unknown key 'F13'")
         assert tools.run("navigate", '{"url": "http://example.com/"}') == (
             f"error: 'http://example.com/' is not on the task's site ({site.url})"
         )
-        assert tools.run("navigate", f'{{"url": "{site.url}/orders/1042"}}') == f"opened {site.url}/orders/1042"
-        assert tools.run("scroll", '{"x": 10, "y": 10, "delta_y": 120}') == "scrolled by 120 at (10, 10)"
+        assert (
+            tools.run("navigate", f'{{"url": "{site.url}/orders/1042"}}')
+            == f"opened {site.url}/orders/1042"
+        )
+        assert (
+            tools.run("scroll", '{"x": 10, "y": 10, "delta_y": 120}')
+            == "scrolled by 120 at (10, 10)"
+        )
         assert page.location()[1] == "Order 1042"
     finally:
         page.close()
@@ -138,7 +158,9 @@ def run_agent(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[st
                           text=True, timeout=60, check=False)  # fmt: skip
 
 
-def test_agent_usage_errors_exit_2(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+def test_agent_usage_errors_exit_2(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     monkeypatch.delenv("OPENAI_BASE_URL", raising=False)
     monkeypatch.delenv("WEB_TASK_PROMPT", raising=False)
 
@@ -146,12 +168,18 @@ def test_agent_usage_errors_exit_2(monkeypatch: pytest.MonkeyPatch, capsys: pyte
         assert agent.main(list(args)) == agent.EXIT_USAGE
         return capsys.readouterr().err
 
-    assert "OPENAI_BASE_URL is not set" in error("--prompt", "p", "--start-url", "http://127.0.0.1:9/")
+    assert "OPENAI_BASE_URL is not set" in error(
+        "--prompt", "p", "--start-url", "http://127.0.0.1:9/"
+    )
     monkeypatch.setenv("OPENAI_BASE_URL", "http://127.0.0.1:9/v1")
-    assert "--start-url must be an http(s) URL" in error("--prompt", "p", "--start-url", "file:///etc/passwd")
+    assert "--start-url must be an http(s) URL" in error(
+        "--prompt", "p", "--start-url", "file:///etc/passwd"
+    )
     assert "give --prompt" in error("--start-url", "http://127.0.0.1:9/")
     tasks = str(TASKS / "tasks.jsonl")
-    assert "no task with id 'nope'" in error("--task-file", tasks, "--task-id", "nope", "--start-url", "http://x/")
+    assert "no task with id 'nope'" in error(
+        "--task-file", tasks, "--task-id", "nope", "--start-url", "http://x/"
+    )
     with pytest.raises(SystemExit) as exited:
         agent.main(["--prompt", "p", "--viewport", "10x10"])
     assert exited.value.code == 2 and "--viewport must be WIDTHxHEIGHT" in capsys.readouterr().err
@@ -178,11 +206,21 @@ def test_the_harness_env_is_ready_and_becomes_a_rollout_pod() -> None:
     env = harness_env()
     assert readiness.check(env).ready, readiness.check(env)
     (job,) = manifests.load_manifests(HARNESS / "web-forms-job.yaml")
-    assert isinstance(job, v1alpha1.RolloutJob) and job.spec.harness_env_ref.name == env.metadata.name
-    job = job.model_copy(update={"metadata": job.metadata.model_copy(update={"namespace": "rl", "uid": "6f1c2d7e-0a9b-4c3d-8e5f-1a2b3c4d5e6f"})})
+    assert (
+        isinstance(job, v1alpha1.RolloutJob) and job.spec.harness_env_ref.name == env.metadata.name
+    )
+    job = job.model_copy(
+        update={
+            "metadata": job.metadata.model_copy(
+                update={"namespace": "rl", "uid": "6f1c2d7e-0a9b-4c3d-8e5f-1a2b3c4d5e6f"}
+            )
+        }
+    )
     env = env.model_copy(update={"metadata": env.metadata.model_copy(update={"namespace": "rl"})})
     task = {"id": "contact-ada"}
-    pod = pods.build_pod(job=job, env=env, rollout=tasks.rollout([task], 1, 0), attempt=0, config=settings.Settings())
+    pod = pods.build_pod(
+        job=job, env=env, rollout=tasks.rollout([task], 1, 0), attempt=0, config=settings.Settings()
+    )
     harness = next(c for c in pod["spec"]["containers"] if c["name"] == v1alpha1.HARNESS_CONTAINER)
     assert "/opt/openforge/harnesses/gui-browser/agent.py --no-sandbox" in " ".join(harness["args"])
     assert {e["name"]: e.get("value") for e in harness["env"]}["OPENFORGE_TASK_ID"] == "contact-ada"
@@ -193,9 +231,18 @@ def test_the_grader_command_finds_the_tasks_locally_and_in_the_image(tmp_path: P
     env = harness_env()
     assert env.spec.grader is not None and env.spec.grader.reward_from == "stdout-json"
     script = env.spec.grader.command[-1]
-    assert "${OPENFORGE_HARNESS_DIR:-/opt/openforge/harnesses/gui-browser}/../../tasks/web-forms/grade.py" in script
-    base = {"PATH": os.environ["PATH"], "OPENFORGE_TASK_ID": "order-1042", "OPENFORGE_WORKDIR": str(tmp_path)}
-    (tmp_path / webforms.LOG_FILE).write_text('{"event": "view", "path": "/orders/1042", "query": {}}\n')
+    assert (
+        "${OPENFORGE_HARNESS_DIR:-/opt/openforge/harnesses/gui-browser}/../../tasks/web-forms/grade.py"
+        in script
+    )
+    base = {
+        "PATH": os.environ["PATH"],
+        "OPENFORGE_TASK_ID": "order-1042",
+        "OPENFORGE_WORKDIR": str(tmp_path),
+    }
+    (tmp_path / webforms.LOG_FILE).write_text(
+        '{"event": "view", "path": "/orders/1042", "query": {}}\n'
+    )
     done = subprocess.run(env.spec.grader.command, env={**base, "OPENFORGE_HARNESS_DIR": str(HARNESS)},
                           capture_output=True, text=True, timeout=30, check=False)  # fmt: skip
     assert json.loads(done.stdout)["reward"] == 1.0, done.stderr
@@ -204,13 +251,23 @@ def test_the_grader_command_finds_the_tasks_locally_and_in_the_image(tmp_path: P
 def test_the_dockerfile_installs_the_browser_and_copies_what_the_manifest_runs() -> None:
     text = (HARNESS / "Dockerfile").read_text()
     assert "-t ghcr.io/openforge/gui-browser-harness:0.1.0 ." in text
-    assert harness_env().spec.harness_container().image == "ghcr.io/openforge/gui-browser-harness:0.1.0"
+    assert (
+        harness_env().spec.harness_container().image
+        == "ghcr.io/openforge/gui-browser-harness:0.1.0"
+    )
     assert "apt-get install -y --no-install-recommends chromium xvfb fonts-dejavu-core" in text
     assert re.findall(r"^USER (\S+)$", text, re.MULTILINE)[-1] == "1000:1000"
     copies = re.findall(r"^COPY (\S+) (\S+)$", text, re.MULTILINE)
     container = harness_env().spec.harness_container()
     for path in re.findall(r"/opt/openforge/\S+\.py", " ".join(container.args or [])):
-        source = next((ROOT / src / Path(path).relative_to(dst) for src, dst in copies if path.startswith(dst)), None)
+        source = next(
+            (
+                ROOT / src / Path(path).relative_to(dst)
+                for src, dst in copies
+                if path.startswith(dst)
+            ),
+            None,
+        )
         assert source is not None and source.is_file(), f"{path} is not copied into the image"
 
 
@@ -242,7 +299,10 @@ def test_killing_the_agent_leaves_no_browser_or_display_behind(
 ) -> None:
     silent = socket.create_server(("127.0.0.1", 0))  # a model endpoint that never answers
     try:
-        env = {"PATH": os.environ["PATH"], "OPENAI_BASE_URL": f"http://127.0.0.1:{silent.getsockname()[1]}/v1"}
+        env = {
+            "PATH": os.environ["PATH"],
+            "OPENAI_BASE_URL": f"http://127.0.0.1:{silent.getsockname()[1]}/v1",
+        }
         agent_process = subprocess.Popen(
             [sys.executable, str(HARNESS / "agent.py"), "--prompt", "p", "--start-url", site.url + "/",
              "--workdir", str(tmp_path)],
@@ -250,13 +310,17 @@ def test_killing_the_agent_leaves_no_browser_or_display_behind(
         )  # fmt: skip
         deadline = time.monotonic() + 30
         while not (tmp_path / "screenshots" / "step-000.png").exists():  # browser up, model asked
-            assert agent_process.poll() is None and time.monotonic() < deadline, agent_process.stderr
+            assert agent_process.poll() is None and time.monotonic() < deadline, (
+                agent_process.stderr
+            )
             time.sleep(0.1)
         started = children(agent_process.pid)
         assert len(started) == 2, started  # Xvfb and Chromium
         agent_process.send_signal(sig)
         agent_process.wait(20)
-        assert agent_process.returncode == (128 + signal.SIGTERM if sig == signal.SIGTERM else -signal.SIGKILL)
+        assert agent_process.returncode == (
+            128 + signal.SIGTERM if sig == signal.SIGTERM else -signal.SIGKILL
+        )
         deadline = time.monotonic() + 10
         while any(alive(pid) for pid in started) and time.monotonic() < deadline:
             time.sleep(0.1)

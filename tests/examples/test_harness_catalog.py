@@ -163,7 +163,9 @@ def test_the_local_recipe_runs_its_own_files_in_the_rollouts_directory(
     assert named, command.argv
     for relative in named:
         assert (CATALOG / name / relative).resolve().is_file(), relative
-    grader = plan.grader_command(bundle, rollout, sidecar_url="http://127.0.0.1:9", workdir=work, harness_exit=0)
+    grader = plan.grader_command(
+        bundle, rollout, sidecar_url="http://127.0.0.1:9", workdir=work, harness_exit=0
+    )
     assert grader is not None and grader.env["OPENFORGE_HARNESS_DIR"] == str(CATALOG / name)
 
 

@@ -56,13 +56,26 @@ def require_gui() -> None:
         pytest.skip("Chromium or Xvfb is not installed; run scripts/install_gui_deps.sh")
 
 
-def run_task(stack: CaptureStack, work: Path, task_id: str, *flags: str) -> subprocess.CompletedProcess[str]:
+def run_task(
+    stack: CaptureStack, work: Path, task_id: str, *flags: str
+) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "OPENAI_BASE_URL": f"{stack.sidecar.url}/v1", "OPENAI_API_KEY": "sk-dummy"}
     argv = [sys.executable, str(TASKS / "serve.py"), "--task-id", task_id, "--workdir", str(work), "--",
             sys.executable, str(HARNESS / "agent.py"), "--task-file", str(TASKS / "tasks.jsonl"),
             "--task-id", task_id, "--workdir", str(work), "--transcript", str(work / "transcript.json"), *flags]  # fmt: skip
-    done = subprocess.run(argv, env=env, cwd=work, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=90, check=False)
-    assert done.returncode == 0, f"{done.stdout}\n{done.stderr[-4000:]}\n--- sidecar\n{stack.log_tail()}"
+    done = subprocess.run(
+        argv,
+        env=env,
+        cwd=work,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=90,
+        check=False,
+    )
+    assert done.returncode == 0, (
+        f"{done.stdout}\n{done.stderr[-4000:]}\n--- sidecar\n{stack.log_tail()}"
+    )
     return done
 
 
@@ -88,7 +101,11 @@ def data_urls(call: store.ModelCall) -> list[str]:
     ],
 )
 def test_gui_agent_completes_a_task_token_exact_with_lossless_screenshots(
-    capture_stack: Callable[[str], CaptureStack], tmp_path: Path, task_id: str, flags: tuple[str, ...], actions: list[str]
+    capture_stack: Callable[[str], CaptureStack],
+    tmp_path: Path,
+    task_id: str,
+    flags: tuple[str, ...],
+    actions: list[str],
 ) -> None:
     require_gui()
     stack = capture_stack("gui-browser")
@@ -99,7 +116,12 @@ def test_gui_agent_completes_a_task_token_exact_with_lossless_screenshots(
     assert grade(work, task_id)["reward"] == 1.0, (work / "web-forms-log.jsonl").read_text()
 
     transcript = json.loads((work / "transcript.json").read_text())
-    calls_made = [c["function"]["name"] for m in transcript if m["role"] == "assistant" for c in m.get("tool_calls", [])]
+    calls_made = [
+        c["function"]["name"]
+        for m in transcript
+        if m["role"] == "assistant"
+        for c in m.get("tool_calls", [])
+    ]
     assert calls_made == actions
 
     stats = stack.finish()
@@ -164,4 +186,7 @@ def test_local_recipe_runs_under_openforge_run(procs: Any, tmp_path: Path) -> No
     assert rollout.reward == 1.0 and len(calls) == 2
     assert all(c.token_exact for c in calls)
     work = run_dir / "rollouts" / rollout.rollout_id / "work"
-    assert sorted(p.name for p in (work / "screenshots").iterdir()) == ["step-000.png", "step-001.png"]
+    assert sorted(p.name for p in (work / "screenshots").iterdir()) == [
+        "step-000.png",
+        "step-001.png",
+    ]

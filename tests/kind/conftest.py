@@ -64,11 +64,17 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     state: dict[str, str] = {}
     config.stash[_STATE] = state
     if not _docker_possible():
-        state["skip"] = "no Docker on this machine and it cannot be installed here (not root, or no apt)"
+        state["skip"] = (
+            "no Docker on this machine and it cannot be installed here (not root, or no apt)"
+        )
         return
     try:
-        if os.environ.get(REUSE_ENV) == "1":  # a developer's loop: the cluster and images as they are
-            state["kubeconfig"] = _step(["bash", str(KIND_UP), "kubeconfig"], "scripts/kind-up.sh kubeconfig", 60).strip()
+        if (
+            os.environ.get(REUSE_ENV) == "1"
+        ):  # a developer's loop: the cluster and images as they are
+            state["kubeconfig"] = _step(
+                ["bash", str(KIND_UP), "kubeconfig"], "scripts/kind-up.sh kubeconfig", 60
+            ).strip()
             return
         _step(["bash", str(DOCKER_SH)], "scripts/docker.sh", 900)
         out = _step(["bash", str(KIND_UP), "up"], "scripts/kind-up.sh up", 3600)

@@ -25,14 +25,29 @@ STORE_SUMMARY = Path(__file__).with_name("store_summary.py")
 
 def kind_up(kind: kube_cluster.Kube, *args: str, timeout: float = 900) -> str:
     env = {**os.environ, "KUBECTL": kind.kubectl_path}
-    result = subprocess.run(["bash", str(KIND_UP), *args], capture_output=True, text=True, timeout=timeout, check=False, env=env)
-    assert result.returncode == 0, f"kind-up.sh {' '.join(args)} exited {result.returncode}:\n{result.stderr[-6000:]}"
+    result = subprocess.run(
+        ["bash", str(KIND_UP), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+        env=env,
+    )
+    assert result.returncode == 0, (
+        f"kind-up.sh {' '.join(args)} exited {result.returncode}:\n{result.stderr[-6000:]}"
+    )
     return result.stdout
 
 
 def collector_pod(kind: kube_cluster.Kube) -> str:
-    pods = kind.get_json("-n", "openforge", "pods", "-l", "app.kubernetes.io/component=trainer")["items"]
-    running = [p["metadata"]["name"] for p in pods if p["status"].get("phase") == "Running" and not p["metadata"].get("deletionTimestamp")]
+    pods = kind.get_json("-n", "openforge", "pods", "-l", "app.kubernetes.io/component=trainer")[
+        "items"
+    ]
+    running = [
+        p["metadata"]["name"]
+        for p in pods
+        if p["status"].get("phase") == "Running" and not p["metadata"].get("deletionTimestamp")
+    ]
     assert running, f"no running trainer pod: {[p['status'].get('phase') for p in pods]}"
     return running[0]
 
@@ -48,10 +63,15 @@ def store_summary(kind: kube_cluster.Kube, job: str) -> dict[str, Any]:
 
 
 def condition(obj: dict[str, Any], kind_: str) -> bool:
-    return any(c["type"] == kind_ and c["status"] == "True" for c in obj.get("status", {}).get("conditions", []))
+    return any(
+        c["type"] == kind_ and c["status"] == "True"
+        for c in obj.get("status", {}).get("conditions", [])
+    )
 
 
-def wait_job(kind: kube_cluster.Kube, namespace: str, name: str, *, timeout: float) -> dict[str, Any]:
+def wait_job(
+    kind: kube_cluster.Kube, namespace: str, name: str, *, timeout: float
+) -> dict[str, Any]:
     """The RolloutJob once Complete or Failed (or as it stands at the timeout)."""
     deadline = time.monotonic() + timeout
     job: dict[str, Any] = {}
@@ -82,12 +102,16 @@ def check_sidecar_first(pod: dict[str, Any]) -> None:
     main = {s["name"]: s for s in pod["status"].get("containerStatuses", [])}
     sidecar, harness = init["openforge-sidecar"], main["harness"]
     assert sidecar["restartCount"] == 0, f"{name}: the sidecar restarted"
-    assert started_at(sidecar) <= started_at(harness), f"{name}: the harness started before the sidecar"
+    assert started_at(sidecar) <= started_at(harness), (
+        f"{name}: the harness started before the sidecar"
+    )
     assert harness["state"]["terminated"]["exitCode"] == 0, f"{name}: {harness['state']}"
 
 
 def pods_of(kind: kube_cluster.Kube, namespace: str, job: str) -> list[dict[str, Any]]:
-    items: list[dict[str, Any]] = kind.get_json("-n", namespace, "pods", "-l", f"openforge.dev/job={job}")["items"]
+    items: list[dict[str, Any]] = kind.get_json(
+        "-n", namespace, "pods", "-l", f"openforge.dev/job={job}"
+    )["items"]
     return items
 
 
@@ -140,19 +164,32 @@ def ensure_platform(kind: kube_cluster.Kube, *values: str) -> None:
     assert result.returncode == 0, f"helm upgrade --install: {result.stderr[-4000:]}"
     kind.kubectl("create", "namespace", "rl", check=False)
     kind.kubectl("-n", "rl", "apply", "-f", str(EXAMPLES / "policy.yaml"))
-    kind.kubectl("-n", "rl", "rollout", "status", "deployment/policy", "--timeout=600s", timeout=660)
+    kind.kubectl(
+        "-n", "rl", "rollout", "status", "deployment/policy", "--timeout=600s", timeout=660
+    )
 
 
 def operator_pod(kind: kube_cluster.Kube) -> dict[str, Any]:
-    pods = kind.get_json("-n", "openforge", "pods", "-l", "app.kubernetes.io/component=operator")["items"]
-    running = [p for p in pods if p["status"].get("phase") == "Running" and not p["metadata"].get("deletionTimestamp")]
-    assert len(running) == 1, f"operator pods: {[(p['metadata']['name'], p['status'].get('phase')) for p in pods]}"
+    pods = kind.get_json("-n", "openforge", "pods", "-l", "app.kubernetes.io/component=operator")[
+        "items"
+    ]
+    running = [
+        p
+        for p in pods
+        if p["status"].get("phase") == "Running" and not p["metadata"].get("deletionTimestamp")
+    ]
+    assert len(running) == 1, (
+        f"operator pods: {[(p['metadata']['name'], p['status'].get('phase')) for p in pods]}"
+    )
     return running[0]
 
 
 def container_status(pod: dict[str, Any], container: str) -> dict[str, Any]:
     """The status of one container (native sidecars are init containers) of a pod."""
-    for status in (*pod["status"].get("initContainerStatuses", []), *pod["status"].get("containerStatuses", [])):
+    for status in (
+        *pod["status"].get("initContainerStatuses", []),
+        *pod["status"].get("containerStatuses", []),
+    ):
         if status["name"] == container:
             return dict(status)
     raise AssertionError(f"{pod['metadata']['name']}: no status of container {container}")
@@ -162,8 +199,12 @@ def node_exec(node: str, *args: str, timeout: float = 60) -> str:
     """Run a command inside a kind node (its container has the node's name)."""
     docker = shutil.which("docker")
     assert docker is not None, "no docker"
-    result = subprocess.run([docker, "exec", node, *args], capture_output=True, text=True, timeout=timeout, check=False)
-    assert result.returncode == 0, f"{node}: {' '.join(args)} exited {result.returncode}: {result.stderr}"
+    result = subprocess.run(
+        [docker, "exec", node, *args], capture_output=True, text=True, timeout=timeout, check=False
+    )
+    assert result.returncode == 0, (
+        f"{node}: {' '.join(args)} exited {result.returncode}: {result.stderr}"
+    )
     return result.stdout
 
 
@@ -171,7 +212,18 @@ def kill_container(pod: dict[str, Any], container: str) -> None:
     """SIGKILL the processes of one running container of a pod, as a crash would: its
     first process is killed inside the node, which takes its whole PID namespace down."""
     node, uid = pod["spec"]["nodeName"], pod["metadata"]["uid"]
-    ids = node_exec(node, "crictl", "ps", "-q", "--state", "running", "--label", f"io.kubernetes.pod.uid={uid}", "--name", f"^{container}$").split()
+    ids = node_exec(
+        node,
+        "crictl",
+        "ps",
+        "-q",
+        "--state",
+        "running",
+        "--label",
+        f"io.kubernetes.pod.uid={uid}",
+        "--name",
+        f"^{container}$",
+    ).split()
     assert len(ids) == 1, f"{pod['metadata']['name']}/{container}: running containers {ids}"
     pid = json.loads(node_exec(node, "crictl", "inspect", ids[0]))["info"]["pid"]
     node_exec(node, "kill", "-9", str(pid))
@@ -219,7 +271,9 @@ print("answered 0", flush=True)
 """A harness's one Chat Completions call to ``$OPENAI_BASE_URL``, then ``answered 0``."""
 
 
-def stepped_env(name: str, calls: int, *, allocate_mb: int = 0, memory_limit: str = "256Mi") -> dict[str, Any]:
+def stepped_env(
+    name: str, calls: int, *, allocate_mb: int = 0, memory_limit: str = "256Mi"
+) -> dict[str, Any]:
     """A HarnessEnv whose harness makes ``calls`` calls, waiting before call N > 0 for
     ``/work/go-N`` (:func:`release`), after allocating ``allocate_mb`` MiB."""
     return {
@@ -244,14 +298,37 @@ def stepped_env(name: str, calls: int, *, allocate_mb: int = 0, memory_limit: st
     }  # fmt: skip
 
 
-def start(kind: kube_cluster.Kube, prefix: str, *, calls: int, rollouts: int, allocate_mb: int = 0, memory_limit: str = "256Mi", **spec: Any) -> str:
+def start(
+    kind: kube_cluster.Kube,
+    prefix: str,
+    *,
+    calls: int,
+    rollouts: int,
+    allocate_mb: int = 0,
+    memory_limit: str = "256Mi",
+    **spec: Any,
+) -> str:
     """A new namespace and job (named alike) of ``rollouts`` stepped rollouts; ``spec``
     adds to or overrides the job's spec."""
     name = f"{prefix}-{uuid.uuid4().hex[:6]}"  # the collector binds a job's name to its first RolloutJob
     ensure_namespace(kind, name)
     tasks = [{"id": f"t{i}"} for i in range(rollouts)]
-    job = rollout_job(name, env=name, tasks=tasks, **{"parallelism": rollouts, "rolloutTimeoutSeconds": 900, **spec})
-    kind.kubectl("-n", name, "apply", "-f", "-", stdin=yaml.safe_dump_all([stepped_env(name, calls, allocate_mb=allocate_mb, memory_limit=memory_limit), job]))
+    job = rollout_job(
+        name,
+        env=name,
+        tasks=tasks,
+        **{"parallelism": rollouts, "rolloutTimeoutSeconds": 900, **spec},
+    )
+    kind.kubectl(
+        "-n",
+        name,
+        "apply",
+        "-f",
+        "-",
+        stdin=yaml.safe_dump_all(
+            [stepped_env(name, calls, allocate_mb=allocate_mb, memory_limit=memory_limit), job]
+        ),
+    )
     return name
 
 
@@ -263,9 +340,16 @@ def harness_log(kind: kube_cluster.Kube, namespace: str, name: str) -> str:
     return kind.kubectl("-n", namespace, "logs", name, "-c", "harness", check=False).stdout
 
 
-def wait_answered(kind: kube_cluster.Kube, namespace: str, name: str, step: int, timeout: float = 300) -> None:
+def wait_answered(
+    kind: kube_cluster.Kube, namespace: str, name: str, step: int, timeout: float = 300
+) -> None:
     """Until the harness of pod ``name`` printed that call ``step`` was answered."""
-    kube_cluster.wait_for(lambda: f"answered {step}" in harness_log(kind, namespace, name), what=f"{name}: call {step} answered", timeout=timeout, interval=1)
+    kube_cluster.wait_for(
+        lambda: f"answered {step}" in harness_log(kind, namespace, name),
+        what=f"{name}: call {step} answered",
+        timeout=timeout,
+        interval=1,
+    )
 
 
 def release(kind: kube_cluster.Kube, namespace: str, name: str, step: int) -> None:
@@ -273,17 +357,21 @@ def release(kind: kube_cluster.Kube, namespace: str, name: str, step: int) -> No
     kind.kubectl("-n", namespace, "exec", name, "-c", "harness", "--", "touch", f"/work/go-{step}")
 
 
-def wait_restarted(kind: kube_cluster.Kube, namespace: str, name: str, container: str, restarts: int) -> dict[str, Any]:
+def wait_restarted(
+    kind: kube_cluster.Kube, namespace: str, name: str, container: str, restarts: int
+) -> dict[str, Any]:
     """Until ``container`` of pod ``name`` restarted ``restarts`` times and is running (started) again."""
 
     def back() -> bool:
         status = container_status(pod(kind, namespace, name), container)
-        return status["restartCount"] >= restarts and bool(status.get("started")) and "running" in status["state"]
+        return (
+            status["restartCount"] >= restarts
+            and bool(status.get("started"))
+            and "running" in status["state"]
+        )
 
     kube_cluster.wait_for(back, what=f"{name}/{container} restarted", timeout=300, interval=1)
     return container_status(pod(kind, namespace, name), container)
-
-
 
 
 ENGINE_ENDPOINT = "http://engine.rl.svc:8000"
@@ -313,4 +401,6 @@ def ensure_engine(kind: kube_cluster.Kube) -> None:
     }  # fmt: skip
     kind.kubectl("create", "namespace", "rl", check=False)
     kind.kubectl("-n", "rl", "apply", "-f", "-", stdin=yaml.safe_dump_all([service, deployment]))
-    kind.kubectl("-n", "rl", "rollout", "status", "deployment/engine", "--timeout=300s", timeout=330)
+    kind.kubectl(
+        "-n", "rl", "rollout", "status", "deployment/engine", "--timeout=300s", timeout=330
+    )

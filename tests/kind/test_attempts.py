@@ -20,17 +20,26 @@ import yaml
 
 pytestmark = [pytest.mark.kind, pytest.mark.slow]
 
-FILLER = realpods.ONE_CALL + """
+FILLER = (
+    realpods.ONE_CALL
+    + """
 import os, time
 if os.environ.get("FILL_MB"):
     with open("/scratch/fill", "wb") as out:  # past the volume's sizeLimit: the kubelet evicts the pod
         out.write(b"x" * int(os.environ["FILL_MB"]) * 1024 * 1024)
 time.sleep(600)
 """
+)
 
 
 def harness_env(
-    name: str, *, image: str = realpods.HARNESS_IMAGE, fill_mb: int = 0, timeout: int = 600, cpu: str = "20m", priority_class: str = ""
+    name: str,
+    *,
+    image: str = realpods.HARNESS_IMAGE,
+    fill_mb: int = 0,
+    timeout: int = 600,
+    cpu: str = "20m",
+    priority_class: str = "",
 ) -> dict[str, Any]:
     """A harness that makes one call, then (``fill_mb``) overfills its 2 MiB scratch volume, then waits."""
     env: dict[str, Any] = {
@@ -55,7 +64,9 @@ def harness_env(
     return env
 
 
-def start(kind: kube_cluster.Kube, prefix: str, reason: str, env: dict[str, Any], **spec: Any) -> str:
+def start(
+    kind: kube_cluster.Kube, prefix: str, reason: str, env: dict[str, Any], **spec: Any
+) -> str:
     name = f"{prefix}-{uuid.uuid4().hex[:6]}"
     realpods.ensure_namespace(kind, name)
     env["metadata"]["name"] = name
@@ -77,10 +88,17 @@ def failed_as(kind: kube_cluster.Kube, name: str, reason: str, *, timeout: float
     """The job once Failed: its one rollout failed on the first attempt, for ``reason``."""
     job = realpods.wait_job(kind, name, name, timeout=timeout)
     assert realpods.condition(job, "Failed"), job["status"]
-    assert job["status"]["failedIndexes"] == "0" and job["status"]["counts"]["retried"] == 0, job["status"]
-    assert [p["metadata"]["name"] for p in realpods.pods_of(kind, name, name)] in ([f"{name}-0-0"], []), "a second attempt ran"
+    assert job["status"]["failedIndexes"] == "0" and job["status"]["counts"]["retried"] == 0, job[
+        "status"
+    ]
+    assert [p["metadata"]["name"] for p in realpods.pods_of(kind, name, name)] in (
+        [f"{name}-0-0"],
+        [],
+    ), "a second attempt ran"
     events = realpods.events(kind, name)
-    assert f"rollouts 0 failed: 0 after attempt 0 ({reason}" in events, events[-3000:]  # the operator's RolloutsFailed
+    assert f"rollouts 0 failed: 0 after attempt 0 ({reason}" in events, events[
+        -3000:
+    ]  # the operator's RolloutsFailed
     return job
 
 
@@ -108,8 +126,19 @@ def test_a_pod_evicted_through_the_api_is_judged_evicted(platform: kube_cluster.
     name = start(kind, "fate-evict", "Evicted", harness_env(""))
     first = f"{name}-0-0"
     realpods.wait_answered(kind, name, first, 0)
-    eviction = {"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": first, "namespace": name}}
-    kind.kubectl("create", "--raw", f"/api/v1/namespaces/{name}/pods/{first}/eviction", "-f", "-", stdin=json.dumps(eviction))
+    eviction = {
+        "apiVersion": "policy/v1",
+        "kind": "Eviction",
+        "metadata": {"name": first, "namespace": name},
+    }
+    kind.kubectl(
+        "create",
+        "--raw",
+        f"/api/v1/namespaces/{name}/pods/{first}/eviction",
+        "-f",
+        "-",
+        stdin=json.dumps(eviction),
+    )
     failed_as(kind, name, "Evicted", timeout=300)
 
     def recorded() -> bool:
@@ -124,7 +153,9 @@ def test_a_pod_evicted_through_the_api_is_judged_evicted(platform: kube_cluster.
 
 
 @pytest.mark.timeout(900)
-def test_a_harness_image_that_cannot_be_pulled_fails_the_attempt_at_its_deadline(platform: kube_cluster.Kube) -> None:
+def test_a_harness_image_that_cannot_be_pulled_fails_the_attempt_at_its_deadline(
+    platform: kube_cluster.Kube,
+) -> None:
     """The harness image is on no registry the node can reach (a refused address inside
     the node, so nothing leaves it): the harness waits in ErrImagePull/ImagePullBackOff
     until the pod's activeDeadlineSeconds, and the attempt is ImagePullFailed."""
@@ -135,10 +166,16 @@ def test_a_harness_image_that_cannot_be_pulled_fails_the_attempt_at_its_deadline
 
     def pulling() -> bool:
         statuses = status_of(kind, name, first).get("containerStatuses", [])
-        waiting = [(s.get("state") or {}).get("waiting", {}).get("reason") for s in statuses if s["name"] == "harness"]
+        waiting = [
+            (s.get("state") or {}).get("waiting", {}).get("reason")
+            for s in statuses
+            if s["name"] == "harness"
+        ]
         return bool(waiting) and waiting[0] in ("ErrImagePull", "ImagePullBackOff")
 
-    kube_cluster.wait_for(pulling, what=f"{first}'s harness image pull failing", timeout=180, interval=2)
+    kube_cluster.wait_for(
+        pulling, what=f"{first}'s harness image pull failing", timeout=180, interval=2
+    )
     failed_as(kind, name, "ImagePullFailed", timeout=600)
     kind.kubectl("delete", "namespace", name, "--wait=false")
 
@@ -165,12 +202,24 @@ def test_a_pod_the_scheduler_preempts_is_judged_preempted(platform: kube_cluster
     suffix = uuid.uuid4().hex[:6]
     low, high = f"fate-low-{suffix}", f"fate-high-{suffix}"
     classes = [
-        {"apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass", "metadata": {"name": low}, "value": -100},
-        {"apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass", "metadata": {"name": high}, "value": 1000},
+        {
+            "apiVersion": "scheduling.k8s.io/v1",
+            "kind": "PriorityClass",
+            "metadata": {"name": low},
+            "value": -100,
+        },
+        {
+            "apiVersion": "scheduling.k8s.io/v1",
+            "kind": "PriorityClass",
+            "metadata": {"name": high},
+            "value": 1000,
+        },
     ]
     kind.kubectl("apply", "-f", "-", stdin=yaml.safe_dump_all(classes))
     try:
-        name = start(kind, "fate-preempt", "Preempted", harness_env("", cpu="300m", priority_class=low))
+        name = start(
+            kind, "fate-preempt", "Preempted", harness_env("", cpu="300m", priority_class=low)
+        )
         first = f"{name}-0-0"
         realpods.wait_answered(kind, name, first, 0)
         node = realpods.pod(kind, name, first)["spec"]["nodeName"]
@@ -185,7 +234,12 @@ def test_a_pod_the_scheduler_preempts_is_judged_preempted(platform: kube_cluster
         }  # fmt: skip
         kind.kubectl("-n", name, "apply", "-f", "-", stdin=yaml.safe_dump(preemptor))
         failed_as(kind, name, "Preempted", timeout=300)
-        kube_cluster.wait_for(lambda: bool(status_of(kind, name, "preemptor").get("podIP")), what="the preemptor running", timeout=180, interval=2)
+        kube_cluster.wait_for(
+            lambda: bool(status_of(kind, name, "preemptor").get("podIP")),
+            what="the preemptor running",
+            timeout=180,
+            interval=2,
+        )
         kind.kubectl("delete", "namespace", name, "--wait=false")
     finally:
         kind.kubectl("delete", "priorityclass", low, high, "--ignore-not-found", check=False)

@@ -43,11 +43,18 @@ EXTRA_ARGS = {"codex": " --instructions /opt/openforge/harnesses/codex/instructi
 # Claude Code's own system prompt and tool schemas do not fit either: it runs against the
 # test engine (token-exact like the policy server, with a 32k context) instead.
 ENGINES = {"claude-code": realpods.ENGINE_ENDPOINT}
-TWO_TASKS = [json.loads(line) for line in yaml.safe_load(TASKS.read_text())["data"]["tasks.jsonl"].splitlines()[:2]]
+TWO_TASKS = [
+    json.loads(line)
+    for line in yaml.safe_load(TASKS.read_text())["data"]["tasks.jsonl"].splitlines()[:2]
+]
 
 
-def harness_env(harness: str, mode: str, variable: str | None, endpoint: str | None, name: str) -> dict[str, Any]:
-    env: dict[str, Any] = copy.deepcopy(yaml.safe_load((CATALOG / harness / "harnessenv.yaml").read_text()))
+def harness_env(
+    harness: str, mode: str, variable: str | None, endpoint: str | None, name: str
+) -> dict[str, Any]:
+    env: dict[str, Any] = copy.deepcopy(
+        yaml.safe_load((CATALOG / harness / "harnessenv.yaml").read_text())
+    )
     env["metadata"] = {"name": name}
     env["spec"]["capture"] = {"mode": mode}
     env["spec"].pop("local", None)
@@ -61,7 +68,11 @@ def harness_env(harness: str, mode: str, variable: str | None, endpoint: str | N
 
 def policy(harness: str) -> dict[str, Any]:
     """The job's policy: the demo's policy server, or the test engine for a harness that needs more context."""
-    return {"policy": {"endpoint": ENGINES[harness], "model": "tiny-react"}} if harness in ENGINES else {}
+    return (
+        {"policy": {"endpoint": ENGINES[harness], "model": "tiny-react"}}
+        if harness in ENGINES
+        else {}
+    )
 
 
 @pytest.fixture(scope="module")
@@ -72,18 +83,43 @@ def platform(kind: kube_cluster.Kube) -> kube_cluster.Kube:
 
 
 @pytest.mark.timeout(1200)
-@pytest.mark.parametrize(("harness", "mode", "variable", "endpoint", "api"), CASES, ids=[f"{h}-{m}" for h, m, *_ in CASES])
-def test_every_call_is_captured(platform: kube_cluster.Kube, harness: str, mode: str, variable: str | None, endpoint: str | None, api: str) -> None:
+@pytest.mark.parametrize(
+    ("harness", "mode", "variable", "endpoint", "api"),
+    CASES,
+    ids=[f"{h}-{m}" for h, m, *_ in CASES],
+)
+def test_every_call_is_captured(
+    platform: kube_cluster.Kube,
+    harness: str,
+    mode: str,
+    variable: str | None,
+    endpoint: str | None,
+    api: str,
+) -> None:
     kind = platform
     # a new name each run: the collector binds a job's name to the first RolloutJob (uid) that wrote it
     name = f"capture-{harness}-{mode.lower()}-{uuid.uuid4().hex[:6]}"
     realpods.ensure_namespace(kind, name)
-    manifest = yaml.safe_dump_all([harness_env(harness, mode, variable, endpoint, name), realpods.rollout_job(name, env=name, tasks=TWO_TASKS, parallelism=2, rolloutTimeoutSeconds=300, **policy(harness))])
+    manifest = yaml.safe_dump_all(
+        [
+            harness_env(harness, mode, variable, endpoint, name),
+            realpods.rollout_job(
+                name,
+                env=name,
+                tasks=TWO_TASKS,
+                parallelism=2,
+                rolloutTimeoutSeconds=300,
+                **policy(harness),
+            ),
+        ]
+    )
     kind.kubectl("-n", name, "apply", "-f", "-", stdin=manifest)
 
     job = realpods.wait_job(kind, name, name, timeout=900)
     events = realpods.events(kind, name)
-    assert realpods.condition(job, "Complete"), f"{name}: {job.get('status')}\nevents:\n{events[-4000:]}"
+    assert realpods.condition(job, "Complete"), (
+        f"{name}: {job.get('status')}\nevents:\n{events[-4000:]}"
+    )
     pods = realpods.pods_of(kind, name, name)
     assert len(pods) == 2, [p["metadata"]["name"] for p in pods]
     for pod in pods:
@@ -99,6 +135,13 @@ def test_every_call_is_captured(platform: kube_cluster.Kube, harness: str, mode:
         assert rollout["calls"], f"{rollout['id']}: no call captured"
         for call in rollout["calls"]:
             # rewritten to token-in/token-out whatever the network path (a passthrough call would say so)
-            assert call["mode"] == "CAPTURE_MODE_TOKENS" and call["api"] == api, (rollout["id"], call)
-            assert call["status"] == 200 and call["exact"] and call["completion_tokens"] == call["logprobs"] > 0, (rollout["id"], call)
+            assert call["mode"] == "CAPTURE_MODE_TOKENS" and call["api"] == api, (
+                rollout["id"],
+                call,
+            )
+            assert (
+                call["status"] == 200
+                and call["exact"]
+                and call["completion_tokens"] == call["logprobs"] > 0
+            ), (rollout["id"], call)
     kind.kubectl("delete", "namespace", name, "--wait=false")

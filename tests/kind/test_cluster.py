@@ -21,7 +21,20 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.mark.timeout(600)
 def test_smoke(kind: kube_cluster.Kube) -> None:
     env = {**os.environ, "KUBECONFIG": str(kind.kubeconfig), "KUBECTL": kind.kubectl_path}
-    result = subprocess.run(["bash", str(ROOT / "scripts" / "kind" / "smoke.sh")], env=env, capture_output=True, text=True, timeout=540, check=False)
-    assert result.returncode == 0, f"smoke.sh exited {result.returncode}:\n{result.stdout}\n{result.stderr}"
-    for check in ("cluster DNS, Service of another pod, no way out", "deny-all NetworkPolicy blocks it", "connection works again"):
+    result = subprocess.run(
+        ["bash", str(ROOT / "scripts" / "kind" / "smoke.sh")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=540,
+        check=False,
+    )
+    assert result.returncode == 0, (
+        f"smoke.sh exited {result.returncode}:\n{result.stdout}\n{result.stderr}"
+    )
+    for check in (
+        "cluster DNS, Service of another pod, no way out",
+        "deny-all NetworkPolicy blocks it",
+        "connection works again",
+    ):
         assert check in result.stdout, result.stdout

@@ -31,7 +31,9 @@ def test_the_demo_trains_in_real_pods(kind: kube_cluster.Kube) -> None:
 
     job = realpods.wait_job(kind, "rl", JOB, timeout=1800)
     events = realpods.events(kind, "rl")
-    assert realpods.condition(job, "Complete"), f"job did not complete: {job.get('status')}\nevents:\n{events[-5000:]}"
+    assert realpods.condition(job, "Complete"), (
+        f"job did not complete: {job.get('status')}\nevents:\n{events[-5000:]}"
+    )
     assert job["status"]["counts"]["succeeded"] == ROLLOUTS, job["status"]["counts"]
 
     pods = realpods.pods_of(kind, "rl", JOB)
@@ -43,12 +45,20 @@ def test_the_demo_trains_in_real_pods(kind: kube_cluster.Kube) -> None:
 
     summary = realpods.store_summary(kind, JOB)
     assert summary["lost"] == [], summary["lost"]
-    finished = [r for r in summary["rollouts"] if r["finished"] and r["has_reward"] and r["status"] == "succeeded"]
+    finished = [
+        r
+        for r in summary["rollouts"]
+        if r["finished"] and r["has_reward"] and r["status"] == "succeeded"
+    ]
     assert len(finished) == ROLLOUTS, sorted((r["id"], r["status"]) for r in summary["rollouts"])
     for rollout in finished:
         assert rollout["complete"] and rollout["calls"], rollout
         for call in rollout["calls"]:
-            assert call["exact"] and call["mode"] == "CAPTURE_MODE_TOKENS" and call["api"] == "WIRE_API_OPENAI_CHAT", (rollout["id"], call)
+            assert (
+                call["exact"]
+                and call["mode"] == "CAPTURE_MODE_TOKENS"
+                and call["api"] == "WIRE_API_OPENAI_CHAT"
+            ), (rollout["id"], call)
             assert call["completion_tokens"] == call["logprobs"] > 0, (rollout["id"], call)
     # the trainer stepped on the groups and published: later calls came from newer weights
     trained = [r for r in finished if r["trained"]]

@@ -29,7 +29,10 @@ SIDECAR = realpods.SIDECAR
 
 
 def calls_by_rollout(summary: dict[str, Any]) -> dict[tuple[str, int], list[int]]:
-    return {(r["task"], r["attempt"]): sorted(c["index"] for c in r["calls"]) for r in summary["rollouts"]}
+    return {
+        (r["task"], r["attempt"]): sorted(c["index"] for c in r["calls"])
+        for r in summary["rollouts"]
+    }
 
 
 def check_exactly_once(summary: dict[str, Any], expected: dict[tuple[str, int], list[int]]) -> None:
@@ -39,12 +42,18 @@ def check_exactly_once(summary: dict[str, Any], expected: dict[tuple[str, int], 
     for rollout in summary["rollouts"]:
         assert rollout["finished"] and rollout["complete"], rollout
         for call in rollout["calls"]:
-            assert call["status"] == 200 and call["exact"] and call["completion_tokens"] == call["logprobs"] > 0, (rollout["id"], call)
+            assert (
+                call["status"] == 200
+                and call["exact"]
+                and call["completion_tokens"] == call["logprobs"] > 0
+            ), (rollout["id"], call)
 
 
 def finish(kind: kube_cluster.Kube, name: str) -> dict[str, Any]:
     job = realpods.wait_job(kind, name, name, timeout=600)
-    assert realpods.condition(job, "Complete"), f"{name}: {job.get('status')}\nevents:\n{realpods.events(kind, name)[-4000:]}"
+    assert realpods.condition(job, "Complete"), (
+        f"{name}: {job.get('status')}\nevents:\n{realpods.events(kind, name)[-4000:]}"
+    )
     return job
 
 
@@ -58,7 +67,9 @@ def test_a_killed_sidecar_restarts_and_the_rollout_goes_on(platform: kube_cluste
     realpods.wait_answered(kind, name, first, 1)
     realpods.kill_container(realpods.pod(kind, name, first), SIDECAR)
     status = realpods.wait_restarted(kind, name, first, SIDECAR, 1)
-    assert status["lastState"]["terminated"]["exitCode"] == 137, status["lastState"]  # SIGKILL, not a clean stop
+    assert status["lastState"]["terminated"]["exitCode"] == 137, status[
+        "lastState"
+    ]  # SIGKILL, not a clean stop
     realpods.release(kind, name, first, 2)  # through the restarted sidecar
     job = finish(kind, name)
     assert job["status"]["counts"]["succeeded"] == 1, job["status"]["counts"]
@@ -77,13 +88,24 @@ def test_a_deleted_pod_is_run_again_as_a_new_attempt(platform: kube_cluster.Kube
     kind.kubectl("-n", name, "delete", "pod", first, "--wait=true", timeout=180)
     # the harness's entrypoint passes the TERM on (as PID 1 it would ignore it, and the
     # deletion would wait out the 30 s grace period before the kubelet's SIGKILL)
-    assert time.monotonic() - asked < 20, f"deleting a running pod took {time.monotonic() - asked:.0f} s"
-    kube_cluster.wait_for(lambda: bool(kind.kubectl("-n", name, "get", "pod", second, check=False).stdout), what=f"{second} created", timeout=120, interval=1)
-    kind.kubectl("-n", name, "wait", f"pod/{second}", "--for=condition=Ready", "--timeout=180s", timeout=200)
+    assert time.monotonic() - asked < 20, (
+        f"deleting a running pod took {time.monotonic() - asked:.0f} s"
+    )
+    kube_cluster.wait_for(
+        lambda: bool(kind.kubectl("-n", name, "get", "pod", second, check=False).stdout),
+        what=f"{second} created",
+        timeout=120,
+        interval=1,
+    )
+    kind.kubectl(
+        "-n", name, "wait", f"pod/{second}", "--for=condition=Ready", "--timeout=180s", timeout=200
+    )
     realpods.wait_answered(kind, name, second, 0)
     realpods.release(kind, name, second, 1)
     job = finish(kind, name)
-    assert job["status"]["counts"]["succeeded"] == 1 and job["status"]["counts"]["retried"] == 1, job["status"]["counts"]
+    assert job["status"]["counts"]["succeeded"] == 1 and job["status"]["counts"]["retried"] == 1, (
+        job["status"]["counts"]
+    )
     assert [p["metadata"]["name"] for p in realpods.pods_of(kind, name, name)] == [second]
     summary = realpods.store_summary(kind, name)
     # the deleted attempt is kept as what it was (stopped: cut off, its one call), never merged into the new one
@@ -104,14 +126,24 @@ def test_a_killed_operator_makes_no_duplicate_pods(platform: kube_cluster.Kube) 
     realpods.kill_container(operator, "operator")
     for each in running:  # these finish while the operator is down
         realpods.release(kind, name, each, 1)
-    realpods.wait_restarted(kind, "openforge", operator["metadata"]["name"], "operator", realpods.container_status(operator, "operator")["restartCount"] + 1)
+    realpods.wait_restarted(
+        kind,
+        "openforge",
+        operator["metadata"]["name"],
+        "operator",
+        realpods.container_status(operator, "operator")["restartCount"] + 1,
+    )
     later = [f"{name}-2-0", f"{name}-3-0"]
     for each in later:
         realpods.wait_answered(kind, name, each, 0)
         realpods.release(kind, name, each, 1)
     job = finish(kind, name)
-    assert job["status"]["counts"]["succeeded"] == 4 and job["status"]["counts"]["retried"] == 0, job["status"]["counts"]
-    assert sorted(p["metadata"]["name"] for p in realpods.pods_of(kind, name, name)) == sorted(running + later)
+    assert job["status"]["counts"]["succeeded"] == 4 and job["status"]["counts"]["retried"] == 0, (
+        job["status"]["counts"]
+    )
+    assert sorted(p["metadata"]["name"] for p in realpods.pods_of(kind, name, name)) == sorted(
+        running + later
+    )
     check_exactly_once(realpods.store_summary(kind, name), {(f"t{i}", 0): [0, 1] for i in range(4)})
     kind.kubectl("delete", "namespace", name, "--wait=false")
 
@@ -133,17 +165,26 @@ def test_records_wait_in_the_spool_while_the_collector_is_down(platform: kube_cl
     name = realpods.start(kind, "fault-collector", calls=2, rollouts=1)
     first = f"{name}-0-0"
     realpods.wait_answered(kind, name, first, 0)
-    kube_cluster.wait_for(lambda: bool(realpods.store_summary(kind, name)["rollouts"]), what="call 0 stored", timeout=120, interval=2)
+    kube_cluster.wait_for(
+        lambda: bool(realpods.store_summary(kind, name)["rollouts"]),
+        what="call 0 stored",
+        timeout=120,
+        interval=2,
+    )
     collector = realpods.pod(kind, "openforge", realpods.collector_pod(kind))
     restarts = realpods.container_status(collector, "collector")["restartCount"]
     with collector_unreachable(kind):
         realpods.kill_container(collector, "collector")  # its open streams die with it
-        realpods.wait_restarted(kind, "openforge", collector["metadata"]["name"], "collector", restarts + 1)
+        realpods.wait_restarted(
+            kind, "openforge", collector["metadata"]["name"], "collector", restarts + 1
+        )
         realpods.release(kind, name, first, 1)
         realpods.wait_answered(kind, name, first, 1)
         time.sleep(10)  # time enough for a delivery, were the collector reachable
         held = realpods.store_summary(kind, name)
-        assert calls_by_rollout(held) == {("t0", 0): [0]}, f"call 1 reached the store with the collector down: {held['rollouts']}"
+        assert calls_by_rollout(held) == {("t0", 0): [0]}, (
+            f"call 1 reached the store with the collector down: {held['rollouts']}"
+        )
         assert not held["rollouts"][0]["finished"], held["rollouts"]
         # and the sidecar, holding unacknowledged records, crashes too: its spool is what it resumes from
         realpods.kill_container(realpods.pod(kind, name, first), SIDECAR)
@@ -177,11 +218,15 @@ def store_on_a_volume(kind: kube_cluster.Kube) -> Iterator[None]:
     }  # fmt: skip
     kind.kubectl("apply", "-f", "-", stdin=yaml.safe_dump_all([volume, claim]))
     try:
-        realpods.ensure_platform(kind, "trainer.persistence.enabled=true", f"trainer.persistence.existingClaim={name}")
+        realpods.ensure_platform(
+            kind, "trainer.persistence.enabled=true", f"trainer.persistence.existingClaim={name}"
+        )
         yield
     finally:
         realpods.ensure_platform(kind)
-        kind.kubectl("-n", "openforge", "delete", "pvc", name, "--wait=true", check=False, timeout=300)
+        kind.kubectl(
+            "-n", "openforge", "delete", "pvc", name, "--wait=true", check=False, timeout=300
+        )
         kind.kubectl("delete", "pv", f"openforge-{name}", "--wait=true", check=False, timeout=300)
         realpods.node_exec(node, "rm", "-rf", path)
 
@@ -196,13 +241,25 @@ def test_a_replaced_collector_pod_loses_nothing(platform: kube_cluster.Kube) -> 
         name = realpods.start(kind, "fault-store", calls=3, rollouts=1)
         first = f"{name}-0-0"
         realpods.wait_answered(kind, name, first, 0)
-        kube_cluster.wait_for(lambda: bool(realpods.store_summary(kind, name)["rollouts"]), what="call 0 stored", timeout=120, interval=2)
+        kube_cluster.wait_for(
+            lambda: bool(realpods.store_summary(kind, name)["rollouts"]),
+            what="call 0 stored",
+            timeout=120,
+            interval=2,
+        )
         old = realpods.collector_pod(kind)
         kind.kubectl("-n", "openforge", "delete", "pod", old, "--wait=false")
         realpods.release(kind, name, first, 1)  # answered by the policy server, held by the sidecar
         realpods.wait_answered(kind, name, first, 1)
-        kind.kubectl("-n", "openforge", "wait", "--for=delete", f"pod/{old}", "--timeout=300s", timeout=330)
-        kube_cluster.wait_for(lambda: replacement_ready(kind, old), what="a new trainer pod ready", timeout=600, interval=2)
+        kind.kubectl(
+            "-n", "openforge", "wait", "--for=delete", f"pod/{old}", "--timeout=300s", timeout=330
+        )
+        kube_cluster.wait_for(
+            lambda: replacement_ready(kind, old),
+            what="a new trainer pod ready",
+            timeout=600,
+            interval=2,
+        )
         realpods.release(kind, name, first, 2)
         job = finish(kind, name)
         assert job["status"]["counts"]["succeeded"] == 1, job["status"]["counts"]
@@ -211,7 +268,9 @@ def test_a_replaced_collector_pod_loses_nothing(platform: kube_cluster.Kube) -> 
 
 
 def replacement_ready(kind: kube_cluster.Kube, old: str) -> bool:
-    pods = kind.get_json("-n", "openforge", "pods", "-l", "app.kubernetes.io/component=trainer")["items"]
+    pods = kind.get_json("-n", "openforge", "pods", "-l", "app.kubernetes.io/component=trainer")[
+        "items"
+    ]
     return any(
         p["metadata"]["name"] != old
         and p["status"].get("phase") == "Running"

@@ -83,15 +83,38 @@ def test_a_rollout_pod_reaches_only_its_upstream(kind: kube_cluster.Kube) -> Non
     realpods.ensure_namespace(kind, "isolation-other")
     kind.kubectl("-n", "isolation-other", "run", "web", f"--image={IMAGE}", "--image-pull-policy=IfNotPresent",
                  "--port=8080", "--command", "--", "python", "-m", "http.server", "8080")  # fmt: skip
-    kind.kubectl("-n", "isolation-other", "wait", "pod/web", "--for=condition=Ready", "--timeout=180s", timeout=200)
+    kind.kubectl(
+        "-n",
+        "isolation-other",
+        "wait",
+        "pod/web",
+        "--for=condition=Ready",
+        "--timeout=180s",
+        timeout=200,
+    )
     other_ip = kind.get_json("-n", "isolation-other", "pod", "web")["status"]["podIP"]
     probe_targets = targets(other_ip)
 
-    kind.kubectl("-n", NAMESPACE, "apply", "-f", "-", stdin=yaml.safe_dump_all([harness_env(probe_targets), realpods.rollout_job(JOB, env="probe", tasks=[{"id": "probe"}])]))
+    kind.kubectl(
+        "-n",
+        NAMESPACE,
+        "apply",
+        "-f",
+        "-",
+        stdin=yaml.safe_dump_all(
+            [
+                harness_env(probe_targets),
+                realpods.rollout_job(JOB, env="probe", tasks=[{"id": "probe"}]),
+            ]
+        ),
+    )
     job = realpods.wait_job(kind, NAMESPACE, JOB, timeout=600)
     assert realpods.condition(job, "Complete"), job.get("status")
     policy = kind.get_json("-n", NAMESPACE, "networkpolicy", f"{JOB}-rollouts")
-    assert policy["spec"]["policyTypes"] == ["Ingress", "Egress"] or "Egress" in policy["spec"]["policyTypes"]
+    assert (
+        policy["spec"]["policyTypes"] == ["Ingress", "Egress"]
+        or "Egress" in policy["spec"]["policyTypes"]
+    )
     inside = probe_output(kind, f"{JOB}-0-0")
     assert inside["policy"] == "connected", inside
     assert inside["apiserver"] != "connected" and inside["other-job-pod"] != "connected", inside
@@ -102,7 +125,10 @@ def test_a_rollout_pod_reaches_only_its_upstream(kind: kube_cluster.Kube) -> Non
         "env": [{"name": "PROBE_TARGETS", "value": json.dumps(probe_targets)}]}]}}  # fmt: skip
     kind.kubectl("-n", NAMESPACE, "apply", "-f", "-", stdin=json.dumps(control))
     deadline = time.monotonic() + 180
-    while kind.get_json("-n", NAMESPACE, "pod", "control")["status"].get("phase") not in ("Succeeded", "Failed"):
+    while kind.get_json("-n", NAMESPACE, "pod", "control")["status"].get("phase") not in (
+        "Succeeded",
+        "Failed",
+    ):
         assert time.monotonic() < deadline, "the control pod did not finish"
         time.sleep(2)
     outside = probe_output(kind, "control")

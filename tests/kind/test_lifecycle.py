@@ -25,28 +25,57 @@ def pod_names(kind: kube_cluster.Kube, name: str) -> list[str]:
 
 
 def suspend(kind: kube_cluster.Kube, name: str, value: bool) -> None:
-    kind.kubectl("-n", name, "patch", "rolloutjob", name, "--type=merge", "-p", f'{{"spec": {{"suspend": {str(value).lower()}}}}}')
+    kind.kubectl(
+        "-n",
+        name,
+        "patch",
+        "rolloutjob",
+        name,
+        "--type=merge",
+        "-p",
+        f'{{"spec": {{"suspend": {str(value).lower()}}}}}',
+    )
 
 
 @pytest.mark.timeout(900)
-def test_suspend_lets_running_attempts_finish_and_starts_none_until_resumed(platform: kube_cluster.Kube) -> None:
+def test_suspend_lets_running_attempts_finish_and_starts_none_until_resumed(
+    platform: kube_cluster.Kube,
+) -> None:
     kind = platform
     name = realpods.start(kind, "life-suspend", calls=2, rollouts=2, parallelism=1)
     first, second = f"{name}-0-0", f"{name}-1-0"
     realpods.wait_answered(kind, name, first, 0)
     suspend(kind, name, True)
-    kube_cluster.wait_for(lambda: realpods.condition(job_of(kind, name), "Suspended"), what=f"{name} Suspended", timeout=60, interval=1)
-    realpods.release(kind, name, first, 1)  # a running attempt goes on (a Job's suspend would delete it)
-    kube_cluster.wait_for(lambda: realpods.pod(kind, name, first)["status"].get("phase") == "Succeeded", what=f"{first} Succeeded", timeout=180, interval=1)
+    kube_cluster.wait_for(
+        lambda: realpods.condition(job_of(kind, name), "Suspended"),
+        what=f"{name} Suspended",
+        timeout=60,
+        interval=1,
+    )
+    realpods.release(
+        kind, name, first, 1
+    )  # a running attempt goes on (a Job's suspend would delete it)
+    kube_cluster.wait_for(
+        lambda: realpods.pod(kind, name, first)["status"].get("phase") == "Succeeded",
+        what=f"{first} Succeeded",
+        timeout=180,
+        interval=1,
+    )
     time.sleep(10)  # time enough for the next pod, were the job running
     assert pod_names(kind, name) == [first], "a suspended job started a pod"
-    assert job_of(kind, name)["status"].get("startTime") is None, "the deadline clock runs while suspended"
+    assert job_of(kind, name)["status"].get("startTime") is None, (
+        "the deadline clock runs while suspended"
+    )
     suspend(kind, name, False)
     realpods.wait_answered(kind, name, second, 0)
     realpods.release(kind, name, second, 1)
     job = realpods.wait_job(kind, name, name, timeout=300)
-    assert realpods.condition(job, "Complete") and job["status"]["counts"]["succeeded"] == 2, job["status"]
-    assert "Suspended" in (events := realpods.events(kind, name)) and "Resumed" in events, events[-3000:]
+    assert realpods.condition(job, "Complete") and job["status"]["counts"]["succeeded"] == 2, job[
+        "status"
+    ]
+    assert "Suspended" in (events := realpods.events(kind, name)) and "Resumed" in events, events[
+        -3000:
+    ]
     kind.kubectl("delete", "namespace", name, "--wait=false")
 
 
@@ -57,9 +86,20 @@ def test_the_deadline_fails_the_job_and_deletes_its_live_pods(platform: kube_clu
     first = f"{name}-0-0"
     realpods.wait_answered(kind, name, first, 0)  # and never released
     job = realpods.wait_job(kind, name, name, timeout=240)
-    failed = [c for c in job["status"].get("conditions", []) if c["type"] == "Failed" and c["status"] == "True"]
+    failed = [
+        c
+        for c in job["status"].get("conditions", [])
+        if c["type"] == "Failed" and c["status"] == "True"
+    ]
     assert failed and failed[0]["reason"] == "DeadlineExceeded", job["status"]
-    gone = lambda: not [p for p in realpods.pods_of(kind, name, name) if p["status"].get("phase") == "Running" and not p["metadata"].get("deletionTimestamp")]  # noqa: E731
+
+    def gone() -> bool:
+        return not [
+            p
+            for p in realpods.pods_of(kind, name, name)
+            if p["status"].get("phase") == "Running" and not p["metadata"].get("deletionTimestamp")
+        ]
+
     kube_cluster.wait_for(gone, what=f"{first} deleted", timeout=120, interval=1)
     assert "DeadlineExceeded" in realpods.events(kind, name)
     kind.kubectl("delete", "namespace", name, "--wait=false")
@@ -69,10 +109,20 @@ def test_the_deadline_fails_the_job_and_deletes_its_live_pods(platform: kube_clu
 def test_an_out_of_memory_harness_is_oomkilled_and_retried(platform: kube_cluster.Kube) -> None:
     kind = platform
     # 200 MiB touched under a 96 MiB limit: the kernel kills the harness in its cgroup
-    name = realpods.start(kind, "life-oom", calls=1, rollouts=1, allocate_mb=200, memory_limit="96Mi", maxAttemptsPerRollout=2)
+    name = realpods.start(
+        kind,
+        "life-oom",
+        calls=1,
+        rollouts=1,
+        allocate_mb=200,
+        memory_limit="96Mi",
+        maxAttemptsPerRollout=2,
+    )
     job = realpods.wait_job(kind, name, name, timeout=400)
     assert realpods.condition(job, "Failed"), job["status"]
-    assert job["status"]["failedIndexes"] == "0" and job["status"]["counts"]["retried"] == 1, job["status"]
+    assert job["status"]["failedIndexes"] == "0" and job["status"]["counts"]["retried"] == 1, job[
+        "status"
+    ]
     assert pod_names(kind, name) == [f"{name}-0-0", f"{name}-0-1"]
     events = realpods.events(kind, name)
     assert "OOMKilled" in events and "RolloutsFailed" in events, events[-3000:]
@@ -83,6 +133,16 @@ def test_an_out_of_memory_harness_is_oomkilled_and_retried(platform: kube_cluste
 def test_the_ttl_deletes_a_finished_job_and_its_pods(platform: kube_cluster.Kube) -> None:
     kind = platform
     name = realpods.start(kind, "life-ttl", calls=1, rollouts=2, ttlSecondsAfterFinished=5)
-    kube_cluster.wait_for(lambda: not kind.kubectl("-n", name, "get", "rolloutjob", name, check=False).stdout, what=f"{name} deleted by its TTL", timeout=300, interval=2)
-    kube_cluster.wait_for(lambda: not realpods.pods_of(kind, name, name), what=f"{name}'s pods collected", timeout=180, interval=2)
+    kube_cluster.wait_for(
+        lambda: not kind.kubectl("-n", name, "get", "rolloutjob", name, check=False).stdout,
+        what=f"{name} deleted by its TTL",
+        timeout=300,
+        interval=2,
+    )
+    kube_cluster.wait_for(
+        lambda: not realpods.pods_of(kind, name, name),
+        what=f"{name}'s pods collected",
+        timeout=180,
+        interval=2,
+    )
     kind.kubectl("delete", "namespace", name, "--wait=false")

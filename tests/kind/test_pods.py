@@ -15,9 +15,12 @@ import yaml
 
 pytestmark = [pytest.mark.kind, pytest.mark.slow]
 
-CLIENT = """
+CLIENT = (
+    """
 assert open("/work/prepared").read() == "prepared\\n", "the template's init container did not run first"
-""" + realpods.ONE_CALL
+"""
+    + realpods.ONE_CALL
+)
 
 
 def env_with_its_own_containers(name: str) -> dict:
@@ -44,19 +47,32 @@ def env_with_its_own_containers(name: str) -> dict:
 
 
 @pytest.mark.timeout(600)
-def test_a_template_with_containers_of_its_own_waits_on_the_sidecars_startup_probe(platform: kube_cluster.Kube) -> None:
+def test_a_template_with_containers_of_its_own_waits_on_the_sidecars_startup_probe(
+    platform: kube_cluster.Kube,
+) -> None:
     kind = platform
     name = f"pods-own-{uuid.uuid4().hex[:6]}"
     realpods.ensure_namespace(kind, name)
     job = realpods.rollout_job(name, env=name, tasks=[{"id": "t0"}, {"id": "t1"}], parallelism=2)
-    kind.kubectl("-n", name, "apply", "-f", "-", stdin=yaml.safe_dump_all([env_with_its_own_containers(name), job]))
+    kind.kubectl(
+        "-n",
+        name,
+        "apply",
+        "-f",
+        "-",
+        stdin=yaml.safe_dump_all([env_with_its_own_containers(name), job]),
+    )
     done = realpods.wait_job(kind, name, name, timeout=400)
-    assert realpods.condition(done, "Complete") and done["status"]["counts"]["succeeded"] == 2, done["status"]
+    assert realpods.condition(done, "Complete") and done["status"]["counts"]["succeeded"] == 2, (
+        done["status"]
+    )
     for pod in realpods.pods_of(kind, name, name):
         init = pod["spec"]["initContainers"]
         assert [c["name"] for c in init] == [realpods.SIDECAR, "prepare"], init
         probe = init[0]["startupProbe"]
-        assert "exec" in probe, probe  # the kubelet dials tcp/http probes from the node, not the pod
+        assert "exec" in probe, (
+            probe
+        )  # the kubelet dials tcp/http probes from the node, not the pod
         sidecar = realpods.container_status(pod, realpods.SIDECAR)
         prepare = realpods.container_status(pod, "prepare")
         assert sidecar["restartCount"] == 0
@@ -66,5 +82,7 @@ def test_a_template_with_containers_of_its_own_waits_on_the_sidecars_startup_pro
     summary = realpods.store_summary(kind, name)
     assert sorted(r["task"] for r in summary["rollouts"]) == ["t0", "t1"], summary
     for rollout in summary["rollouts"]:
-        assert rollout["reward"] == 1.0 and [c["exact"] for c in rollout["calls"]] == [True], rollout
+        assert rollout["reward"] == 1.0 and [c["exact"] for c in rollout["calls"]] == [True], (
+            rollout
+        )
     kind.kubectl("delete", "namespace", name, "--wait=false")

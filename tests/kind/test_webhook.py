@@ -122,9 +122,13 @@ def test_the_webhook_captures_a_labelled_pod_that_someone_else_created(
             "-",
             stdin=yaml.safe_dump(token_secret(TOKEN_SECRET, token)),
         )
+
         # the chart makes the configuration; the operator fills in its webhooks at start
         def hooks() -> list[dict]:
-            return kind.get_json("mutatingwebhookconfiguration", "openforge-capture").get("webhooks") or []
+            return (
+                kind.get_json("mutatingwebhookconfiguration", "openforge-capture").get("webhooks")
+                or []
+            )
 
         kube_cluster.wait_for(
             lambda: bool(hooks()), what="the operator's webhooks", timeout=120, interval=2
@@ -138,8 +142,12 @@ def test_the_webhook_captures_a_labelled_pod_that_someone_else_created(
         assert {"name": "OPENAI_BASE_URL", "value": "http://127.0.0.1:15090/v1"} in agent["env"], (
             agent["env"]
         )
+
         def done() -> bool:
-            return realpods.pod(kind, namespace, "eval")["status"].get("phase") in ("Succeeded", "Failed")
+            return realpods.pod(kind, namespace, "eval")["status"].get("phase") in (
+                "Succeeded",
+                "Failed",
+            )
 
         kube_cluster.wait_for(done, what="eval finished", timeout=300, interval=2)
         finished = realpods.pod(kind, namespace, "eval")

@@ -23,14 +23,26 @@ def deep_merge(base: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any
     return merged
 
 
-def job_body(*, spec: dict[str, Any] | None = None, status: dict[str, Any] | None = None, name: str = "job", generation: int = 1) -> dict[str, Any]:
+def job_body(
+    *,
+    spec: dict[str, Any] | None = None,
+    status: dict[str, Any] | None = None,
+    name: str = "job",
+    generation: int = 1,
+) -> dict[str, Any]:
     base = {
         "apiVersion": v1alpha1.API_VERSION,
         "kind": "RolloutJob",
         "metadata": {"name": name, "namespace": "ns", "uid": UID, "generation": generation},
         "spec": {
             "harnessEnvRef": {"name": "env"},
-            "tasks": {"inline": [{"id": "a", "prompt": "p-a"}, {"id": "b", "prompt": "p-b"}, {"id": "c", "prompt": "p-c"}]},
+            "tasks": {
+                "inline": [
+                    {"id": "a", "prompt": "p-a"},
+                    {"id": "b", "prompt": "p-b"},
+                    {"id": "c", "prompt": "p-c"},
+                ]
+            },
             "samplesPerTask": 4,
             "parallelism": 5,
             "policy": {"endpoint": "http://vllm.models.svc:8000", "model": "tiny", "version": 3},
@@ -43,7 +55,13 @@ def job_body(*, spec: dict[str, Any] | None = None, status: dict[str, Any] | Non
     return body
 
 
-def job(*, spec: dict[str, Any] | None = None, status: dict[str, Any] | None = None, name: str = "job", generation: int = 1) -> v1alpha1.RolloutJob:
+def job(
+    *,
+    spec: dict[str, Any] | None = None,
+    status: dict[str, Any] | None = None,
+    name: str = "job",
+    generation: int = 1,
+) -> v1alpha1.RolloutJob:
     parsed = manifests.parse(job_body(spec=spec, status=status, name=name, generation=generation))
     assert isinstance(parsed, v1alpha1.RolloutJob)
     return parsed
@@ -71,7 +89,10 @@ def env_body(*, spec: dict[str, Any] | None = None, name: str = "env") -> dict[s
                     ]
                 },
             },
-            "grader": {"command": ["python", "grade.py", "--task", "${OPENFORGE_TASK_ID}"], "timeoutSeconds": 40},
+            "grader": {
+                "command": ["python", "grade.py", "--task", "${OPENFORGE_TASK_ID}"],
+                "timeoutSeconds": 40,
+            },
             "timeoutSeconds": 120,
         },
     }
@@ -84,13 +105,36 @@ def env(*, spec: dict[str, Any] | None = None, name: str = "env") -> v1alpha1.Ha
     return parsed
 
 
-def attempt(index: int, number: int, state: attempts.State, *, exit_code: int | None = None, reason: str | None = None, name: str | None = None, acknowledged: bool = False) -> attempts.Attempt:
+def attempt(
+    index: int,
+    number: int,
+    state: attempts.State,
+    *,
+    exit_code: int | None = None,
+    reason: str | None = None,
+    name: str | None = None,
+    acknowledged: bool = False,
+) -> attempts.Attempt:
     return attempts.Attempt(
-        name or f"job-{index}-{number}", index, number, state, exit_code, reason, acknowledged=acknowledged
+        name or f"job-{index}-{number}",
+        index,
+        number,
+        state,
+        exit_code,
+        reason,
+        acknowledged=acknowledged,
     )
 
 
-def pod(index: int, number: int, *, phase: str = "Pending", status: dict[str, Any] | None = None, uid: str = UID, **metadata: Any) -> dict[str, Any]:
+def pod(
+    index: int,
+    number: int,
+    *,
+    phase: str = "Pending",
+    status: dict[str, Any] | None = None,
+    uid: str = UID,
+    **metadata: Any,
+) -> dict[str, Any]:
     """A rollout pod as the API returns it (only the fields the operator reads)."""
     return {
         "metadata": {
@@ -109,8 +153,13 @@ def pod(index: int, number: int, *, phase: str = "Pending", status: dict[str, An
     }
 
 
-def terminated(exit_code: int, *, reason: str = "", message: str | None = None, name: str = "harness") -> dict[str, Any]:
-    state: dict[str, Any] = {"exitCode": exit_code, "reason": reason or ("Completed" if exit_code == 0 else "Error")}
+def terminated(
+    exit_code: int, *, reason: str = "", message: str | None = None, name: str = "harness"
+) -> dict[str, Any]:
+    state: dict[str, Any] = {
+        "exitCode": exit_code,
+        "reason": reason or ("Completed" if exit_code == 0 else "Error"),
+    }
     if message is not None:
         state["message"] = message
     return {"name": name, "state": {"terminated": state}}

@@ -29,10 +29,18 @@ def test_identity_comes_from_labels() -> None:
     assert attempts.summarize(bad) is None
 
 
-@pytest.mark.parametrize(("phase", "state"), [("Pending", "pending"), ("Running", "running"), ("Unknown", "pending")])
+@pytest.mark.parametrize(
+    ("phase", "state"), [("Pending", "pending"), ("Running", "running"), ("Unknown", "pending")]
+)
 def test_unfinished_pods_are_live(phase: str, state: str) -> None:
     found = judge(pod(1, 0, phase=phase))
-    assert (found.state, found.live, found.index, found.attempt, found.name) == (state, True, 1, 0, "job-1-0")
+    assert (found.state, found.live, found.index, found.attempt, found.name) == (
+        state,
+        True,
+        1,
+        0,
+        "job-1-0",
+    )
 
 
 def test_exit_zero_succeeds() -> None:
@@ -46,57 +54,137 @@ def test_a_failing_exit_code_fails_and_any_other_is_graded_data() -> None:
     assert "exited with 3" in failed.message
     graded = judge(pod(0, 0, phase="Failed", status={"containerStatuses": [terminated(4)]}))
     assert graded.state == "succeeded", "without a failure rule for 4, the rollout is graded data"
-    assert judge(pod(0, 0, phase="Failed", status={"containerStatuses": [terminated(3)]}), frozenset()).state == "succeeded"
+    assert (
+        judge(
+            pod(0, 0, phase="Failed", status={"containerStatuses": [terminated(3)]}), frozenset()
+        ).state
+        == "succeeded"
+    )
 
 
 def test_only_the_harness_container_exit_code_counts() -> None:
     statuses = [terminated(3, name="tools"), terminated(0)]
-    assert judge(pod(0, 0, phase="Failed", status={"containerStatuses": statuses})).state == "succeeded"
+    assert (
+        judge(pod(0, 0, phase="Failed", status={"containerStatuses": statuses})).state
+        == "succeeded"
+    )
 
 
 def test_the_pods_own_verdict_wins_over_its_exit_code() -> None:
-    verdict = {"exitCode": 0, "status": "failed", "reason": "GraderFailed", "reward": None, "acknowledged": True, "message": "grader printed no JSON line"}
-    found = judge(pod(0, 0, phase="Succeeded", status={"containerStatuses": [terminated(0, message=json.dumps(verdict))]}))
-    assert (found.state, found.reason, found.message) == ("failed", "GraderFailed", "grader printed no JSON line")
+    verdict = {
+        "exitCode": 0,
+        "status": "failed",
+        "reason": "GraderFailed",
+        "reward": None,
+        "acknowledged": True,
+        "message": "grader printed no JSON line",
+    }
+    found = judge(
+        pod(
+            0,
+            0,
+            phase="Succeeded",
+            status={"containerStatuses": [terminated(0, message=json.dumps(verdict))]},
+        )
+    )
+    assert (found.state, found.reason, found.message) == (
+        "failed",
+        "GraderFailed",
+        "grader printed no JSON line",
+    )
     ok = {"exitCode": 3, "status": "succeeded", "reason": "", "reward": 0.5, "acknowledged": True}
-    found = judge(pod(0, 0, phase="Failed", status={"containerStatuses": [terminated(3, message=json.dumps(ok))]}))
+    found = judge(
+        pod(
+            0,
+            0,
+            phase="Failed",
+            status={"containerStatuses": [terminated(3, message=json.dumps(ok))]},
+        )
+    )
     assert (found.state, found.exit_code, found.acknowledged) == ("succeeded", 3, True)
 
 
 def test_a_termination_message_that_is_not_a_verdict_is_ignored() -> None:
-    found = judge(pod(0, 0, phase="Failed", status={"containerStatuses": [terminated(3, message="panic: oops")]}))
+    found = judge(
+        pod(
+            0,
+            0,
+            phase="Failed",
+            status={"containerStatuses": [terminated(3, message="panic: oops")]},
+        )
+    )
     assert (found.state, found.exit_code) == ("failed", 3)
-    found = judge(pod(0, 0, phase="Failed", status={"containerStatuses": [terminated(3, message='{"not": "ours"}')]}))
+    found = judge(
+        pod(
+            0,
+            0,
+            phase="Failed",
+            status={"containerStatuses": [terminated(3, message='{"not": "ours"}')]},
+        )
+    )
     assert found.state == "failed"
 
 
 def test_eviction_is_a_reason_whatever_the_exit_code() -> None:
-    found = judge(pod(0, 0, phase="Failed", status={"reason": "Evicted", "message": "node low on memory", "containerStatuses": [terminated(0)]}))
+    found = judge(
+        pod(
+            0,
+            0,
+            phase="Failed",
+            status={
+                "reason": "Evicted",
+                "message": "node low on memory",
+                "containerStatuses": [terminated(0)],
+            },
+        )
+    )
     assert (found.state, found.reason, found.message) == ("failed", "Evicted", "node low on memory")
 
 
 def test_out_of_memory_in_any_container_is_oomkilled() -> None:
     status = {"containerStatuses": [terminated(137, reason="OOMKilled")]}
     assert judge(pod(0, 0, phase="Failed", status=status)).reason == "OOMKilled"
-    status = {"containerStatuses": [terminated(0)], "initContainerStatuses": [terminated(137, reason="OOMKilled", name="openforge-sidecar")]}
+    status = {
+        "containerStatuses": [terminated(0)],
+        "initContainerStatuses": [terminated(137, reason="OOMKilled", name="openforge-sidecar")],
+    }
     assert judge(pod(0, 0, phase="Failed", status=status)).reason == "OOMKilled"
 
 
 def test_deadline_exceeded_and_image_pull_failures() -> None:
-    assert judge(pod(0, 0, phase="Failed", status={"reason": "DeadlineExceeded"})).reason == "DeadlineExceeded"
+    assert (
+        judge(pod(0, 0, phase="Failed", status={"reason": "DeadlineExceeded"})).reason
+        == "DeadlineExceeded"
+    )
     waiting = {"name": "harness", "state": {"waiting": {"reason": "ImagePullBackOff"}}}
-    found = judge(pod(0, 0, phase="Failed", status={"reason": "DeadlineExceeded", "containerStatuses": [waiting]}))
+    found = judge(
+        pod(
+            0,
+            0,
+            phase="Failed",
+            status={"reason": "DeadlineExceeded", "containerStatuses": [waiting]},
+        )
+    )
     assert found.reason == "ImagePullFailed"
 
 
 def test_a_failed_pod_without_a_harness_exit_code_failed() -> None:
-    found = judge(pod(0, 0, phase="Failed", status={"reason": "OutOfcpu", "message": "Node didn't have enough resource"}))
+    found = judge(
+        pod(
+            0,
+            0,
+            phase="Failed",
+            status={"reason": "OutOfcpu", "message": "Node didn't have enough resource"},
+        )
+    )
     assert (found.state, found.reason, found.exit_code) == ("failed", None, None)
     assert "enough resource" in found.message
 
 
 def test_a_live_pod_deleted_before_it_finished_failed() -> None:
-    summary = attempts.summarize(pod(0, 0, phase="Running", deletionTimestamp="2026-01-01T00:00:00Z"))
+    summary = attempts.summarize(
+        pod(0, 0, phase="Running", deletionTimestamp="2026-01-01T00:00:00Z")
+    )
     assert summary is not None and summary.deleting
     assert attempts.judge(summary, failing_exit_codes=FAILING).live
     gone = attempts.judge(_gone(summary), failing_exit_codes=FAILING)
@@ -112,16 +200,40 @@ def _stopped(exit_code: int, finished_at: str, message: str | None = None) -> di
 def test_a_pod_deleted_while_its_harness_ran_failed_whatever_its_exit_code() -> None:
     # kubectl delete at 10:00:00 with 30 s grace; the kubelet stopped the harness (SIGKILL at 10:00:30)
     deleted = {"deletionTimestamp": "2026-01-01T10:00:30Z", "deletionGracePeriodSeconds": 30}
-    found = judge(pod(0, 0, phase="Failed", status=_stopped(137, "2026-01-01T10:00:30Z"), **deleted))
-    assert (found.state, found.reason, found.message) == ("failed", None, "the pod was deleted before it finished")
+    found = judge(
+        pod(0, 0, phase="Failed", status=_stopped(137, "2026-01-01T10:00:30Z"), **deleted)
+    )
+    assert (found.state, found.reason, found.message) == (
+        "failed",
+        None,
+        "the pod was deleted before it finished",
+    )
     # the same with a harness that caught SIGTERM and exited 0, and the agent's failed verdict
     verdict = json.dumps({"status": "failed", "exitCode": -1, "reason": ""})
-    assert judge(pod(0, 0, phase="Succeeded", status=_stopped(0, "2026-01-01T10:00:01Z", verdict), **deleted)).state == "failed"
+    assert (
+        judge(
+            pod(
+                0,
+                0,
+                phase="Succeeded",
+                status=_stopped(0, "2026-01-01T10:00:01Z", verdict),
+                **deleted,
+            )
+        ).state
+        == "failed"
+    )
     # a harness that finished before the deletion was asked keeps its result
-    assert judge(pod(0, 0, phase="Succeeded", status=_stopped(0, "2026-01-01T09:59:59Z"), **deleted)).state == "succeeded"
+    assert (
+        judge(
+            pod(0, 0, phase="Succeeded", status=_stopped(0, "2026-01-01T09:59:59Z"), **deleted)
+        ).state
+        == "succeeded"
+    )
     # and so does a rollout the agent reported finished (its records acknowledged) before it was stopped
     verdict = json.dumps({"status": "succeeded", "exitCode": 0, "reason": "", "acknowledged": True})
-    found = judge(pod(0, 0, phase="Failed", status=_stopped(137, "2026-01-01T10:00:30Z", verdict), **deleted))
+    found = judge(
+        pod(0, 0, phase="Failed", status=_stopped(137, "2026-01-01T10:00:30Z", verdict), **deleted)
+    )
     assert (found.state, found.acknowledged) == ("succeeded", True)
 
 
@@ -130,7 +242,11 @@ def _gone(summary: attempts.PodSummary) -> attempts.PodSummary:
 
 
 def test_a_preempted_pod_that_vanished_failed_as_preempted() -> None:
-    disruption = {"conditions": [{"type": "DisruptionTarget", "status": "True", "reason": "PreemptionByScheduler"}]}
+    disruption = {
+        "conditions": [
+            {"type": "DisruptionTarget", "status": "True", "reason": "PreemptionByScheduler"}
+        ]
+    }
     summary = attempts.summarize(pod(0, 0, phase="Running", status=disruption))
     assert summary is not None
     found = attempts.judge(_gone(summary), failing_exit_codes=FAILING)
@@ -138,7 +254,9 @@ def test_a_preempted_pod_that_vanished_failed_as_preempted() -> None:
 
 
 def test_a_finished_pod_that_vanished_keeps_its_verdict() -> None:
-    summary = attempts.summarize(pod(0, 0, phase="Succeeded", status={"containerStatuses": [terminated(0)]}))
+    summary = attempts.summarize(
+        pod(0, 0, phase="Succeeded", status={"containerStatuses": [terminated(0)]})
+    )
     assert summary is not None
     assert attempts.judge(_gone(summary), failing_exit_codes=FAILING).state == "succeeded"
 

@@ -33,7 +33,10 @@ def test_mitmproxy_loads_it_and_signs_leaf_certificates(tmp_path: Path) -> None:
 
 def test_the_secret_separates_the_key_from_the_certificate() -> None:
     secret = certs.build_ca_secret(job(), key_pem="KEY\n", cert_pem="CERT\n")
-    assert secret["metadata"]["name"] == "job-ca" and secret["metadata"]["ownerReferences"][0]["uid"] == UID
+    assert (
+        secret["metadata"]["name"] == "job-ca"
+        and secret["metadata"]["ownerReferences"][0]["uid"] == UID
+    )
     assert secret["immutable"] is True
     assert secret["stringData"] == {pods.CA_KEY: "KEY\nCERT\n", pods.CA_CERT: "CERT\n"}
 

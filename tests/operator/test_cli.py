@@ -43,14 +43,18 @@ def test_every_setting_flag() -> None:
         ('{"requests": {"cpu": true}}', "requests.cpu"),
     ],
 )
-def test_bad_sidecar_resources_name_the_part_at_fault(value: str, fault: str, capsys: pytest.CaptureFixture[str]) -> None:
+def test_bad_sidecar_resources_name_the_part_at_fault(
+    value: str, fault: str, capsys: pytest.CaptureFixture[str]
+) -> None:
     with pytest.raises(SystemExit):
         cli.options(["-n", "rl", "--sidecar-resources", value])
     err = capsys.readouterr().err
     assert "--sidecar-resources" in err and fault in err, err
 
 
-def test_the_collector_master_key_is_read_from_its_file_and_kept_out_of_repr(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_the_collector_master_key_is_read_from_its_file_and_kept_out_of_repr(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     key = tmp_path / "master-key"
     key.write_text("k" * 40 + "\n")
     ns, config = cli.options(["-n", "rl", "--collector-master-key-file", str(key)])
@@ -61,7 +65,9 @@ def test_the_collector_master_key_is_read_from_its_file_and_kept_out_of_repr(tmp
     key.write_text("short")
     with pytest.raises(SystemExit):
         cli.with_master_key(ns, config)
-    assert "--collector-master-key-file" in (err := capsys.readouterr().err) and "at least 32" in err
+    assert (
+        "--collector-master-key-file" in (err := capsys.readouterr().err) and "at least 32" in err
+    )
     ns, config = cli.options(["-n", "rl"])
     assert cli.with_master_key(ns, config) == config
 
@@ -69,8 +75,13 @@ def test_the_collector_master_key_is_read_from_its_file_and_kept_out_of_repr(tmp
 @pytest.mark.parametrize(
     "argv",
     [
-        [], ["-n", "a", "-A"], ["-n", "a", "--standalone", "--peering", "p"], ["-n", "a", "--webhook-cert", "c"],
-        ["-n", "a", "--dns-label", "novalue"], ["-n", "a", "--webhook-service", "svc"], ["-n", "a", "--webhook-service", "ns/a/b"],
+        [],
+        ["-n", "a", "-A"],
+        ["-n", "a", "--standalone", "--peering", "p"],
+        ["-n", "a", "--webhook-cert", "c"],
+        ["-n", "a", "--dns-label", "novalue"],
+        ["-n", "a", "--webhook-service", "svc"],
+        ["-n", "a", "--webhook-service", "ns/a/b"],
     ],
 )
 def test_bad_flags(argv: list[str]) -> None:
@@ -79,7 +90,9 @@ def test_bad_flags(argv: list[str]) -> None:
 
 
 @pytest.mark.parametrize("value", ["-1", "120", "600"])
-def test_the_fence_wait_must_end_before_the_harness_gives_up_on_its_sidecar(value: str, capsys: pytest.CaptureFixture[str]) -> None:
+def test_the_fence_wait_must_end_before_the_harness_gives_up_on_its_sidecar(
+    value: str, capsys: pytest.CaptureFixture[str]
+) -> None:
     with pytest.raises(SystemExit):
         cli.options(["-n", "rl", "--fence-wait-seconds", value])
     assert "--fence-wait-seconds" in capsys.readouterr().err
@@ -88,13 +101,25 @@ def test_the_fence_wait_must_end_before_the_harness_gives_up_on_its_sidecar(valu
 def test_the_webhook_service_names_the_host_unless_given() -> None:
     ns, _ = cli.options(["-n", "a", "--webhook", "--webhook-service", "openforge/hook"])
     assert ns.webhook_service == ("openforge", "hook") and ns.webhook_host == "hook.openforge.svc"
-    ns, _ = cli.options(["-n", "a", "--webhook-service", "openforge/hook", "--webhook-host", "hook.example"])
+    ns, _ = cli.options(
+        ["-n", "a", "--webhook-service", "openforge/hook", "--webhook-host", "hook.example"]
+    )
     assert ns.webhook_host == "hook.example"
 
 
 def test_the_openforge_command_knows_it() -> None:
-    done = subprocess.run([sys.executable, "-m", "openforge.cli", "operator", "--help"], capture_output=True, text=True, timeout=60, check=True)
-    assert "--all-namespaces" in done.stdout and "--webhook" in done.stdout and "--sidecar-image" in done.stdout
+    done = subprocess.run(
+        [sys.executable, "-m", "openforge.cli", "operator", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    assert (
+        "--all-namespaces" in done.stdout
+        and "--webhook" in done.stdout
+        and "--sidecar-image" in done.stdout
+    )
 
 
 def test_the_identity_needs_no_password_database_entry(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -51,7 +51,9 @@ def test_installs_the_operator_extra_and_runs_openforge_operator_as_the_charts_u
     final = all_steps[max(i for i, (word, _) in enumerate(all_steps) if word == "FROM") :]
     assert ("USER", "65532:65532") in final
     assert ("ENTRYPOINT", json.dumps(["openforge", "operator"])) in final
-    (install,) = [args for word, args in all_steps if word == "RUN" and "-c constraints.txt" in args]
+    (install,) = [
+        args for word, args in all_steps if word == "RUN" and "-c constraints.txt" in args
+    ]
     assert install.startswith("python requirements.py operator < pyproject.toml > requirements.txt")
     assert install.endswith("-c constraints.txt -r requirements.txt")
     (project,) = [args for word, args in final if word == "RUN" and "--no-deps" in args]
@@ -68,7 +70,14 @@ def test_what_the_operator_image_runs_needs_no_training_stack() -> None:
         "from openforge import cli\n"
         "cli.main(['operator', '--help'])\n"
     )
-    result = subprocess.run([sys.executable, "-c", code, ",".join(NOT_IN_OPERATOR)], capture_output=True, text=True, timeout=120, cwd=ROOT, check=False)
+    result = subprocess.run(
+        [sys.executable, "-c", code, ",".join(NOT_IN_OPERATOR)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+        check=False,
+    )
     assert result.returncode == 0, result.stderr
     assert "--all-namespaces" in result.stdout
 

@@ -62,7 +62,14 @@ def run(
         "OPENFORGE_GRADER_TIMEOUT": "20",
         "OPENFORGE_SIDECAR_WAIT": str(sidecar_wait),
     }
-    done = subprocess.run([*entrypoint.COMMAND, *entrypoint.arguments(harness, grader)], env=env, capture_output=True, text=True, timeout=60, check=False)
+    done = subprocess.run(
+        [*entrypoint.COMMAND, *entrypoint.arguments(harness, grader)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     thread.join()
     return done, run_dir
 
@@ -71,20 +78,31 @@ def test_exits_with_the_harness_code_after_grading_and_reporting(tmp_path: Path)
     done, run_dir = run(
         tmp_path,
         [PY, "-c", "import sys; print('harness'); sys.exit(7)"],
-        [PY, "-c", "import os; print('noise'); print('{\"reward\": 0.5, \"exit\": %s}' % os.environ['OPENFORGE_HARNESS_EXIT_CODE'])"],
+        [
+            PY,
+            "-c",
+            "import os; print('noise'); print('{\"reward\": 0.5, \"exit\": %s}' % os.environ['OPENFORGE_HARNESS_EXIT_CODE'])",
+        ],
         verdict='{"status": "succeeded", "reward": 0.5}',
     )
     assert done.returncode == 7
-    assert done.stdout.strip() == "harness", "the harness's output is the container's; the grader's goes to a file"
+    assert done.stdout.strip() == "harness", (
+        "the harness's output is the container's; the grader's goes to a file"
+    )
     assert (run_dir / "harness-exit-code").read_text() == "7\n"
     assert (run_dir / "grader-exit-code").read_text() == "0\n"
-    assert (run_dir / "grader-stdout").read_text().splitlines() == ["noise", '{"reward": 0.5, "exit": 7}']
+    assert (run_dir / "grader-stdout").read_text().splitlines() == [
+        "noise",
+        '{"reward": 0.5, "exit": 7}',
+    ]
     assert (tmp_path / "termination-log").read_text() == '{"status": "succeeded", "reward": 0.5}'
 
 
 def test_grader_arguments_arrive_exactly(tmp_path: Path) -> None:
     odd = ["a b", "$HOME", "'single'", '"double"', "back\\slash", "*", "", "$(whoami)", "-", "--"]
-    done, run_dir = run(tmp_path, ["true"], [PY, "-c", "import json, sys; print(json.dumps(sys.argv[1:]))", *odd])
+    done, run_dir = run(
+        tmp_path, ["true"], [PY, "-c", "import json, sys; print(json.dumps(sys.argv[1:]))", *odd]
+    )
     assert done.returncode == 0
     assert json.loads((run_dir / "grader-stdout").read_text()) == odd
 
@@ -92,7 +110,16 @@ def test_grader_arguments_arrive_exactly(tmp_path: Path) -> None:
 def test_harness_arguments_arrive_exactly(tmp_path: Path) -> None:
     odd = ["x y", "$PATH", "'q'", "\\n", ""]
     out = tmp_path / "argv.json"
-    done, _ = run(tmp_path, [PY, "-c", f"import json, sys; open({str(out)!r}, 'w').write(json.dumps(sys.argv[1:]))", *odd], None)
+    done, _ = run(
+        tmp_path,
+        [
+            PY,
+            "-c",
+            f"import json, sys; open({str(out)!r}, 'w').write(json.dumps(sys.argv[1:]))",
+            *odd,
+        ],
+        None,
+    )
     assert done.returncode == 0
     assert json.loads(out.read_text()) == odd
 
@@ -126,33 +153,55 @@ def test_the_script_survives_the_kubelets_variable_expansion() -> None:
 
 def test_the_harness_starts_only_once_the_sidecar_is_ready(tmp_path: Path) -> None:
     started = tmp_path / "harness-started"
-    done, run_dir = run(tmp_path, [PY, "-c", f"import time; open({str(started)!r}, 'w').write(repr(time.time()))"], None, sidecar_wait=20, ready_after=1.0)
+    done, run_dir = run(
+        tmp_path,
+        [PY, "-c", f"import time; open({str(started)!r}, 'w').write(repr(time.time()))"],
+        None,
+        sidecar_wait=20,
+        ready_after=1.0,
+    )
     assert done.returncode == 0
     ready = (run_dir / podrun.SIDECAR_READY).stat().st_mtime
     assert float(started.read_text()) >= ready, "the harness ran before the sidecar listened"
 
 
-def test_a_sidecar_that_never_listens_fails_the_attempt_without_running_the_harness(tmp_path: Path) -> None:
+def test_a_sidecar_that_never_listens_fails_the_attempt_without_running_the_harness(
+    tmp_path: Path,
+) -> None:
     started = time.monotonic()
-    done, run_dir = run(tmp_path, ["sh", "-c", "echo ran > harness-ran"], None, sidecar_wait=1, verdict=None)
+    done, run_dir = run(
+        tmp_path, ["sh", "-c", "echo ran > harness-ran"], None, sidecar_wait=1, verdict=None
+    )
     assert done.returncode == podrun.SIDECAR_NOT_READY_EXIT_CODE
     assert 0.9 < time.monotonic() - started < 20
     assert not (run_dir / podrun.HARNESS_DONE).exists() and not (tmp_path / "harness-ran").exists()
     message = json.loads((tmp_path / "termination-log").read_text())
-    assert (message["status"], message["reason"], message["exitCode"]) == ("failed", "SidecarFailed", podrun.SIDECAR_NOT_READY_EXIT_CODE)
+    assert (message["status"], message["reason"], message["exitCode"]) == (
+        "failed",
+        "SidecarFailed",
+        podrun.SIDECAR_NOT_READY_EXIT_CODE,
+    )
     assert "did not listen within 1 s" in message["message"]
 
 
-
-
-def test_an_agent_verdict_before_ready_ends_the_attempt_without_running_the_harness(tmp_path: Path) -> None:
+def test_an_agent_verdict_before_ready_ends_the_attempt_without_running_the_harness(
+    tmp_path: Path,
+) -> None:
     """The agent writes ``finished`` instead of ``sidecar-ready`` when the pod was never
     fenced: the entrypoint passes that verdict on and never runs the harness."""
     verdict = '{"exitCode":125,"status":"failed","reason":"SidecarFailed","message":"not fenced"}'
-    done, run_dir = run(tmp_path, ["sh", "-c", "echo ran > harness-ran"], None, sidecar_wait=20, verdict=None, verdict_first=verdict)
+    done, run_dir = run(
+        tmp_path,
+        ["sh", "-c", "echo ran > harness-ran"],
+        None,
+        sidecar_wait=20,
+        verdict=None,
+        verdict_first=verdict,
+    )
     assert done.returncode == podrun.SIDECAR_NOT_READY_EXIT_CODE
     assert not (run_dir / podrun.HARNESS_DONE).exists() and not (tmp_path / "harness-ran").exists()
     assert (tmp_path / "termination-log").read_text() == verdict
+
 
 TERMINATED = """
 import signal, sys, time
@@ -166,16 +215,27 @@ time.sleep(60)
 
 
 @pytest.mark.parametrize("stage", ["harness", "grader"])
-def test_a_term_is_passed_on_and_a_stopped_rollout_is_neither_graded_nor_reported(tmp_path: Path, stage: str) -> None:
+def test_a_term_is_passed_on_and_a_stopped_rollout_is_neither_graded_nor_reported(
+    tmp_path: Path, stage: str
+) -> None:
     """The pod deleted or past its deadline: the kubelet's TERM reaches the script, which as
     PID 1 of the container would otherwise ignore it for the whole grace period."""
     run_dir, termination = tmp_path / "run", tmp_path / "termination-log"
     run_dir.mkdir()
     got, started = tmp_path / "got-term", tmp_path / "started"
     slow = [PY, "-c", TERMINATED, str(got), str(started)]
-    harness, grader = (slow, [PY, "-c", "print('{\"reward\": 1}')"]) if stage == "harness" else (["true"], slow)
-    env = {**os.environ, "OPENFORGE_RUN_DIR": str(run_dir), "OPENFORGE_TERMINATION_LOG": str(termination), "OPENFORGE_FINISH_WAIT": "30"}
-    script = subprocess.Popen([*entrypoint.COMMAND, *entrypoint.arguments(harness, grader)], env=env)
+    harness, grader = (
+        (slow, [PY, "-c", "print('{\"reward\": 1}')"]) if stage == "harness" else (["true"], slow)
+    )
+    env = {
+        **os.environ,
+        "OPENFORGE_RUN_DIR": str(run_dir),
+        "OPENFORGE_TERMINATION_LOG": str(termination),
+        "OPENFORGE_FINISH_WAIT": "30",
+    }
+    script = subprocess.Popen(
+        [*entrypoint.COMMAND, *entrypoint.arguments(harness, grader)], env=env
+    )
     deadline = time.monotonic() + 30
     while not started.exists():
         assert script.poll() is None and time.monotonic() < deadline, "the child never started"
@@ -183,7 +243,9 @@ def test_a_term_is_passed_on_and_a_stopped_rollout_is_neither_graded_nor_reporte
     stopped_at = time.monotonic()
     script.send_signal(signal.SIGTERM)
     assert script.wait(timeout=20) == 143
-    assert time.monotonic() - stopped_at < 10, "the script waited for its child instead of stopping it"
+    assert time.monotonic() - stopped_at < 10, (
+        "the script waited for its child instead of stopping it"
+    )
     assert got.read_text() == "terminated", f"the {stage} never got the TERM"
     assert not (run_dir / podrun.HARNESS_DONE).exists() and not termination.exists()
     assert (run_dir / podrun.HARNESS_EXIT_CODE).exists() == (stage == "grader")

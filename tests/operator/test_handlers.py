@@ -13,8 +13,13 @@ def test_the_registry_has_the_jobs_daemon_the_index_and_the_event_handlers() -> 
     registry = handlers.build_registry(runtime())
     assert [h.id for h in registry._spawning.get_all_handlers()] == ["rollout-job"]
     assert [h.id for h in registry._indexing.get_all_handlers()] == [handlers.ENV_INDEX]
-    assert {h.id for h in registry._watching.get_all_handlers()} == {"harness-env-ready", "rollout-job-wakeup"}
-    assert registry._changing.get_all_handlers() == [], "no create/update handlers: kopf stores no progress on our objects"
+    assert {h.id for h in registry._watching.get_all_handlers()} == {
+        "harness-env-ready",
+        "rollout-job-wakeup",
+    }
+    assert registry._changing.get_all_handlers() == [], (
+        "no create/update handlers: kopf stores no progress on our objects"
+    )
     assert registry._webhooks.get_all_handlers() == []
 
 
@@ -25,7 +30,11 @@ def resource(handler: object) -> str | None:
 
 def test_kopf_never_handles_pods() -> None:
     registry = handlers.build_registry(runtime(webhook=webhook.WebhookOptions()))
-    watched = {resource(h) for kind in (registry._spawning, registry._indexing, registry._watching, registry._changing) for h in kind.get_all_handlers()}
+    watched = {
+        resource(h)
+        for kind in (registry._spawning, registry._indexing, registry._watching, registry._changing)
+        for h in kind.get_all_handlers()
+    }
     assert watched == {"rolloutjobs", "harnessenvs"}
     [hook] = registry._webhooks.get_all_handlers()
     assert hook.id == webhook.HANDLER_ID and hook.ignore_failures and resource(hook) == "pods"
@@ -36,5 +45,7 @@ def test_a_finished_job_without_ttl_gets_no_loop() -> None:
     complete = {"status": {"conditions": [{"type": "Complete", "status": "True"}]}, "spec": {}}
     assert handlers.finished_without_ttl(complete)
     assert not handlers.finished_without_ttl({**complete, "spec": {"ttlSecondsAfterFinished": 60}})
-    assert not handlers.finished_without_ttl({"status": {"conditions": [{"type": "Suspended", "status": "True"}]}, "spec": {}})
+    assert not handlers.finished_without_ttl(
+        {"status": {"conditions": [{"type": "Suspended", "status": "True"}]}, "spec": {}}
+    )
     assert not handlers.finished_without_ttl({"spec": {}})

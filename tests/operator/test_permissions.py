@@ -13,7 +13,10 @@ SOURCE = Path(permissions.__file__).parent
 def test_rules_are_policy_rules() -> None:
     for rule in permissions.rules(webhook=True, peering=True):
         assert set(rule) == {"apiGroups", "resources", "verbs"}
-        assert rule["verbs"] and all(v in {"get", "list", "watch", "create", "update", "patch", "delete"} for v in rule["verbs"])
+        assert rule["verbs"] and all(
+            v in {"get", "list", "watch", "create", "update", "patch", "delete"}
+            for v in rule["verbs"]
+        )
         assert "*" not in rule["resources"] and "*" not in rule["verbs"]
 
 

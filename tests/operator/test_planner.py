@@ -12,7 +12,11 @@ from openforge.api import retries, v1alpha1
 from openforge_operator import planner
 from operator_fixtures import NOW, attempt, job
 
-RETRY_ALL = {"failurePolicy": {"rules": [{"action": "Retry", "onExitCodes": {"operator": "NotIn", "values": [0]}}]}}
+RETRY_ALL = {
+    "failurePolicy": {
+        "rules": [{"action": "Retry", "onExitCodes": {"operator": "NotIn", "values": [0]}}]
+    }
+}
 
 
 def later(seconds: float) -> datetime.datetime:
@@ -35,7 +39,13 @@ def replan(previous: planner.Plan, **kwargs: Any) -> planner.Plan:
 def test_a_fresh_job_starts_parallelism_rollouts_from_index_zero() -> None:
     plan = planner.plan(job=job(), total=12, attempts=[], now=NOW)
     assert plan.create == [(0, 0), (1, 0), (2, 0), (3, 0), (4, 0)]
-    assert plan.status["counts"] == {"pending": 12, "active": 0, "succeeded": 0, "failed": 0, "retried": 0}
+    assert plan.status["counts"] == {
+        "pending": 12,
+        "active": 0,
+        "succeeded": 0,
+        "failed": 0,
+        "retried": 0,
+    }
     assert plan.status["startTime"] == "2026-01-02T03:04:05Z"
     assert plan.status["observedGeneration"] == 1
     assert [(e.type, e.reason) for e in plan.events] == [("Normal", "Started")]
@@ -59,7 +69,10 @@ def test_live_pods_take_slots_and_are_not_created_again() -> None:
 def test_a_full_job_creates_nothing_and_a_lowered_parallelism_creates_nothing_either() -> None:
     live = [attempt(i, 0, "running") for i in range(5)]
     assert planner.plan(job=job(), total=12, attempts=live, now=NOW).create == []
-    assert planner.plan(job=job(spec={"parallelism": 2}), total=12, attempts=live, now=NOW).create == []
+    assert (
+        planner.plan(job=job(spec={"parallelism": 2}), total=12, attempts=live, now=NOW).create
+        == []
+    )
 
 
 def test_a_raised_parallelism_fills_the_new_slots() -> None:
@@ -69,20 +82,39 @@ def test_a_raised_parallelism_fills_the_new_slots() -> None:
 
 
 def test_finished_rollouts_free_their_slots() -> None:
-    seen = [attempt(0, 0, "succeeded", exit_code=0), attempt(1, 0, "succeeded"), *(attempt(i, 0, "running") for i in (2, 3, 4))]
+    seen = [
+        attempt(0, 0, "succeeded", exit_code=0),
+        attempt(1, 0, "succeeded"),
+        *(attempt(i, 0, "running") for i in (2, 3, 4)),
+    ]
     plan = planner.plan(job=job(), total=12, attempts=seen, now=NOW)
     assert plan.create == [(5, 0), (6, 0)]
-    assert plan.status["counts"] == {"pending": 7, "active": 3, "succeeded": 2, "failed": 0, "retried": 0}
+    assert plan.status["counts"] == {
+        "pending": 7,
+        "active": 3,
+        "succeeded": 2,
+        "failed": 0,
+        "retried": 0,
+    }
 
 
 # -- retries and the failure policy ----------------------------------------------------------
 
 
 def test_a_failed_attempt_is_retried_under_the_next_attempt_number() -> None:
-    plan = planner.plan(job=job(), total=12, attempts=[attempt(0, 0, "failed", exit_code=1)], now=NOW)
+    plan = planner.plan(
+        job=job(), total=12, attempts=[attempt(0, 0, "failed", exit_code=1)], now=NOW
+    )
     assert plan.create[0] == (0, 1)
-    assert plan.status["counts"]["retried"] == 0, "retried counts an attempt once its successor exists"
-    plan = planner.plan(job=job(), total=12, attempts=[attempt(0, 0, "failed", exit_code=1), attempt(0, 1, "running")], now=NOW)
+    assert plan.status["counts"]["retried"] == 0, (
+        "retried counts an attempt once its successor exists"
+    )
+    plan = planner.plan(
+        job=job(),
+        total=12,
+        attempts=[attempt(0, 0, "failed", exit_code=1), attempt(0, 1, "running")],
+        now=NOW,
+    )
     assert (0, 1) not in plan.create and (0, 2) not in plan.create
     assert plan.status["counts"]["retried"] == 1
 
@@ -95,51 +127,94 @@ def test_a_rollout_fails_after_max_attempts_and_is_named_in_failed_indexes() -> 
     assert plan.status["counts"]["failed"] == 1 and plan.status["counts"]["retried"] == 2
     event = next(e for e in plan.events if e.reason == "RolloutsFailed")
     assert event.type == "Warning"
-    assert "rollouts 2 failed" in event.message and "attempt 2" in event.message and "exit code 3" in event.message
+    assert (
+        "rollouts 2 failed" in event.message
+        and "attempt 2" in event.message
+        and "exit code 3" in event.message
+    )
 
 
 def test_max_attempts_one_means_no_retry() -> None:
-    plan = planner.plan(job=job(spec={"maxAttemptsPerRollout": 1}), total=12, attempts=[attempt(0, 0, "failed", exit_code=1)], now=NOW)
+    plan = planner.plan(
+        job=job(spec={"maxAttemptsPerRollout": 1}),
+        total=12,
+        attempts=[attempt(0, 0, "failed", exit_code=1)],
+        now=NOW,
+    )
     assert plan.status["failedIndexes"] == "0"
     assert (0, 1) not in plan.create
 
 
 def test_fail_rollout_rule_gives_up_at_once() -> None:
-    spec = {"failurePolicy": {"rules": [{"action": "FailRollout", "onExitCodes": {"operator": "In", "values": [42]}}]}}
-    plan = planner.plan(job=job(spec=spec), total=12, attempts=[attempt(0, 0, "failed", exit_code=42)], now=NOW)
+    spec = {
+        "failurePolicy": {
+            "rules": [{"action": "FailRollout", "onExitCodes": {"operator": "In", "values": [42]}}]
+        }
+    }
+    plan = planner.plan(
+        job=job(spec=spec), total=12, attempts=[attempt(0, 0, "failed", exit_code=42)], now=NOW
+    )
     assert plan.status["failedIndexes"] == "0"
-    other = planner.plan(job=job(spec=spec), total=12, attempts=[attempt(0, 0, "failed", exit_code=1)], now=NOW)
+    other = planner.plan(
+        job=job(spec=spec), total=12, attempts=[attempt(0, 0, "failed", exit_code=1)], now=NOW
+    )
     assert other.create[0] == (0, 1), "a code no rule matches is retried"
 
 
-@pytest.mark.parametrize("reason", ["Evicted", "OOMKilled", "DeadlineExceeded", "Preempted", "GraderFailed", "SidecarFailed"])
+@pytest.mark.parametrize(
+    "reason",
+    ["Evicted", "OOMKilled", "DeadlineExceeded", "Preempted", "GraderFailed", "SidecarFailed"],
+)
 def test_reason_rules_match_the_reason_the_attempt_failed_with(reason: str) -> None:
     spec = {"failurePolicy": {"rules": [{"action": "FailRollout", "onReasons": [reason]}]}}
-    plan = planner.plan(job=job(spec=spec), total=12, attempts=[attempt(0, 0, "failed", reason=reason)], now=NOW)
+    plan = planner.plan(
+        job=job(spec=spec), total=12, attempts=[attempt(0, 0, "failed", reason=reason)], now=NOW
+    )
     assert plan.status["failedIndexes"] == "0"
 
 
 def test_ignored_failures_do_not_count_against_max_attempts() -> None:
-    spec = {"maxAttemptsPerRollout": 2, "failurePolicy": {"rules": [{"action": "Ignore", "onReasons": ["Evicted", "Preempted"]}]}}
-    tries = [attempt(0, 0, "failed", reason="Evicted"), attempt(0, 1, "failed", reason="Preempted"), attempt(0, 2, "failed", exit_code=1)]
+    spec = {
+        "maxAttemptsPerRollout": 2,
+        "failurePolicy": {"rules": [{"action": "Ignore", "onReasons": ["Evicted", "Preempted"]}]},
+    }
+    tries = [
+        attempt(0, 0, "failed", reason="Evicted"),
+        attempt(0, 1, "failed", reason="Preempted"),
+        attempt(0, 2, "failed", exit_code=1),
+    ]
     plan = planner.plan(job=job(spec=spec), total=12, attempts=tries, now=NOW)
     assert plan.create[0] == (0, 3), "one counted failure of two allowed"
     tries.append(attempt(0, 3, "failed", exit_code=1))
-    assert planner.plan(job=job(spec=spec), total=12, attempts=tries, now=NOW).status["failedIndexes"] == "0"
+    assert (
+        planner.plan(job=job(spec=spec), total=12, attempts=tries, now=NOW).status["failedIndexes"]
+        == "0"
+    )
 
 
 def test_ignored_failures_stop_at_the_cap() -> None:
-    spec = {"maxAttemptsPerRollout": 2, "failurePolicy": {"rules": [{"action": "Ignore", "onReasons": ["Evicted"]}]}}
+    spec = {
+        "maxAttemptsPerRollout": 2,
+        "failurePolicy": {"rules": [{"action": "Ignore", "onReasons": ["Evicted"]}]},
+    }
     cap = 2 + retries.IGNORED_ATTEMPTS_CAP
     tries = [attempt(0, n, "failed", reason="Evicted") for n in range(cap)]
-    assert planner.plan(job=job(spec=spec), total=12, attempts=tries, now=NOW).status["failedIndexes"] == "0"
+    assert (
+        planner.plan(job=job(spec=spec), total=12, attempts=tries, now=NOW).status["failedIndexes"]
+        == "0"
+    )
     tries.pop()
-    assert planner.plan(job=job(spec=spec), total=12, attempts=tries, now=NOW).create[0] == (0, cap - 1)
+    assert planner.plan(job=job(spec=spec), total=12, attempts=tries, now=NOW).create[0] == (
+        0,
+        cap - 1,
+    )
 
 
 def test_rollout_state_reads_attempts_in_order_whatever_order_they_come_in() -> None:
     spec = job().spec
-    state = planner.rollout_state(0, [attempt(0, 1, "succeeded"), attempt(0, 0, "failed", exit_code=1)], spec)
+    state = planner.rollout_state(
+        0, [attempt(0, 1, "succeeded"), attempt(0, 0, "failed", exit_code=1)], spec
+    )
     assert (state.state, state.retried, state.last and state.last.attempt) == ("succeeded", 1, 1)
     assert planner.rollout_state(0, [], spec).state == "new"
 
@@ -153,18 +228,29 @@ def test_failed_indexes_are_compact_and_only_new_failures_raise_an_event() -> No
     tries += [attempt(9, n, "failed", exit_code=3) for n in range(3)]
     more = replan(plan, spec=RETRY_ALL, total=12, attempts=tries, now=later(2))
     assert more.status["failedIndexes"] == "1-3,7,9"
-    assert [e.message.split(":")[0] for e in more.events if e.reason == "RolloutsFailed"] == ["rollouts 9 failed"]
+    assert [e.message.split(":")[0] for e in more.events if e.reason == "RolloutsFailed"] == [
+        "rollouts 9 failed"
+    ]
 
 
 # -- the end of a job ------------------------------------------------------------------------
 
 
 def test_a_job_is_complete_when_every_rollout_finished() -> None:
-    done = [attempt(i, 0, "succeeded", acknowledged=i % 2 == 0) for i in range(11)] + [attempt(11, n, "failed", exit_code=1) for n in range(3)]
+    done = [attempt(i, 0, "succeeded", acknowledged=i % 2 == 0) for i in range(11)] + [
+        attempt(11, n, "failed", exit_code=1) for n in range(3)
+    ]
     plan = planner.plan(job=job(), total=12, attempts=done, now=NOW)
     complete = condition(plan.status, "Complete")
-    assert complete is not None and complete["status"] == "True" and complete["reason"] == "RolloutsFinished"
-    assert complete["message"] == "11 rollouts succeeded, 1 failed" and complete["observedGeneration"] == 1
+    assert (
+        complete is not None
+        and complete["status"] == "True"
+        and complete["reason"] == "RolloutsFinished"
+    )
+    assert (
+        complete["message"] == "11 rollouts succeeded, 1 failed"
+        and complete["observedGeneration"] == 1
+    )
     assert plan.status["completionTime"] == "2026-01-02T03:04:05Z"
     assert plan.status["trajectoriesAcknowledged"] == 6
     assert plan.finished and plan.create == []
@@ -173,7 +259,12 @@ def test_a_job_is_complete_when_every_rollout_finished() -> None:
 
 def test_a_job_whose_every_rollout_failed_is_failed() -> None:
     tries = [attempt(i, n, "failed", exit_code=1) for i in range(2) for n in range(3)]
-    plan = planner.plan(job=job(spec={"tasks": {"inline": [{"id": "a"}]}, "samplesPerTask": 2}), total=2, attempts=tries, now=NOW)
+    plan = planner.plan(
+        job=job(spec={"tasks": {"inline": [{"id": "a"}]}, "samplesPerTask": 2}),
+        total=2,
+        attempts=tries,
+        now=NOW,
+    )
     failed = condition(plan.status, "Failed")
     assert failed is not None and failed["reason"] == "NoRolloutSucceeded"
     assert condition(plan.status, "Complete") is None
@@ -222,7 +313,9 @@ def test_active_deadline_fails_the_job_and_deletes_its_live_pods() -> None:
     assert after.create == [] and after.delete == ["job-0-0", "job-1-0"] and after.events == []
     terminating = [attempt(0, 0, "running"), *live[1:]]
     object.__setattr__(terminating[0], "deleting", True)
-    assert replan(past, spec=spec, total=12, attempts=terminating, now=later(102)).delete == ["job-1-0"]
+    assert replan(past, spec=spec, total=12, attempts=terminating, now=later(102)).delete == [
+        "job-1-0"
+    ]
 
 
 # -- suspend and resume ----------------------------------------------------------------------
@@ -257,14 +350,38 @@ def test_a_job_created_suspended_starts_nothing_and_has_no_start_time() -> None:
 
 
 def test_a_blocked_job_creates_nothing_but_counts_what_it_sees() -> None:
-    plan = planner.plan(job=job(), total=12, attempts=[attempt(0, 0, "running")], now=NOW, blocked="HarnessEnv 'env' not found")
+    plan = planner.plan(
+        job=job(),
+        total=12,
+        attempts=[attempt(0, 0, "running")],
+        now=NOW,
+        blocked="HarnessEnv 'env' not found",
+    )
     assert plan.create == []
-    assert plan.status["counts"] == {"pending": 11, "active": 1, "succeeded": 0, "failed": 0, "retried": 0}
+    assert plan.status["counts"] == {
+        "pending": 11,
+        "active": 1,
+        "succeeded": 0,
+        "failed": 0,
+        "retried": 0,
+    }
 
 
 def test_with_unknown_tasks_only_seen_rollouts_count_and_nothing_finishes() -> None:
-    plan = planner.plan(job=job(), total=None, attempts=[attempt(0, 0, "succeeded"), attempt(4, 0, "running")], now=NOW, blocked="tasks")
-    assert plan.status["counts"] == {"pending": 0, "active": 1, "succeeded": 1, "failed": 0, "retried": 0}
+    plan = planner.plan(
+        job=job(),
+        total=None,
+        attempts=[attempt(0, 0, "succeeded"), attempt(4, 0, "running")],
+        now=NOW,
+        blocked="tasks",
+    )
+    assert plan.status["counts"] == {
+        "pending": 0,
+        "active": 1,
+        "succeeded": 1,
+        "failed": 0,
+        "retried": 0,
+    }
     assert not plan.finished and condition(plan.status, "Complete") is None
 
 
@@ -277,7 +394,12 @@ def test_attempts_past_the_last_rollout_are_ignored() -> None:
 
 
 def test_replanning_from_the_written_status_is_stable() -> None:
-    seen = [attempt(0, 0, "succeeded"), attempt(1, 0, "failed", exit_code=1), attempt(1, 1, "running"), attempt(2, 0, "pending")]
+    seen = [
+        attempt(0, 0, "succeeded"),
+        attempt(1, 0, "failed", exit_code=1),
+        attempt(1, 1, "running"),
+        attempt(2, 0, "pending"),
+    ]
     first = planner.plan(job=job(), total=12, attempts=seen, now=NOW)
     second = replan(first, total=12, attempts=seen, now=later(3))
     assert second.events == []
@@ -294,7 +416,9 @@ def test_condition_transition_times_move_only_when_the_status_changes() -> None:
 
 def test_observed_generation_follows_the_spec() -> None:
     first = planner.plan(job=job(), total=12, attempts=[], now=NOW)
-    plan = planner.plan(job=job(status=first.status, generation=4), total=12, attempts=[], now=later(1))
+    plan = planner.plan(
+        job=job(status=first.status, generation=4), total=12, attempts=[], now=later(1)
+    )
     assert plan.status["observedGeneration"] == 4
 
 

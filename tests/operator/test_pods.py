@@ -14,12 +14,22 @@ from operator_fixtures import UID, env, job
 CONFIG = settings.Settings()
 
 
-def build(*, env_spec: dict[str, Any] | None = None, job_spec: dict[str, Any] | None = None, index: int = 5, attempt: int = 1, name: str = "job", config: settings.Settings = CONFIG) -> dict[str, Any]:
+def build(
+    *,
+    env_spec: dict[str, Any] | None = None,
+    job_spec: dict[str, Any] | None = None,
+    index: int = 5,
+    attempt: int = 1,
+    name: str = "job",
+    config: settings.Settings = CONFIG,
+) -> dict[str, Any]:
     the_job = job(spec=job_spec, name=name)
     records = task_records.inline(the_job.spec.tasks)
     assert records is not None
     rollout = tasks.rollout(records, the_job.spec.samples_per_task, index)
-    return pods.build_pod(job=the_job, env=env(spec=env_spec), rollout=rollout, attempt=attempt, config=config)
+    return pods.build_pod(
+        job=the_job, env=env(spec=env_spec), rollout=rollout, attempt=attempt, config=config
+    )
 
 
 def container(pod: dict[str, Any], name: str) -> dict[str, Any]:
@@ -57,9 +67,21 @@ def test_name_labels_annotations_and_owner() -> None:
         "openforge.dev/attempt": "1",
     }
     # rollout 5 is sample 1 of task 1 ("b")
-    assert meta["annotations"] == {"team": "rl", "openforge.dev/task-id": "b", "openforge.dev/sample": "1", "openforge.dev/policy-version": "3"}
+    assert meta["annotations"] == {
+        "team": "rl",
+        "openforge.dev/task-id": "b",
+        "openforge.dev/sample": "1",
+        "openforge.dev/policy-version": "3",
+    }
     assert meta["ownerReferences"] == [
-        {"apiVersion": "openforge.dev/v1alpha1", "kind": "RolloutJob", "name": "job", "uid": UID, "controller": True, "blockOwnerDeletion": True}
+        {
+            "apiVersion": "openforge.dev/v1alpha1",
+            "kind": "RolloutJob",
+            "name": "job",
+            "uid": UID,
+            "controller": True,
+            "blockOwnerDeletion": True,
+        }
     ]
 
 
@@ -71,7 +93,10 @@ def test_pod_names_stay_within_63_characters_and_distinct() -> None:
     assert objects.pod_name("short", 1, 0) == "short-1-0"
     assert objects.pod_name(long_a, 12345, 2) == name_a, "deterministic"
     pod = build(name="j" * 63, index=11, attempt=0)
-    assert len(pod["metadata"]["name"]) <= 63 and pod["metadata"]["labels"]["openforge.dev/job"] == "j" * 63
+    assert (
+        len(pod["metadata"]["name"]) <= 63
+        and pod["metadata"]["labels"]["openforge.dev/job"] == "j" * 63
+    )
 
 
 def test_pod_spec_basics() -> None:
@@ -80,8 +105,15 @@ def test_pod_spec_basics() -> None:
     assert spec["automountServiceAccountToken"] is False
     assert spec["enableServiceLinks"] is False
     # 120 s harness + 40 s grader + finish wait + slack
-    assert spec["activeDeadlineSeconds"] == 120 + 40 + CONFIG.finish_wait_seconds + CONFIG.pod_deadline_slack_seconds
-    assert spec["securityContext"] == {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}, "fsGroup": CONFIG.sidecar_uid}
+    assert (
+        spec["activeDeadlineSeconds"]
+        == 120 + 40 + CONFIG.finish_wait_seconds + CONFIG.pod_deadline_slack_seconds
+    )
+    assert spec["securityContext"] == {
+        "runAsNonRoot": True,
+        "seccompProfile": {"type": "RuntimeDefault"},
+        "fsGroup": CONFIG.sidecar_uid,
+    }
 
 
 def test_the_sidecar_can_read_its_0440_secrets() -> None:
@@ -92,16 +124,36 @@ def test_the_sidecar_can_read_its_0440_secrets() -> None:
     sidecar = container(pod, "openforge-sidecar")
     modes = {v["name"]: v["secret"]["defaultMode"] for v in spec["volumes"] if "secret" in v}
     assert modes["openforge-ca"] == 0o440
-    assert spec["securityContext"]["fsGroup"] == sidecar["securityContext"]["runAsGroup"] == CONFIG.sidecar_uid
+    assert (
+        spec["securityContext"]["fsGroup"]
+        == sidecar["securityContext"]["runAsGroup"]
+        == CONFIG.sidecar_uid
+    )
     mounted = {m["name"] for m in container(pod, "harness")["volumeMounts"]}
-    assert "openforge-ca" not in mounted and "openforge-token" not in mounted, "key and token only in the sidecar"
-    own = build(env_spec={"template": {"spec": {"securityContext": {"fsGroup": 2000}, "containers": [{"name": "harness", "image": "i", "command": ["c"]}]}}})
-    assert own["spec"]["securityContext"]["fsGroup"] == 2000, "a template's fsGroup is kept: the sidecar is in it too"
+    assert "openforge-ca" not in mounted and "openforge-token" not in mounted, (
+        "key and token only in the sidecar"
+    )
+    own = build(
+        env_spec={
+            "template": {
+                "spec": {
+                    "securityContext": {"fsGroup": 2000},
+                    "containers": [{"name": "harness", "image": "i", "command": ["c"]}],
+                }
+            }
+        }
+    )
+    assert own["spec"]["securityContext"]["fsGroup"] == 2000, (
+        "a template's fsGroup is kept: the sidecar is in it too"
+    )
 
 
 def test_the_jobs_rollout_timeout_wins_over_the_harness_envs() -> None:
     spec = build(job_spec={"rolloutTimeoutSeconds": 1000})["spec"]
-    assert spec["activeDeadlineSeconds"] == 1000 + 40 + CONFIG.finish_wait_seconds + CONFIG.pod_deadline_slack_seconds
+    assert (
+        spec["activeDeadlineSeconds"]
+        == 1000 + 40 + CONFIG.finish_wait_seconds + CONFIG.pod_deadline_slack_seconds
+    )
 
 
 # -- the sidecar -----------------------------------------------------------------------------
@@ -115,19 +167,28 @@ def test_the_sidecar_is_a_native_sidecar_the_harness_waits_for() -> None:
     assert sidecar["restartPolicy"] == "Always"
     # the harness starts beside it and its entrypoint waits for the sidecar's ready file
     assert "startupProbe" not in sidecar
-    assert env_of(container(pod, "harness"))["OPENFORGE_SIDECAR_WAIT"] == str(pods.SIDECAR_START_SECONDS)
+    assert env_of(container(pod, "harness"))["OPENFORGE_SIDECAR_WAIT"] == str(
+        pods.SIDECAR_START_SECONDS
+    )
     assert sidecar["image"] == CONFIG.sidecar_image
     assert sidecar["command"] == ["python", "-m", "openforge_sidecar.podagent"]
     security = sidecar["securityContext"]
-    assert security["runAsUser"] == CONFIG.sidecar_uid and security["readOnlyRootFilesystem"] is True
-    assert security["capabilities"] == {"drop": ["ALL"]} and security["allowPrivilegeEscalation"] is False
+    assert (
+        security["runAsUser"] == CONFIG.sidecar_uid and security["readOnlyRootFilesystem"] is True
+    )
+    assert (
+        security["capabilities"] == {"drop": ["ALL"]}
+        and security["allowPrivilegeEscalation"] is False
+    )
 
 
 @pytest.mark.parametrize("own", [
     {"initContainers": [{"name": "prepare", "image": "p"}]},
     {"containers": [{"name": "harness", "image": "i", "command": ["c"]}, {"name": "browser", "image": "b"}]},
 ])  # fmt: skip
-def test_containers_of_the_templates_own_are_held_back_by_a_startup_probe(own: dict[str, Any]) -> None:
+def test_containers_of_the_templates_own_are_held_back_by_a_startup_probe(
+    own: dict[str, Any],
+) -> None:
     """Those do not run under the entrypoint: only the kubelet can hold them back until the sidecar listens."""
     template = {"containers": [{"name": "harness", "image": "i", "command": ["c"]}], **own}
     sidecar = container(build(env_spec={"template": {"spec": template}}), "openforge-sidecar")
@@ -137,7 +198,9 @@ def test_containers_of_the_templates_own_are_held_back_by_a_startup_probe(own: d
         "python", "-m", "openforge_operator.probe", str(CONFIG.sidecar_port), "/openforge/run/sidecar-ready",
     ]  # fmt: skip
     assert "tcpSocket" not in sidecar["startupProbe"] and "httpGet" not in sidecar["startupProbe"]
-    assert sidecar["startupProbe"]["timeoutSeconds"] == 5, "a slow probe on a busy node is not a failed one"
+    assert sidecar["startupProbe"]["timeoutSeconds"] == 5, (
+        "a slow probe on a busy node is not a failed one"
+    )
     assert sidecar["startupProbe"]["failureThreshold"] == pods.SIDECAR_START_SECONDS
 
 
@@ -174,12 +237,23 @@ def test_only_the_sidecar_mounts_the_volume_of_its_control_token() -> None:
     """The harness reaches the sidecar's port, never its token: it cannot report its own rollout."""
     pod = build()
     assert pods.CONTROL_TOKEN.startswith(pods.SIDECAR_DIR + "/")
-    holders = [c["name"] for c in [*pod["spec"]["initContainers"], *pod["spec"]["containers"]] if pods.SIDECAR_VOLUME in mounts(c)]
+    holders = [
+        c["name"]
+        for c in [*pod["spec"]["initContainers"], *pod["spec"]["containers"]]
+        if pods.SIDECAR_VOLUME in mounts(c)
+    ]
     assert holders == ["openforge-sidecar"]
 
 
 def test_the_collector_token_is_mounted_into_the_sidecar_only() -> None:
-    pod = build(job_spec={"trainer": {"endpoint": "c:1", "tokenSecretRef": {"name": "collector-token", "key": "token"}}})
+    pod = build(
+        job_spec={
+            "trainer": {
+                "endpoint": "c:1",
+                "tokenSecretRef": {"name": "collector-token", "key": "token"},
+            }
+        }
+    )
     _, flags = sidecar_args(pod)
     assert flags["--collector-token-file"] == "/openforge/token/token"
     assert volume(pod, "openforge-token")["secret"] == {
@@ -198,10 +272,19 @@ def test_with_a_master_key_the_sidecar_mounts_the_token_the_operator_issued_the_
         assert volume(pod, "openforge-token")["secret"] == {
             "secretName": "job-collector-token", "items": [{"key": "token", "path": "token"}], "defaultMode": 0o440,
         }  # fmt: skip
-        holders = [c["name"] for c in [*pod["spec"]["initContainers"], *pod["spec"]["containers"]] if "openforge-token" in mounts(c)]
+        holders = [
+            c["name"]
+            for c in [*pod["spec"]["initContainers"], *pod["spec"]["containers"]]
+            if "openforge-token" in mounts(c)
+        ]
         assert holders == ["openforge-sidecar"], mode
-    explicit = build(config=config, job_spec={"trainer": {"endpoint": "c:1", "tokenSecretRef": {"name": "mine", "key": "k"}}})
-    assert volume(explicit, "openforge-token")["secret"]["secretName"] == "mine", "an explicit tokenSecretRef wins"
+    explicit = build(
+        config=config,
+        job_spec={"trainer": {"endpoint": "c:1", "tokenSecretRef": {"name": "mine", "key": "k"}}},
+    )
+    assert volume(explicit, "openforge-token")["secret"]["secretName"] == "mine", (
+        "an explicit tokenSecretRef wins"
+    )
     without = build()
     assert "--collector-token-file" not in sidecar_args(without)[1]
     assert "openforge-token" not in {v["name"] for v in without["spec"]["volumes"]}
@@ -214,7 +297,18 @@ def test_the_harness_runs_under_the_entrypoint_then_the_grader() -> None:
     harness = container(build(index=5), "harness")
     assert harness["command"] == entrypoint.COMMAND
     # the grader's 4 args first, then the harness command, its args, with ${OPENFORGE_TASK_ID} expanded
-    assert harness["args"] == ["4", "python", "grade.py", "--task", "b", "python", "-m", "agent", "--task", "b"]
+    assert harness["args"] == [
+        "4",
+        "python",
+        "grade.py",
+        "--task",
+        "b",
+        "python",
+        "-m",
+        "agent",
+        "--task",
+        "b",
+    ]
     assert mounts(harness)["openforge-run"]["mountPath"] == "/openforge/run"
 
 
@@ -236,7 +330,11 @@ def test_harness_env_layers() -> None:
     })  # fmt: skip
     values = env_of(container(pod, "harness"))
     assert values["OPENFORGE_JOB"] == "job" and values["OPENFORGE_ROLLOUT_ID"] == "job-5-1"
-    assert values["OPENFORGE_TASK_ID"] == "b" and values["OPENFORGE_SAMPLE_INDEX"] == "1" and values["OPENFORGE_ATTEMPT"] == "1"
+    assert (
+        values["OPENFORGE_TASK_ID"] == "b"
+        and values["OPENFORGE_SAMPLE_INDEX"] == "1"
+        and values["OPENFORGE_ATTEMPT"] == "1"
+    )
     assert json.loads(values["OPENFORGE_TASK_JSON"]) == {"id": "b", "prompt": "p-b"}
     assert values["OPENFORGE_WORKDIR"] == "/mine", "the template overrides the base env, as locally"
     assert values["PROMPT"] == "p-b", "task delivery overrides the template"
@@ -248,35 +346,78 @@ def test_harness_env_layers() -> None:
 
 
 def test_task_args_are_appended_after_the_harness_args() -> None:
-    harness = container(build(index=0, env_spec={"task": {"args": ["--prompt={{ task.prompt }}"]}}), "harness")
+    harness = container(
+        build(index=0, env_spec={"task": {"args": ["--prompt={{ task.prompt }}"]}}), "harness"
+    )
     assert harness["args"][-3:] == ["--task", "a", "--prompt=p-a"]
 
 
 def test_a_task_file_is_mounted_from_the_jobs_config_map() -> None:
     pod = build(index=9, env_spec={"task": {"file": {"path": "/work/task.json"}}})
-    assert volume(pod, "openforge-task")["configMap"] == {"name": "job-taskfiles", "items": [{"key": "task-2", "path": "task"}]}
+    assert volume(pod, "openforge-task")["configMap"] == {
+        "name": "job-taskfiles",
+        "items": [{"key": "task-2", "path": "task"}],
+    }
     mount = mounts(container(pod, "harness"))["openforge-task"]
-    assert mount == {"name": "openforge-task", "mountPath": "/work/task.json", "subPath": "task", "readOnly": True}
+    assert mount == {
+        "name": "openforge-task",
+        "mountPath": "/work/task.json",
+        "subPath": "task",
+        "readOnly": True,
+    }
 
 
 def test_a_relative_task_file_needs_a_working_directory() -> None:
     with pytest.raises(pods.PodError, match="relative"):
         build(env_spec={"task": {"file": {"path": "task.json"}}})
-    spec = {"task": {"file": {"path": "in/task.json"}}, "template": {"spec": {"containers": [{"name": "harness", "image": "i", "command": ["c"], "workingDir": "/w"}]}}}
-    assert mounts(container(build(env_spec=spec), "harness"))["openforge-task"]["mountPath"] == "/w/in/task.json"
+    spec = {
+        "task": {"file": {"path": "in/task.json"}},
+        "template": {
+            "spec": {
+                "containers": [
+                    {"name": "harness", "image": "i", "command": ["c"], "workingDir": "/w"}
+                ]
+            }
+        },
+    }
+    assert (
+        mounts(container(build(env_spec=spec), "harness"))["openforge-task"]["mountPath"]
+        == "/w/in/task.json"
+    )
 
 
 def test_a_harness_without_command_or_image_cannot_run_in_a_cluster() -> None:
     with pytest.raises(pods.PodError, match=r"command is required"):
         build(env_spec={"template": {"spec": {"containers": [{"name": "harness", "image": "i"}]}}})
     with pytest.raises(pods.PodError, match=r"image is required"):
-        build(env_spec={"template": {"spec": {"containers": [{"name": "harness", "command": ["c"]}]}}})
+        build(
+            env_spec={"template": {"spec": {"containers": [{"name": "harness", "command": ["c"]}]}}}
+        )
 
 
 def test_the_harness_runs_non_root_without_capabilities() -> None:
     security = container(build(), "harness")["securityContext"]
-    assert security == {"runAsNonRoot": True, "allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}, "runAsUser": CONFIG.harness_uid}
-    spec = {"template": {"spec": {"securityContext": {"runAsUser": 4242}, "containers": [{"name": "harness", "image": "i", "command": ["c"], "securityContext": {"capabilities": {"add": ["SYS_ADMIN"]}}}]}}}
+    assert security == {
+        "runAsNonRoot": True,
+        "allowPrivilegeEscalation": False,
+        "capabilities": {"drop": ["ALL"]},
+        "runAsUser": CONFIG.harness_uid,
+    }
+    spec = {
+        "template": {
+            "spec": {
+                "securityContext": {"runAsUser": 4242},
+                "containers": [
+                    {
+                        "name": "harness",
+                        "image": "i",
+                        "command": ["c"],
+                        "securityContext": {"capabilities": {"add": ["SYS_ADMIN"]}},
+                    }
+                ],
+            }
+        }
+    }
     security = container(build(env_spec=spec), "harness")["securityContext"]
     assert "runAsUser" not in security, "the pod's user stands"
     assert security["capabilities"] == {"drop": ["ALL"]}, "the harness gets no capability"
@@ -289,7 +430,10 @@ def test_other_template_containers_are_hardened_unless_they_say_otherwise() -> N
     }}}  # fmt: skip
     pod = build(env_spec=spec)
     assert [c["name"] for c in pod["spec"]["initContainers"]] == ["openforge-sidecar", "prepare"]
-    assert container(pod, "prepare")["securityContext"] == {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
+    assert container(pod, "prepare")["securityContext"] == {
+        "allowPrivilegeEscalation": False,
+        "capabilities": {"drop": ["ALL"]},
+    }
     assert container(pod, "tools")["securityContext"]["allowPrivilegeEscalation"] is True
 
 
@@ -306,18 +450,34 @@ def test_proxy_mode_points_the_harness_at_the_sidecar_as_its_proxy_and_trusts_th
         assert values[name] == "/openforge/ca-cert/ca.crt"
     agent, flags = sidecar_args(pod)
     assert flags["--mode"] == "regular"
-    assert agent[-4:] == ["--ca-file", "/openforge/ca/mitmproxy-ca.pem", "--confdir", "/openforge/sidecar/confdir"]
+    assert agent[-4:] == [
+        "--ca-file",
+        "/openforge/ca/mitmproxy-ca.pem",
+        "--confdir",
+        "/openforge/sidecar/confdir",
+    ]
 
 
 @pytest.mark.parametrize("mode", ["Proxy", "Transparent"])
 def test_the_ca_key_reaches_only_the_sidecar(mode: str) -> None:
     pod = build(env_spec={"capture": {"mode": mode}})
-    assert volume(pod, "openforge-ca")["secret"]["items"] == [{"key": "mitmproxy-ca.pem", "path": "mitmproxy-ca.pem"}]
-    assert volume(pod, "openforge-ca-cert")["secret"]["items"] == [{"key": "ca.crt", "path": "ca.crt"}]
+    assert volume(pod, "openforge-ca")["secret"]["items"] == [
+        {"key": "mitmproxy-ca.pem", "path": "mitmproxy-ca.pem"}
+    ]
+    assert volume(pod, "openforge-ca-cert")["secret"]["items"] == [
+        {"key": "ca.crt", "path": "ca.crt"}
+    ]
     assert volume(pod, "openforge-ca")["secret"]["secretName"] == "job-ca"
-    assert set(mounts(container(pod, "openforge-sidecar"))) == {"openforge-run", "openforge-sidecar", "openforge-ca"}
+    assert set(mounts(container(pod, "openforge-sidecar"))) == {
+        "openforge-run",
+        "openforge-sidecar",
+        "openforge-ca",
+    }
     harness_mounts = mounts(container(pod, "harness"))
-    assert "openforge-ca" not in harness_mounts and harness_mounts["openforge-ca-cert"]["readOnly"] is True
+    assert (
+        "openforge-ca" not in harness_mounts
+        and harness_mounts["openforge-ca-cert"]["readOnly"] is True
+    )
 
 
 def test_transparent_mode_redirects_with_an_iptables_init_container() -> None:
@@ -325,11 +485,20 @@ def test_transparent_mode_redirects_with_an_iptables_init_container() -> None:
     init = pod["spec"]["initContainers"]
     assert [c["name"] for c in init] == ["openforge-redirect", "openforge-sidecar"]
     redirect = init[0]
-    assert redirect["securityContext"]["capabilities"] == {"add": ["NET_ADMIN", "NET_RAW"], "drop": ["ALL"]}
+    assert redirect["securityContext"]["capabilities"] == {
+        "add": ["NET_ADMIN", "NET_RAW"],
+        "drop": ["ALL"],
+    }
     assert redirect["securityContext"]["runAsUser"] == 0 and "restartPolicy" not in redirect
     values = env_of(redirect)
-    assert values == {"OPENFORGE_SIDECAR_UID": "1337", "OPENFORGE_SIDECAR_PORT": "15090", "OPENFORGE_REDIRECT_EXCLUDE": "collector.openforge.svc"}
-    assert "--uid-owner" in redirect["command"][2] and "REDIRECT --to-ports" in redirect["command"][2]
+    assert values == {
+        "OPENFORGE_SIDECAR_UID": "1337",
+        "OPENFORGE_SIDECAR_PORT": "15090",
+        "OPENFORGE_REDIRECT_EXCLUDE": "collector.openforge.svc",
+    }
+    assert (
+        "--uid-owner" in redirect["command"][2] and "REDIRECT --to-ports" in redirect["command"][2]
+    )
     values = env_of(container(pod, "harness"))
     assert "HTTPS_PROXY" not in values and values["SSL_CERT_FILE"] == "/openforge/ca-cert/ca.crt"
     assert sidecar_args(pod)[1]["--mode"] == "transparent"
@@ -338,17 +507,32 @@ def test_transparent_mode_redirects_with_an_iptables_init_container() -> None:
 def test_only_the_transparent_init_container_adds_a_capability() -> None:
     for mode in ("BaseURL", "Proxy", "Transparent"):
         pod = build(env_spec={"capture": {"mode": mode}})
-        adders = [c["name"] for c in [*pod["spec"]["initContainers"], *pod["spec"]["containers"]] if c.get("securityContext", {}).get("capabilities", {}).get("add")]
+        adders = [
+            c["name"]
+            for c in [*pod["spec"]["initContainers"], *pod["spec"]["containers"]]
+            if c.get("securityContext", {}).get("capabilities", {}).get("add")
+        ]
         assert adders == (["openforge-redirect"] if mode == "Transparent" else [])
 
 
 def test_failing_exit_codes_mirror_the_failure_policy() -> None:
     assert pods.failing_exit_codes(job()) == ""
-    retry = {"failurePolicy": {"rules": [{"action": "Ignore", "onExitCodes": {"operator": "In", "values": [2, 3]}}, {"action": "Retry", "onReasons": ["Evicted"]}]}}
+    retry = {
+        "failurePolicy": {
+            "rules": [
+                {"action": "Ignore", "onExitCodes": {"operator": "In", "values": [2, 3]}},
+                {"action": "Retry", "onReasons": ["Evicted"]},
+            ]
+        }
+    }
     assert pods.failing_exit_codes(job(spec=retry)) == "1,4-255"
     agent, _ = sidecar_args(build(job_spec=retry))
     assert agent[agent.index("--failing-exit-codes") + 1] == "1,4-255"
 
 
 def test_the_pod_is_plain_json() -> None:
-    assert json.loads(json.dumps(build(env_spec={"capture": {"mode": "Transparent"}, "task": {"file": {"path": "/t"}}})))
+    assert json.loads(
+        json.dumps(
+            build(env_spec={"capture": {"mode": "Transparent"}, "task": {"file": {"path": "/t"}}})
+        )
+    )

@@ -15,7 +15,9 @@ def test_events_update_summaries_and_wake_the_job() -> None:
         cache.apply("ADDED", pod(0, 0))
         assert wakeup.is_set()
         wakeup.clear()
-        cache.apply("MODIFIED", pod(0, 0, phase="Succeeded", status={"containerStatuses": [terminated(0)]}))
+        cache.apply(
+            "MODIFIED", pod(0, 0, phase="Succeeded", status={"containerStatuses": [terminated(0)]})
+        )
         assert wakeup.is_set()
         [summary] = cache.pods(UID)
         assert summary.phase == "Succeeded" and summary.exit_code == 0 and not summary.gone
@@ -36,7 +38,9 @@ def test_a_pod_seen_deleted_while_its_harness_ran_stays_so() -> None:
     harness = terminated(137)
     harness["state"]["terminated"]["finishedAt"] = "2026-01-01T10:00:30Z"
     last = {"deletionTimestamp": "2026-01-01T10:00:32Z", "deletionGracePeriodSeconds": 0}
-    cache.apply("DELETED", pod(0, 0, phase="Failed", status={"containerStatuses": [harness]}, **last))
+    cache.apply(
+        "DELETED", pod(0, 0, phase="Failed", status={"containerStatuses": [harness]}, **last)
+    )
     [summary] = cache.pods(UID)
     assert summary.gone and summary.deleted_unfinished
     assert attempts.judge(summary, failing_exit_codes=frozenset()).state == "failed"
@@ -60,7 +64,11 @@ def test_a_relist_marks_pods_that_disappeared_as_gone() -> None:
         wakeup = cache.wakeup(UID)
         cache.relisted("ns", [pod(1, 0, phase="Running")])
         by_name = {s.name: s for s in cache.pods(UID)}
-        assert by_name["job-0-0"].gone and not by_name["job-1-0"].gone and by_name["job-1-0"].phase == "Running"
+        assert (
+            by_name["job-0-0"].gone
+            and not by_name["job-1-0"].gone
+            and by_name["job-1-0"].phase == "Running"
+        )
         assert not by_name["job-2-0"].gone, "another namespace's list says nothing about it"
         assert wakeup.is_set()
 

@@ -11,7 +11,12 @@ from openforge_operator import probe
 
 
 def run(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "openforge_operator.probe", *args], capture_output=True, text=True, timeout=30)
+    return subprocess.run(
+        [sys.executable, "-m", "openforge_operator.probe", *args],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
 
 
 def test_passes_once_the_port_listens_and_fails_before() -> None:
@@ -44,4 +49,6 @@ def test_bad_arguments_are_a_usage_error() -> None:
 
 def test_command_runs_this_module() -> None:
     assert probe.command(15090) == ["python", "-m", "openforge_operator.probe", "15090"]
-    assert probe.command(15090, "/openforge/run/sidecar-ready")[-1] == "/openforge/run/sidecar-ready"
+    assert (
+        probe.command(15090, "/openforge/run/sidecar-ready")[-1] == "/openforge/run/sidecar-ready"
+    )

@@ -15,7 +15,9 @@ def harness(**fields: Any) -> dict[str, Any]:
 
 def test_a_complete_harness_env_is_ready() -> None:
     verdict = readiness.check(env())
-    assert verdict == readiness.Readiness(True, "Valid", "ready to run rollouts (capture mode BaseURL)")
+    assert verdict == readiness.Readiness(
+        True, "Valid", "ready to run rollouts (capture mode BaseURL)"
+    )
 
 
 @pytest.mark.parametrize(
@@ -23,12 +25,33 @@ def test_a_complete_harness_env_is_ready() -> None:
     [
         (harness(command=["c"]), "NoImage", "image is required"),
         (harness(image="i"), "NoCommand", "command is required"),
-        ({**harness(image="i", command=["c"]), "task": {"file": {"path": "task.json"}}}, "RelativeTaskFile", "'task.json' is relative"),
-        (harness(image="i", command=["c"], securityContext={"runAsUser": 0}), "RunsAsRoot", "user 0"),
-        ({"template": {"spec": {"securityContext": {"runAsUser": 0}, "containers": [{"name": "harness", "image": "i", "command": ["c"]}]}}}, "RunsAsRoot", "user 0"),
+        (
+            {**harness(image="i", command=["c"]), "task": {"file": {"path": "task.json"}}},
+            "RelativeTaskFile",
+            "'task.json' is relative",
+        ),
+        (
+            harness(image="i", command=["c"], securityContext={"runAsUser": 0}),
+            "RunsAsRoot",
+            "user 0",
+        ),
+        (
+            {
+                "template": {
+                    "spec": {
+                        "securityContext": {"runAsUser": 0},
+                        "containers": [{"name": "harness", "image": "i", "command": ["c"]}],
+                    }
+                }
+            },
+            "RunsAsRoot",
+            "user 0",
+        ),
     ],
 )
-def test_what_keeps_a_harness_env_from_a_cluster(spec: dict[str, Any], reason: str, words: str) -> None:
+def test_what_keeps_a_harness_env_from_a_cluster(
+    spec: dict[str, Any], reason: str, words: str
+) -> None:
     verdict = readiness.check(env(spec=spec))
     assert not verdict.ready and verdict.reason == reason and words in verdict.message
 
@@ -37,7 +60,10 @@ def test_an_invalid_object_is_not_ready_and_the_message_names_the_field() -> Non
     body = env_body()
     body["spec"]["timeoutSeconds"] = 0
     verdict = readiness.evaluate(body)
-    assert (verdict.ready, verdict.reason) == (False, "InvalidSpec") and "spec.timeoutSeconds" in verdict.message
+    assert (verdict.ready, verdict.reason) == (
+        False,
+        "InvalidSpec",
+    ) and "spec.timeoutSeconds" in verdict.message
 
 
 def test_status_is_written_once_per_generation_and_verdict() -> None:
@@ -53,4 +79,8 @@ def test_status_is_written_once_per_generation_and_verdict() -> None:
     body["metadata"]["generation"] = 2
     body["spec"]["template"]["spec"]["containers"][0].pop("command")
     changed = readiness.status(body, NOW)
-    assert changed is not None and changed["conditions"][0]["reason"] == "NoCommand" and changed["observedGeneration"] == 2
+    assert (
+        changed is not None
+        and changed["conditions"][0]["reason"] == "NoCommand"
+        and changed["observedGeneration"] == 2
+    )

@@ -45,11 +45,15 @@ class FakeApi:
         self.patches.append((path, patch))
         return {}
 
-    async def delete(self, path: str, *, uid: str | None = None, propagation: str = "Background") -> bool:
+    async def delete(
+        self, path: str, *, uid: str | None = None, propagation: str = "Background"
+    ) -> bool:
         self.deleted.append((path, uid))
         return True
 
-    async def post_event(self, involved: Any, *, type_: str, reason: str, message: str, component: str) -> None:
+    async def post_event(
+        self, involved: Any, *, type_: str, reason: str, message: str, component: str
+    ) -> None:
         self.events.append((type_, reason, message))
 
     def pods(self) -> list[str]:
@@ -72,7 +76,11 @@ class Harness:
         return run(self.reconciler.reconcile(self.body, self.env))
 
     def statuses(self) -> list[dict[str, Any]]:
-        return [patch["status"] for path, patch in self.api.patches if path.endswith("/rolloutjobs/job/status")]
+        return [
+            patch["status"]
+            for path, patch in self.api.patches
+            if path.endswith("/rolloutjobs/job/status")
+        ]
 
     def see(self, index: int, attempt: int, **kwargs: Any) -> None:
         self.cache.apply("MODIFIED", pod(index, attempt, **kwargs))
@@ -81,10 +89,14 @@ class Harness:
 def test_the_first_reconcile_creates_the_policy_then_parallelism_pods_and_writes_status() -> None:
     h = Harness()
     delay = h.reconcile()
-    assert h.api.created[0] == "/apis/networking.k8s.io/v1/namespaces/ns/networkpolicies/job-rollouts"
+    assert (
+        h.api.created[0] == "/apis/networking.k8s.io/v1/namespaces/ns/networkpolicies/job-rollouts"
+    )
     assert h.api.pods() == ["job-0-0", "job-1-0", "job-2-0", "job-3-0", "job-4-0"]
     [status] = h.statuses()
-    assert status["counts"]["pending"] == 7 and status["counts"]["active"] == 5, "the pods just created count"
+    assert status["counts"]["pending"] == 7 and status["counts"]["active"] == 5, (
+        "the pods just created count"
+    )
     assert status["startTime"] is not None
     assert [e[1] for e in h.api.events] == ["Started"]
     assert delay == 30
@@ -96,7 +108,9 @@ def test_created_pods_count_as_live_until_the_watch_shows_them() -> None:
     h.reconcile()
     assert len(h.api.pods()) == 5, "no pod beyond parallelism before the watch catches up"
     assert len(h.statuses()) == 1, "nothing changed, nothing written"
-    assert [e[1] for e in h.api.events] == ["Started"], "the status written is remembered, so no second Started"
+    assert [e[1] for e in h.api.events] == ["Started"], (
+        "the status written is remembered, so no second Started"
+    )
 
 
 def test_finished_pods_make_room_for_the_next_rollouts() -> None:
@@ -128,7 +142,9 @@ def test_a_missing_harness_env_is_reported_once_and_blocks_creation() -> None:
     h.reconcile()
     assert h.api.pods() == []
     warnings = [e for e in h.api.events if e[0] == "Warning"]
-    assert [(w[1], w[2]) for w in warnings] == [("HarnessEnvNotFound", "HarnessEnv 'env' not found in namespace ns")]
+    assert [(w[1], w[2]) for w in warnings] == [
+        ("HarnessEnvNotFound", "HarnessEnv 'env' not found in namespace ns")
+    ]
     h.env = env_body()
     h.reconcile()
     assert len(h.api.pods()) == 5
@@ -145,7 +161,9 @@ def test_a_harness_env_that_is_not_ready_blocks_creation() -> None:
 def test_a_job_the_cluster_cannot_run_is_reported() -> None:
     h = Harness(trainer=None)
     h.reconcile()
-    assert h.api.pods() == [] and ("Warning", "NotRunnableInCluster") in [e[:2] for e in h.api.events]
+    assert h.api.pods() == [] and ("Warning", "NotRunnableInCluster") in [
+        e[:2] for e in h.api.events
+    ]
 
 
 def test_proxy_mode_makes_the_ca_secret_once() -> None:
@@ -167,7 +185,9 @@ def test_with_a_master_key_each_job_gets_its_collector_token_before_its_pods() -
     assert h.api.created.index(path) < h.api.created.index("/api/v1/namespaces/ns/pods/job-0-0")
     secret = h.api.objects[path]
     assert secret["immutable"] is True and secret["metadata"]["ownerReferences"][0]["uid"] == UID
-    assert auth.verify(b"k" * 32, secret["stringData"]["token"]) == auth.JobIdentity("ns", "job", UID)
+    assert auth.verify(b"k" * 32, secret["stringData"]["token"]) == auth.JobIdentity(
+        "ns", "job", UID
+    )
     for i in range(5):
         h.see(i, 0, phase="Succeeded", status={"containerStatuses": [terminated(0)]})
     h.reconcile()
@@ -196,16 +216,22 @@ def test_tasks_from_a_config_map_are_read_once() -> None:
     h = Harness(tasks={"inline": None, "configMapRef": {"name": "tasks", "key": "t.jsonl"}})
     h.reconcile()
     assert h.api.pods() == [] and "TasksUnavailable" in [e[1] for e in h.api.events]
-    h.api.objects["/api/v1/namespaces/ns/configmaps/tasks"] = {"data": {"t.jsonl": '{"id": "x"}\n{"id": "y"}\n'}}
+    h.api.objects["/api/v1/namespaces/ns/configmaps/tasks"] = {
+        "data": {"t.jsonl": '{"id": "x"}\n{"id": "y"}\n'}
+    }
     h.reconcile()
     h.reconcile()
-    assert len(h.api.pods()) == 5 and h.statuses()[-1]["counts"]["pending"] == 3, "2 tasks x 4 samples, 5 started"
+    assert len(h.api.pods()) == 5 and h.statuses()[-1]["counts"]["pending"] == 3, (
+        "2 tasks x 4 samples, 5 started"
+    )
     assert h.api.gets.count("/api/v1/namespaces/ns/configmaps/tasks") == 2
 
 
 def test_a_refused_create_is_reported_and_retried_after_a_backoff() -> None:
     h = Harness()
-    h.api.refuse = k8s.ApiError("POST", "/pods", 403, '{"reason": "Forbidden", "message": "exceeded quota"}')
+    h.api.refuse = k8s.ApiError(
+        "POST", "/pods", 403, '{"reason": "Forbidden", "message": "exceeded quota"}'
+    )
     delay = h.reconcile()
     assert delay == reconciler.CREATE_BACKOFF_SECONDS
     [failed] = [e for e in h.api.events if e[1] == "FailedCreate"]
@@ -217,7 +243,9 @@ def test_removed_status_fields_are_patched_to_null() -> None:
     h.reconcile()
     h.body["spec"]["suspend"] = True
     h.reconcile()
-    assert h.statuses()[-1]["startTime"] is None, "merge patch removes what the status no longer has"
+    assert h.statuses()[-1]["startTime"] is None, (
+        "merge patch removes what the status no longer has"
+    )
 
 
 def test_a_job_past_its_ttl_is_deleted_by_uid() -> None:

@@ -10,14 +10,22 @@ from pathlib import Path
 from openforge import endpoints
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = ["proto/openforge", "sidecar/openforge_sidecar", "operator/openforge_operator", "trainer/openforge_trainer"]
+PACKAGES = [
+    "proto/openforge",
+    "sidecar/openforge_sidecar",
+    "operator/openforge_operator",
+    "trainer/openforge_trainer",
+]
 HOME = ROOT / "proto" / "openforge" / "endpoints.py"
 
 
 def docstrings(tree: ast.AST) -> set[int]:
     ids = set()
     for node in ast.walk(tree):
-        if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef) and node.body:
+        if (
+            isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef)
+            and node.body
+        ):
             first = node.body[0]
             if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant):
                 ids.add(id(first.value))
@@ -33,9 +41,16 @@ def spelled_out() -> list[str]:
             tree = ast.parse(path.read_text(), str(path))
             skip = docstrings(tree)
             for node in ast.walk(tree):
-                if not isinstance(node, ast.Constant) or not isinstance(node.value, str) or id(node) in skip:
+                if (
+                    not isinstance(node, ast.Constant)
+                    or not isinstance(node.value, str)
+                    or id(node) in skip
+                ):
                     continue
-                if "/openforge/v1" in node.value or endpoints.POLICY_VERSION_HEADER in node.value.lower():
+                if (
+                    "/openforge/v1" in node.value
+                    or endpoints.POLICY_VERSION_HEADER in node.value.lower()
+                ):
                     found.append(f"{path.relative_to(ROOT)}:{node.lineno}: {node.value[:80]!r}")
     return found
 
@@ -50,4 +65,13 @@ def test_the_servers_route_tables_are_the_constants() -> None:
     ours = {path for path in serve.POST_ROUTES if path.startswith(endpoints.PREFIX)}
     assert ours == {endpoints.WEIGHTS, endpoints.PAUSE, endpoints.RESUME}
     assert set(serve.POST_ROUTES) - ours == {"/v1/completions"}  # the model API's own
-    assert all(path.startswith(endpoints.PREFIX) for path in (endpoints.ROLLOUT_FINISH, endpoints.STATS, endpoints.POLICY, endpoints.STATUS, endpoints.WEIGHTS))
+    assert all(
+        path.startswith(endpoints.PREFIX)
+        for path in (
+            endpoints.ROLLOUT_FINISH,
+            endpoints.STATS,
+            endpoints.POLICY,
+            endpoints.STATUS,
+            endpoints.WEIGHTS,
+        )
+    )

@@ -27,7 +27,9 @@ def test_regenerating_the_protos_changes_nothing(tmp_path: Path) -> None:
     names = sorted(p.name for p in out.iterdir())
     assert names == ["trajectory_pb2.py", "trajectory_pb2.pyi", "trajectory_pb2_grpc.py"]
     for name in names:
-        assert (out / name).read_text() == (GENERATED / name).read_text(), f"{name} is stale: run scripts/gen_protos.py"
+        assert (out / name).read_text() == (GENERATED / name).read_text(), (
+            f"{name} is stale: run scripts/gen_protos.py"
+        )
 
 
 def test_generated_grpc_module_imports_its_messages_as_a_package() -> None:
@@ -35,7 +37,10 @@ def test_generated_grpc_module_imports_its_messages_as_a_package() -> None:
     assert "from openforge.trajectory.v1 import trajectory_pb2" in text
 
 
-@pytest.mark.parametrize("module", ["openforge.trajectory.v1.trajectory_pb2", "openforge.trajectory.v1.trajectory_pb2_grpc"])
+@pytest.mark.parametrize(
+    "module",
+    ["openforge.trajectory.v1.trajectory_pb2", "openforge.trajectory.v1.trajectory_pb2_grpc"],
+)
 def test_generated_modules_import(module: str) -> None:
     __import__(module)
     assert module in sys.modules

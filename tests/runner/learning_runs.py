@@ -20,8 +20,9 @@ def run_in_own_group(argv: list[str], *, timeout: float) -> subprocess.Completed
     A plain ``subprocess.run`` timeout kills only the runner and leaves its
     collector, server and trainer running; SIGINT is the runner's own clean stop.
     """
-    process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                               start_new_session=True)
+    process = subprocess.Popen(
+        argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
     try:
         stdout, stderr = process.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:

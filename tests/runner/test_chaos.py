@@ -51,7 +51,9 @@ def manifest(tmp_path: Path) -> Path:
     tasks = tmp_path / "tasks.jsonl"
     tasks.write_text("\n".join(lines) + "\n")
     text = (EXAMPLES / "react-toy.yaml").read_text()
-    text = text.replace("$OPENFORGE_MANIFEST_DIR", str(EXAMPLES)).replace("${OPENFORGE_MANIFEST_DIR}", str(EXAMPLES))
+    text = text.replace("$OPENFORGE_MANIFEST_DIR", str(EXAMPLES)).replace(
+        "${OPENFORGE_MANIFEST_DIR}", str(EXAMPLES)
+    )
     text = text.replace("file: tasks/toy-tools/demo.jsonl", f"file: {tasks}")
     text = text.replace("model: models/tiny-react", f"model: {EXAMPLES / 'models' / 'tiny-react'}")
     text = text.replace("samplesPerTask: 4", f"samplesPerTask: {SAMPLES}")
@@ -61,7 +63,18 @@ def manifest(tmp_path: Path) -> Path:
 
 
 def command(job: Path, run_dir: Path) -> list[str]:
-    return [sys.executable, "-m", "openforge.cli", "run", str(job), "--run-dir", str(run_dir), "--iterations", str(ITERATIONS), "--quiet"]
+    return [
+        sys.executable,
+        "-m",
+        "openforge.cli",
+        "run",
+        str(job),
+        "--run-dir",
+        str(run_dir),
+        "--iterations",
+        str(ITERATIONS),
+        "--quiet",
+    ]
 
 
 def journal(run_dir: Path) -> list[dict[str, Any]]:
@@ -118,7 +131,9 @@ def plan(rng: random.Random) -> tuple[list[Kill], Kill, Kill]:
         Kill("trainer", PER_ITERATION * (trained_iteration + 1), delay=rng.uniform(0.5, 4.0)),
     ]
     runner_killed = Kill("runner", rng.randint(PER_ITERATION + 1, 2 * PER_ITERATION - 1))
-    runner_stopped = Kill("runner", PER_ITERATION * rng.randint(2, ITERATIONS), delay=rng.uniform(0.0, 1.0))
+    runner_stopped = Kill(
+        "runner", PER_ITERATION * rng.randint(2, ITERATIONS), delay=rng.uniform(0.0, 1.0)
+    )
     return kills, runner_killed, runner_stopped
 
 
@@ -130,16 +145,28 @@ def victim(what: str, run_dir: Path) -> str:
     }[what]
 
 
-def run_until(argv: list[str], run_dir: Path, *, stop: Kill | None, sig: int, kills: list[Kill], timeout: float) -> subprocess.CompletedProcess[str]:
+def run_until(
+    argv: list[str],
+    run_dir: Path,
+    *,
+    stop: Kill | None,
+    sig: int,
+    kills: list[Kill],
+    timeout: float,
+) -> subprocess.CompletedProcess[str]:
     """Run ``openforge run`` while firing the kills that are due; with ``stop``, send the
     runner ``sig`` once it is due."""
     log = run_dir.parent / f"runner-{len(list(run_dir.parent.glob('runner-*.log')))}.log"
     with log.open("w") as out:
-        process = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        process = subprocess.Popen(
+            argv, stdout=out, stderr=subprocess.STDOUT, text=True, start_new_session=True
+        )
         deadline, due_at = time.monotonic() + timeout, dict[int, float]()
         try:
             while process.poll() is None:
-                assert time.monotonic() < deadline, f"the run did not end within {timeout:g} s: {log.read_text()[-3000:]}"
+                assert time.monotonic() < deadline, (
+                    f"the run did not end within {timeout:g} s: {log.read_text()[-3000:]}"
+                )
                 count = finishes(run_dir)
                 for number, planned in enumerate(kills):
                     if planned.done or count < planned.after:
@@ -147,7 +174,11 @@ def run_until(argv: list[str], run_dir: Path, *, stop: Kill | None, sig: int, ki
                     due = due_at.setdefault(number, time.monotonic() + planned.delay)
                     if time.monotonic() >= due:
                         planned.done = kill(victim(planned.what, run_dir))
-                if stop is not None and count >= stop.after and time.monotonic() >= due_at.setdefault(-1, time.monotonic() + stop.delay):
+                if (
+                    stop is not None
+                    and count >= stop.after
+                    and time.monotonic() >= due_at.setdefault(-1, time.monotonic() + stop.delay)
+                ):
                     os.kill(process.pid, sig)
                     stop.done, stop = True, None
                 time.sleep(0.05)
@@ -164,7 +195,9 @@ def trained_steps(run_dir: Path) -> dict[str, list[tuple[str, str, int]]]:
     with store.Store(run_dir / "store.db") as db:
         for rollout in db.rollouts(JOB):
             if rollout.trained_checkpoint is not None:
-                steps.setdefault(Path(rollout.trained_checkpoint).name, []).append((rollout.task_id, rollout.batch, rollout.policy_version))
+                steps.setdefault(Path(rollout.trained_checkpoint).name, []).append(
+                    (rollout.task_id, rollout.batch, rollout.policy_version)
+                )
     return {step: sorted(groups) for step, groups in sorted(steps.items())}
 
 
@@ -173,7 +206,9 @@ def _retried_attempts(run_dir: Path) -> set[str]:
     starts = [json.loads(line) for line in (run_dir / "journal.jsonl").read_text().splitlines()]
     starts = [entry for entry in starts if entry["event"] == "start"]
     later = {(e["iteration"], e["index"], e["attempt"]) for e in starts}
-    return {e["rollout_id"] for e in starts if (e["iteration"], e["index"], e["attempt"] + 1) in later}
+    return {
+        e["rollout_id"] for e in starts if (e["iteration"], e["index"], e["attempt"] + 1) in later
+    }
 
 
 def check_exactly_once(run_dir: Path) -> dict[str, int]:
@@ -207,8 +242,12 @@ def check_exactly_once(run_dir: Path) -> dict[str, int]:
                     continue
                 counts["missing"] += 1
                 kind = record.WhichOneof("body")
-                covered = rollout_id in whole or (kind == "call" and (rollout_id, record.call.call_index) in lost_calls)
-                assert covered, f"{rollout_id}: a spooled {kind} record ({record.idempotency_key}) is neither stored nor listed lost"
+                covered = rollout_id in whole or (
+                    kind == "call" and (rollout_id, record.call.call_index) in lost_calls
+                )
+                assert covered, (
+                    f"{rollout_id}: a spooled {kind} record ({record.idempotency_key}) is neither stored nor listed lost"
+                )
     assert counts["spools"] == len(rollouts), "every attempt has its spool"
     retried = _retried_attempts(run_dir)
     assert all(rollout_id in retried for rollout_id in unstarted), (unstarted, retried)
@@ -218,7 +257,9 @@ def check_exactly_once(run_dir: Path) -> dict[str, int]:
 
 
 @pytest.mark.timeout(3000)
-def test_a_run_killed_everywhere_trains_what_a_quiet_run_trains_and_loses_nothing(tmp_path: Path) -> None:
+def test_a_run_killed_everywhere_trains_what_a_quiet_run_trains_and_loses_nothing(
+    tmp_path: Path,
+) -> None:
     job = manifest(tmp_path)
     quiet = tmp_path / "quiet" / "run"
     quiet.parent.mkdir()
@@ -232,10 +273,18 @@ def test_a_run_killed_everywhere_trains_what_a_quiet_run_trains_and_loses_nothin
     chaos = tmp_path / "chaos" / "run"
     chaos.parent.mkdir()
     argv = command(job, chaos)
-    first = run_until(argv, chaos, stop=runner_killed, sig=signal.SIGKILL, kills=kills, timeout=1200)
-    assert first.returncode == -signal.SIGKILL, f"the runner was not killed at {runner_killed}: {first.stdout[-3000:]}"
-    second = run_until(argv, chaos, stop=runner_stopped, sig=signal.SIGTERM, kills=kills, timeout=1200)
-    assert runner_stopped.done and second.returncode == 130, f"not stopped at {runner_stopped}: {second.stdout[-3000:]}"
+    first = run_until(
+        argv, chaos, stop=runner_killed, sig=signal.SIGKILL, kills=kills, timeout=1200
+    )
+    assert first.returncode == -signal.SIGKILL, (
+        f"the runner was not killed at {runner_killed}: {first.stdout[-3000:]}"
+    )
+    second = run_until(
+        argv, chaos, stop=runner_stopped, sig=signal.SIGTERM, kills=kills, timeout=1200
+    )
+    assert runner_stopped.done and second.returncode == 130, (
+        f"not stopped at {runner_stopped}: {second.stdout[-3000:]}"
+    )
     last = run_until(argv, chaos, stop=None, sig=0, kills=kills, timeout=1200)
     assert last.returncode == 0, last.stdout[-4000:]
     fired = {planned.what: planned.done for planned in kills}
@@ -243,6 +292,8 @@ def test_a_run_killed_everywhere_trains_what_a_quiet_run_trains_and_loses_nothin
 
     counts = check_exactly_once(chaos)
     assert counts["records"] > 0
-    assert trained_steps(chaos) == expected, f"seed {SEED}: kills {kills}, runner killed at {runner_killed}, stopped at {runner_stopped}"
+    assert trained_steps(chaos) == expected, (
+        f"seed {SEED}: kills {kills}, runner killed at {runner_killed}, stopped at {runner_stopped}"
+    )
     events = [entry for entry in journal(chaos) if entry["event"] == "service"]
     assert {entry["service"] for entry in events} >= {"collector", "trainer"}, events

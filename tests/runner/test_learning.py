@@ -56,7 +56,7 @@ def test_reward_rises_inside_the_react_harness(tmp_path: Path) -> None:
         [sys.executable, "-m", "openforge.cli", "run", str(ROOT / "examples" / "react-toy.yaml"),
          "--run-dir", str(run_dir), "--iterations", str(ITERATIONS), "--quiet"],
         timeout=2200,
-    )
+    )  # fmt: skip
     by_iteration = learning_runs.rewards_by_iteration(run_dir)
     learning_runs.assert_rise(by_iteration, iterations=ITERATIONS, at_least=THRESHOLD)
     steps = learning_runs.training_steps(run_dir)
@@ -72,14 +72,47 @@ def readme_commands_work_on(run_dir: Path, tmp_path: Path) -> None:
     """The README's commands for looking at the demo's run, as written but for the run
     directory, on this finished demo run: the rollout ids they name exist, and each exits 0."""
     readme = (ROOT / "README.md").read_text()
-    commands = [line.strip() for line in readme.splitlines() if line.strip().startswith(("openforge trajectories", "`openforge analyze"))]
+    commands = [
+        line.strip()
+        for line in readme.splitlines()
+        if line.strip().startswith(("openforge trajectories", "`openforge analyze"))
+    ]
     commands = [c.strip("`").split("`")[0] for c in commands if "runs/react-toy" in c]
-    assert any(" show " in c for c in commands) and any(c.startswith("openforge analyze") for c in commands), commands
+    assert any(" show " in c for c in commands) and any(
+        c.startswith("openforge analyze") for c in commands
+    ), commands
     for command in commands:
-        argv = command.replace("runs/react-toy", str(run_dir)).replace("rows.parquet", str(tmp_path / "rows.parquet")).split()
+        argv = (
+            command.replace("runs/react-toy", str(run_dir))
+            .replace("rows.parquet", str(tmp_path / "rows.parquet"))
+            .split()
+        )
         argv = [str(ROOT / a) if a.startswith("examples/") else a for a in argv]
         if argv[1:3] == ["trajectories", "show"]:
-            listed = subprocess.run([sys.executable, "-m", "openforge.cli", "trajectories", "ls", "--store", str(run_dir / "store.db"), "--json"], capture_output=True, text=True, check=True, timeout=120)
-            assert argv[3] in {row["rollout"] for row in json.loads(listed.stdout)}, f"the README shows {argv[3]}, which the demo run does not have"
-        done = subprocess.run([sys.executable, "-m", "openforge.cli", *argv[1:]], capture_output=True, text=True, timeout=300, check=False)
+            listed = subprocess.run(
+                [
+                    sys.executable,
+                    "-m",
+                    "openforge.cli",
+                    "trajectories",
+                    "ls",
+                    "--store",
+                    str(run_dir / "store.db"),
+                    "--json",
+                ],
+                capture_output=True,
+                text=True,
+                check=True,
+                timeout=120,
+            )
+            assert argv[3] in {row["rollout"] for row in json.loads(listed.stdout)}, (
+                f"the README shows {argv[3]}, which the demo run does not have"
+            )
+        done = subprocess.run(
+            [sys.executable, "-m", "openforge.cli", *argv[1:]],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=False,
+        )
         assert done.returncode == 0, f"{command}: {done.stderr[-2000:]}"

@@ -90,15 +90,36 @@ def test_reward_rises_inside_codex_cli(tmp_path: Path) -> None:
 def check_codex_asked_what_tiny_codex_learned(store_path: Path) -> None:
     harness = warmstart.HarnessSpec.load(CODEX_DIR / "harness.json")
     tokenizer = warmstart.load_tokenizer()
-    tasks = {t["id"]: t for t in (json.loads(line) for line in (ROOT / "examples" / "tasks" / "toy-tools" / "demo.jsonl").read_text().splitlines())}
+    tasks = {
+        t["id"]: t
+        for t in (
+            json.loads(line)
+            for line in (ROOT / "examples" / "tasks" / "toy-tools" / "demo.jsonl")
+            .read_text()
+            .splitlines()
+        )
+    }
     looked_up = 0
     with store.Store(store_path) as db:
         rollouts = db.rollouts("codex-learn")
         assert len(rollouts) == 32 * ITERATIONS
         for rollout in rollouts:
             calls = db.calls(rollout.rollout_id)
-            assert calls and all(c.token_exact and c.wire_api == "WIRE_API_OPENAI_RESPONSES" for c in calls)
-            text = tokenizer_build.render_chat(harness.messages(tasks[rollout.task_id]["prompt"]), list(harness.tools), add_generation_prompt=True)
-            assert list(calls[0].prompt_token_ids) == tokenizer.encode(text, add_special_tokens=False).ids, rollout.rollout_id
-            looked_up += any(item.get("type") == "function_call_output" for c in calls for item in json.loads(c.request_json)["input"])
+            assert calls and all(
+                c.token_exact and c.wire_api == "WIRE_API_OPENAI_RESPONSES" for c in calls
+            )
+            text = tokenizer_build.render_chat(
+                harness.messages(tasks[rollout.task_id]["prompt"]),
+                list(harness.tools),
+                add_generation_prompt=True,
+            )
+            assert (
+                list(calls[0].prompt_token_ids)
+                == tokenizer.encode(text, add_special_tokens=False).ids
+            ), rollout.rollout_id
+            looked_up += any(
+                item.get("type") == "function_call_output"
+                for c in calls
+                for item in json.loads(c.request_json)["input"]
+            )
     assert looked_up > 0  # Codex ran the policy's shell command and sent its output back

@@ -54,7 +54,9 @@ LAUGHS = "lol0: &l0 [lol, lol, lol, lol, lol, lol, lol, lol, lol, lol]\n" + "".j
     f"lol{i}: &l{i} [{', '.join([f'*l{i - 1}'] * 10)}]\n" for i in range(1, 10)
 )
 """Ten levels of ten aliases: 10**10 nodes once expanded, in ten lines."""
-INLINE = JOB.replace("tasks: {file: tasks.jsonl}", "tasks:\n    inline:\n      - {id: a, prompt: hi}")
+INLINE = JOB.replace(
+    "tasks: {file: tasks.jsonl}", "tasks:\n    inline:\n      - {id: a, prompt: hi}"
+)
 
 
 def lines(count: int, size: int = 10) -> str:
@@ -122,7 +124,9 @@ CASES: dict[str, tuple[str, str, str | bytes, str]] = {
 
 
 @pytest.mark.parametrize("case", CASES)
-def test_a_broken_manifest_is_refused_while_planning_naming_file_line_and_field(tmp_path: Path, case: str) -> None:
+def test_a_broken_manifest_is_refused_while_planning_naming_file_line_and_field(
+    tmp_path: Path, case: str
+) -> None:
     env, job, tasks, message = CASES[case]
     path = tmp_path / "job.yaml"
     path.write_text(env + "---\n" + job)
@@ -135,8 +139,15 @@ def test_a_broken_manifest_is_refused_while_planning_naming_file_line_and_field(
         plan.load([path])
     text = path.read_text().splitlines()
     # @TEXT@ stands for the number of the first line of job.yaml that holds TEXT
-    pattern = re.sub("@(.+?)@", lambda m: str(1 + next(i for i, line in enumerate(text) if m[1] in line)), message)
-    assert any(re.search(f"^{re.escape(str(tmp_path))}/{pattern}", line) for line in str(refused.value).splitlines()), (pattern, str(refused.value)[:2000])
+    pattern = re.sub(
+        "@(.+?)@",
+        lambda m: str(1 + next(i for i, line in enumerate(text) if m[1] in line)),
+        message,
+    )
+    assert any(
+        re.search(f"^{re.escape(str(tmp_path))}/{pattern}", line)
+        for line in str(refused.value).splitlines()
+    ), (pattern, str(refused.value)[:2000])
 
 
 def test_the_good_job_plans_and_the_corpus_holds_forty_cases(tmp_path: Path) -> None:
@@ -151,12 +162,18 @@ def test_the_good_job_plans_and_the_corpus_holds_forty_cases(tmp_path: Path) -> 
 def test_a_manifest_file_over_four_mib_is_refused_before_it_is_parsed(tmp_path: Path) -> None:
     path = tmp_path / "job.yaml"
     path.write_text(ENV + "---\n" + JOB + "# " + "x" * manifests.MAX_BYTES + "\n")
-    with pytest.raises(manifests.ManifestError, match=rf"^{tmp_path}/job.yaml: the file is \d+ bytes; a manifest file holds at most 4194304"):
+    with pytest.raises(
+        manifests.ManifestError,
+        match=rf"^{tmp_path}/job.yaml: the file is \d+ bytes; a manifest file holds at most 4194304",
+    ):
         plan.load([path])
 
 
 def test_a_manifest_that_is_not_utf8_names_the_byte(tmp_path: Path) -> None:
     path = tmp_path / "job.yaml"
     path.write_bytes((ENV + "---\n" + JOB).encode().replace(b"name: demo", b"name: d\xffmo"))
-    with pytest.raises(manifests.ManifestError, match=rf"^{tmp_path}/job.yaml:22: not UTF-8 text \(at byte offset \d+\)"):
+    with pytest.raises(
+        manifests.ManifestError,
+        match=rf"^{tmp_path}/job.yaml:22: not UTF-8 text \(at byte offset \d+\)",
+    ):
         plan.load([path])

@@ -21,14 +21,20 @@ def until(condition: object, timeout: float = 30.0) -> None:
         time.sleep(0.05)
 
 
-def test_a_dead_service_is_restarted_on_its_port_and_rollouts_wait_meanwhile(tmp_path: Path) -> None:
+def test_a_dead_service_is_restarted_on_its_port_and_rollouts_wait_meanwhile(
+    tmp_path: Path,
+) -> None:
     port = processes.free_port()
     serve = f"import socket, time; s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); s.bind(('127.0.0.1', {port})); s.listen(); time.sleep(600)"
-    service = processes.Service("collector", python(serve), tmp_path / "collector.log", port=port).start()
+    service = processes.Service(
+        "collector", python(serve), tmp_path / "collector.log", port=port
+    ).start()
     stop = threading.Event()
     lines: list[str] = []
     told: list[dict[str, object]] = []
-    supervisor = processes.Supervisor(stop=stop, backoff=0.5, poll=0.05, log=lines.append, on_event=told.append)
+    supervisor = processes.Supervisor(
+        stop=stop, backoff=0.5, poll=0.05, log=lines.append, on_event=told.append
+    )
     try:
         supervisor.watch(service)
         first = service.process
@@ -38,7 +44,9 @@ def test_a_dead_service_is_restarted_on_its_port_and_rollouts_wait_meanwhile(tmp
         until(lambda: service.process is not first and service.alive() and supervisor.up.is_set())
         assert supervisor.alive(service) and not stop.is_set() and not supervisor.failure
         assert lines == ["openforge run: collector exited with -9; restarting it in 0.5 s (1/3)"]
-        assert supervisor.events == [{"event": "service", "service": "collector", "exit_code": -9, "action": "restarted"}]
+        assert supervisor.events == [
+            {"event": "service", "service": "collector", "exit_code": -9, "action": "restarted"}
+        ]
         assert told == supervisor.events, "told as it happened, not at the end"
     finally:
         supervisor.close()
@@ -46,13 +54,19 @@ def test_a_dead_service_is_restarted_on_its_port_and_rollouts_wait_meanwhile(tmp
 
 
 def test_a_service_that_keeps_dying_stops_the_run_naming_it(tmp_path: Path) -> None:
-    service = processes.Service("trainer", python("import sys; print('boom'); sys.exit(3)"), tmp_path / "trainer.log").start()
+    service = processes.Service(
+        "trainer", python("import sys; print('boom'); sys.exit(3)"), tmp_path / "trainer.log"
+    ).start()
     stop = threading.Event()
-    supervisor = processes.Supervisor(stop=stop, restarts=2, backoff=0.01, poll=0.05, log=lambda line: None)
+    supervisor = processes.Supervisor(
+        stop=stop, restarts=2, backoff=0.01, poll=0.05, log=lambda line: None
+    )
     try:
         supervisor.watch(service)
         until(stop.is_set)
-        assert supervisor.failure.startswith("trainer exited with 3 3 times; giving up (see trainer.log):")
+        assert supervisor.failure.startswith(
+            "trainer exited with 3 3 times; giving up (see trainer.log):"
+        )
         assert "boom" in supervisor.failure
         assert not supervisor.alive(service)
         assert [e["action"] for e in supervisor.events] == ["restarted", "restarted", "gave up"]

@@ -7,12 +7,22 @@ from pathlib import Path
 from openforge_runner import progress, runner
 
 
-def stats(iteration: int, total: int, rewards: list[float], *, failed: int = 0) -> runner.IterationStats:
-    return runner.IterationStats(iteration, total=total, succeeded=len(rewards) - failed, failed=failed, rewards=rewards)
+def stats(
+    iteration: int, total: int, rewards: list[float], *, failed: int = 0
+) -> runner.IterationStats:
+    return runner.IterationStats(
+        iteration, total=total, succeeded=len(rewards) - failed, failed=failed, rewards=rewards
+    )
 
 
 def test_a_stopped_iteration_shows_what_it_got_to_and_is_left_out_of_the_reward_change() -> None:
-    text = progress.summary([stats(0, 4, [0.0, 1.0, 0.0, 1.0]), stats(1, 4, [1.0, 1.0, 1.0, 1.0]), stats(2, 48, [1.0] * 10)])
+    text = progress.summary(
+        [
+            stats(0, 4, [0.0, 1.0, 0.0, 1.0]),
+            stats(1, 4, [1.0, 1.0, 1.0, 1.0]),
+            stats(2, 48, [1.0] * 10),
+        ]
+    )
     lines = text.splitlines()
     assert lines[1].split() == ["1", "4", "0", "0.500"]
     assert lines[3].split() == ["3", "10/48", "0", "1.000", "(stopped:", "partial)"]
@@ -31,5 +41,8 @@ def test_it_says_where_the_run_is_and_how_to_look_at_it(tmp_path: Path) -> None:
 
 def test_a_rerun_with_nothing_left_says_so() -> None:
     text = progress.summary([stats(0, 2, [1.0, 1.0])], trained=True, nothing_left=True)
-    assert text.splitlines()[0] == "already complete: every rollout had finished and been trained on in an earlier run; nothing was run"
+    assert (
+        text.splitlines()[0]
+        == "already complete: every rollout had finished and been trained on in an earlier run; nothing was run"
+    )
     assert "already complete" not in progress.summary([stats(0, 2, [1.0, 1.0])])

@@ -35,7 +35,11 @@ ENV = {
     "spec": {
         "api": "openai-chat",
         "baseUrl": {"env": ["OPENAI_BASE_URL"], "suffix": "/v1"},
-        "template": {"spec": {"containers": [{"name": "harness", "image": "example/h:1", "command": ["true"]}]}},
+        "template": {
+            "spec": {
+                "containers": [{"name": "harness", "image": "example/h:1", "command": ["true"]}]
+            }
+        },
         "grader": {"command": ["echo", "1"]},
     },
 }
@@ -62,7 +66,12 @@ def job_body(max_attempts: int, rules: list[dict[str, Any]]) -> dict[str, Any]:
     }
     if rules:
         spec["failurePolicy"] = {"rules": rules}
-    return {"apiVersion": v1alpha1.API_VERSION, "kind": "RolloutJob", "metadata": {"name": "parity", "uid": "u-1", "generation": 1}, "spec": spec}
+    return {
+        "apiVersion": v1alpha1.API_VERSION,
+        "kind": "RolloutJob",
+        "metadata": {"name": "parity", "uid": "u-1", "generation": 1},
+        "spec": spec,
+    }
 
 
 IGNORE_TIMEOUTS = [{"action": "Ignore", "onReasons": ["DeadlineExceeded"]}]
@@ -97,7 +106,16 @@ def on_the_operator(body: dict[str, Any], ends: Callable[[int], Ending]) -> tupl
         assert made.create, made.status
         for index, attempt in made.create:
             state, exit_code, reason = ends(attempt)
-            seen.append(attempts.Attempt(name=f"parity-{index}-{attempt}", index=index, attempt=attempt, state=state, exit_code=exit_code, reason=reason))  # type: ignore[arg-type]
+            seen.append(
+                attempts.Attempt(
+                    name=f"parity-{index}-{attempt}",
+                    index=index,
+                    attempt=attempt,
+                    state=state,
+                    exit_code=exit_code,
+                    reason=reason,
+                )
+            )  # type: ignore[arg-type]
     raise AssertionError("the planner never finished the job")
 
 
@@ -105,14 +123,27 @@ class Scripted(runner.Runner):
     """The runner, with an attempt's run (sidecar, harness, grader) replaced by the script;
     ``stop_at`` interrupts that attempt as a Ctrl-C would."""
 
-    def __init__(self, bundle: plan.Bundle, run_dir: Path, ends: Callable[[int], Ending], stop_at: int | None = None) -> None:
-        super().__init__(bundle, run_dir=run_dir, endpoints=lambda: executor.Endpoints("http://127.0.0.1:9", "127.0.0.1:9", 0), stop=threading.Event())
+    def __init__(
+        self,
+        bundle: plan.Bundle,
+        run_dir: Path,
+        ends: Callable[[int], Ending],
+        stop_at: int | None = None,
+    ) -> None:
+        super().__init__(
+            bundle,
+            run_dir=run_dir,
+            endpoints=lambda: executor.Endpoints("http://127.0.0.1:9", "127.0.0.1:9", 0),
+            stop=threading.Event(),
+        )
         self.ends, self.stop_at, self.ran = ends, stop_at, []
 
     def _run(self, rollout: plan.Rollout) -> executor.Outcome:
         if rollout.attempt == self.stop_at:
             self.stop.set()
-            return executor.Outcome(rollout, "failed", 137, None, executor.INTERRUPTED, "stopped", 0, 0.0)
+            return executor.Outcome(
+                rollout, "failed", 137, None, executor.INTERRUPTED, "stopped", 0, 0.0
+            )
         self.ran.append(rollout.attempt)
         state, exit_code, reason = self.ends(rollout.attempt)
         reward = 1.0 if state == "succeeded" else None
@@ -125,7 +156,9 @@ def bundle_of(tmp_path: Path, body: dict[str, Any]) -> plan.Bundle:
     return plan.load([path])
 
 
-def on_one_machine(tmp_path: Path, body: dict[str, Any], ends: Callable[[int], Ending]) -> tuple[list[int], str]:
+def on_one_machine(
+    tmp_path: Path, body: dict[str, Any], ends: Callable[[int], Ending]
+) -> tuple[list[int], str]:
     scripted = Scripted(bundle_of(tmp_path, body), tmp_path, ends)
     scripted.run_iteration(0)
     [finish] = [e for e in scripted.journal.entries() if e["event"] == "finish"]
@@ -140,7 +173,9 @@ def test_the_operator_and_openforge_run_retry_alike(tmp_path: Path, case: str) -
     assert on_one_machine(tmp_path, body, ends) == expected
 
 
-def test_a_rerun_counts_the_failures_before_the_stop_and_not_the_attempt_it_cut_off(tmp_path: Path) -> None:
+def test_a_rerun_counts_the_failures_before_the_stop_and_not_the_attempt_it_cut_off(
+    tmp_path: Path,
+) -> None:
     body = job_body(4, [])
     bundle = bundle_of(tmp_path, body)
     first = Scripted(bundle, tmp_path, lambda n: GRADER, stop_at=2)
@@ -155,13 +190,38 @@ def test_a_rerun_counts_the_failures_before_the_stop_and_not_the_attempt_it_cut_
     assert [e["attempt"] for e in second.journal.entries() if e["event"] == "retry"] == [0, 1, 3]
 
 
-def test_a_harness_killed_by_a_signal_exits_with_128_plus_the_signal_as_in_a_container(tmp_path: Path) -> None:
-    env = {**ENV, "spec": {**ENV["spec"], "template": {"spec": {"containers": [{"name": "harness", "image": "example/h:1", "command": ["sh", "-c", "kill -9 $$"]}]}}}}
+def test_a_harness_killed_by_a_signal_exits_with_128_plus_the_signal_as_in_a_container(
+    tmp_path: Path,
+) -> None:
+    env = {
+        **ENV,
+        "spec": {
+            **ENV["spec"],
+            "template": {
+                "spec": {
+                    "containers": [
+                        {
+                            "name": "harness",
+                            "image": "example/h:1",
+                            "command": ["sh", "-c", "kill -9 $$"],
+                        }
+                    ]
+                }
+            },
+        },
+    }
     path = tmp_path / "job.yaml"
     path.write_text(yaml.safe_dump_all([env, job_body(1, [])]))
     bundle = plan.load([path])
     [rollout] = plan.rollouts_for(bundle, 0)
-    exit_code, timed_out = executor._run_harness(bundle, rollout, "http://127.0.0.1:9", tmp_path / "work", tmp_path / "harness.log", threading.Event())
+    exit_code, timed_out = executor._run_harness(
+        bundle,
+        rollout,
+        "http://127.0.0.1:9",
+        tmp_path / "work",
+        tmp_path / "harness.log",
+        threading.Event(),
+    )
     assert (exit_code, timed_out) == (128 + signal.SIGKILL, False)
 
 
@@ -173,4 +233,6 @@ def test_exit_codes_and_failing_codes() -> None:
     assert 3 in failing and 1 in failing and 137 not in failing and 0 not in failing
     plain = manifests.parse(job_body(2, []))
     assert isinstance(plain, v1alpha1.RolloutJob)
-    assert retries.failing_exit_codes(plain.spec) == frozenset()  # graded data whatever the exit code
+    assert (
+        retries.failing_exit_codes(plain.spec) == frozenset()
+    )  # graded data whatever the exit code

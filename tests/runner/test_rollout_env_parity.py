@@ -23,8 +23,22 @@ from openforge_operator import entrypoint, pods, settings, tasks
 from openforge_runner import plan
 
 TASK = {"id": "t-1", "prompt": "café ☕", "n": 2}
-SHARED = ("OPENFORGE_JOB", "OPENFORGE_TASK_ID", "OPENFORGE_TASK_JSON", "OPENFORGE_SAMPLE_INDEX", "OPENFORGE_ATTEMPT")
-ARGS = ["${OPENFORGE_JOB}", "${OPENFORGE_ROLLOUT_ID}", "${OPENFORGE_TASK_ID}", "${OPENFORGE_SAMPLE_INDEX}", "${OPENFORGE_ATTEMPT}", "$KEPT", "${OPENFORGE_JOB:-x}"]
+SHARED = (
+    "OPENFORGE_JOB",
+    "OPENFORGE_TASK_ID",
+    "OPENFORGE_TASK_JSON",
+    "OPENFORGE_SAMPLE_INDEX",
+    "OPENFORGE_ATTEMPT",
+)
+ARGS = [
+    "${OPENFORGE_JOB}",
+    "${OPENFORGE_ROLLOUT_ID}",
+    "${OPENFORGE_TASK_ID}",
+    "${OPENFORGE_SAMPLE_INDEX}",
+    "${OPENFORGE_ATTEMPT}",
+    "$KEPT",
+    "${OPENFORGE_JOB:-x}",
+]
 
 
 def env_body(grader: list[str]) -> dict[str, Any]:
@@ -68,7 +82,11 @@ def in_a_pod(env: dict[str, Any]) -> tuple[list[str], list[str], dict[str, Any]]
     records = task_records.inline(job.spec.tasks)
     assert records is not None
     pod = pods.build_pod(
-        job=job, env=harness_env, rollout=tasks.rollout(records, 3, SAMPLE), attempt=ATTEMPT, config=settings.Settings()
+        job=job,
+        env=harness_env,
+        rollout=tasks.rollout(records, 3, SAMPLE),
+        attempt=ATTEMPT,
+        config=settings.Settings(),
     )
     [container] = [c for c in pod["spec"]["containers"] if c["name"] == "harness"]
     assert container["command"] == entrypoint.COMMAND
@@ -80,17 +98,25 @@ def in_a_pod(env: dict[str, Any]) -> tuple[list[str], list[str], dict[str, Any]]
 
 def on_one_machine(tmp_path: Path, env: dict[str, Any]) -> tuple[plan.Command, plan.Command]:
     path = tmp_path / "job.yaml"
-    path.write_text(yaml.safe_dump_all([env, JOB], allow_unicode=True, sort_keys=False), encoding="utf-8")
+    path.write_text(
+        yaml.safe_dump_all([env, JOB], allow_unicode=True, sort_keys=False), encoding="utf-8"
+    )
     bundle = plan.load([path])
     rollout = plan.rollouts_for(bundle, 0)[SAMPLE].retry()
     assert rollout.attempt == ATTEMPT
-    harness = plan.harness_command(bundle, rollout, sidecar_url="http://127.0.0.1:9", workdir=tmp_path / "w")
-    grader = plan.grader_command(bundle, rollout, sidecar_url="http://127.0.0.1:9", workdir=tmp_path / "w", harness_exit=3)
+    harness = plan.harness_command(
+        bundle, rollout, sidecar_url="http://127.0.0.1:9", workdir=tmp_path / "w"
+    )
+    grader = plan.grader_command(
+        bundle, rollout, sidecar_url="http://127.0.0.1:9", workdir=tmp_path / "w", harness_exit=3
+    )
     assert grader is not None
     return harness, grader
 
 
-def test_the_harness_and_grader_are_told_the_same_in_a_pod_and_on_one_machine(tmp_path: Path) -> None:
+def test_the_harness_and_grader_are_told_the_same_in_a_pod_and_on_one_machine(
+    tmp_path: Path,
+) -> None:
     pod_argv, pod_grader, pod_env = in_a_pod(env_body(GRADER))
     local, local_grader = on_one_machine(tmp_path, env_body(GRADER))
     for name in SHARED:
@@ -99,7 +125,17 @@ def test_the_harness_and_grader_are_told_the_same_in_a_pod_and_on_one_machine(tm
     assert "café ☕" in local.env["OPENFORGE_TASK_JSON"], "UTF-8, not escaped, in both"
 
     def expected(env: dict[str, Any]) -> list[str]:
-        return ["agent", "same", env["OPENFORGE_ROLLOUT_ID"], "t-1", "2", "1", "$KEPT", "${OPENFORGE_JOB:-x}", "--n=2"]
+        return [
+            "agent",
+            "same",
+            env["OPENFORGE_ROLLOUT_ID"],
+            "t-1",
+            "2",
+            "1",
+            "$KEPT",
+            "${OPENFORGE_JOB:-x}",
+            "--n=2",
+        ]
 
     assert pod_argv == expected(pod_env)
     assert local.argv == expected(local.env)
@@ -111,9 +147,14 @@ def test_the_harness_and_grader_are_told_the_same_in_a_pod_and_on_one_machine(tm
     assert local_grader.env["OPENFORGE_HARNESS_EXIT_CODE"] == "3"
 
 
-def test_a_folder_only_openforge_run_has_is_refused_in_a_pod_naming_the_field(tmp_path: Path) -> None:
+def test_a_folder_only_openforge_run_has_is_refused_in_a_pod_naming_the_field(
+    tmp_path: Path,
+) -> None:
     env = env_body(["python", "${OPENFORGE_MANIFEST_DIR}/grade.py"])
-    with pytest.raises(pods.PodError, match=r"HarnessEnv env: spec.grader.command: .*names \$\{OPENFORGE_MANIFEST_DIR\}, a folder of the machine that runs openforge run"):
+    with pytest.raises(
+        pods.PodError,
+        match=r"HarnessEnv env: spec.grader.command: .*names \$\{OPENFORGE_MANIFEST_DIR\}, a folder of the machine that runs openforge run",
+    ):
         in_a_pod(env)
     _, grader = on_one_machine(tmp_path, env)
     assert grader.argv == ["python", f"{tmp_path}/grade.py"]

@@ -24,23 +24,37 @@ ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"
 
 
-def manifest(tmp_path: Path, engine_url: str, *, tasks: int, samples: int, parallelism: int = 2) -> Path:
+def manifest(
+    tmp_path: Path, engine_url: str, *, tasks: int, samples: int, parallelism: int = 2
+) -> Path:
     """The react-toy example, pointed at the test engine, on a few tasks."""
     lines = (EXAMPLES / "tasks" / "toy-tools" / "demo.jsonl").read_text().splitlines()[:tasks]
     task_file = tmp_path / "tasks.jsonl"
     task_file.write_text("\n".join(lines) + "\n")
     text = (EXAMPLES / "react-toy.yaml").read_text()
-    text = text.replace("$OPENFORGE_MANIFEST_DIR", str(EXAMPLES)).replace("${OPENFORGE_MANIFEST_DIR}", str(EXAMPLES))
+    text = text.replace("$OPENFORGE_MANIFEST_DIR", str(EXAMPLES)).replace(
+        "${OPENFORGE_MANIFEST_DIR}", str(EXAMPLES)
+    )
     text = text.replace("file: tasks/toy-tools/demo.jsonl", f"file: {task_file}")
-    text = text.replace("    model: models/tiny-react", f"    model: openforge-tiny\n    endpoint: {engine_url}")
-    text = text.replace("samplesPerTask: 4", f"samplesPerTask: {samples}").replace("parallelism: 4", f"parallelism: {parallelism}")
+    text = text.replace(
+        "    model: models/tiny-react", f"    model: openforge-tiny\n    endpoint: {engine_url}"
+    )
+    text = text.replace("samplesPerTask: 4", f"samplesPerTask: {samples}").replace(
+        "parallelism: 4", f"parallelism: {parallelism}"
+    )
     path = tmp_path / "job.yaml"
     path.write_text(text)
     return path
 
 
 def run(args: list[str], **kwargs: Any) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "openforge.cli", "run", *args], capture_output=True, text=True, timeout=600, **kwargs)
+    return subprocess.run(
+        [sys.executable, "-m", "openforge.cli", "run", *args],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        **kwargs,
+    )
 
 
 def journal(run_dir: Path) -> list[dict[str, Any]]:
@@ -51,7 +65,9 @@ def wait_for_finishes(run_dir: Path, count: int, timeout: float = 120) -> None:
     """Until the run's journal has ``count`` finished rollouts."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if (run_dir / "journal.jsonl").exists() and sum(e["event"] == "finish" for e in journal(run_dir)) >= count:
+        if (run_dir / "journal.jsonl").exists() and sum(
+            e["event"] == "finish" for e in journal(run_dir)
+        ) >= count:
             return
         time.sleep(0.1)
     raise AssertionError(f"fewer than {count} rollouts finished within {timeout:g} s")
@@ -60,12 +76,24 @@ def wait_for_finishes(run_dir: Path, count: int, timeout: float = 120) -> None:
 def test_a_local_run_captures_and_grades_every_rollout(procs: Any, tmp_path: Path) -> None:
     engine = procs.engine()
     run_dir = tmp_path / "run"
-    done = run([str(manifest(tmp_path, engine.url, tasks=2, samples=2)), "--no-train", "--quiet", "--run-dir", str(run_dir), "--iterations", "1"])
+    done = run(
+        [
+            str(manifest(tmp_path, engine.url, tasks=2, samples=2)),
+            "--no-train",
+            "--quiet",
+            "--run-dir",
+            str(run_dir),
+            "--iterations",
+            "1",
+        ]
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     assert "iteration 1/1: 4/4 done, 0 failed, mean reward 1.0" in done.stdout
     finished = [e for e in journal(run_dir) if e["event"] == "finish"]
     assert sorted(e["rollout_id"] for e in finished) == [f"react-toy-i0-{i}-0" for i in range(4)]
-    assert all(e["status"] == "succeeded" and e["reward"] == 1.0 and e["calls"] == 2 for e in finished)
+    assert all(
+        e["status"] == "succeeded" and e["reward"] == 1.0 and e["calls"] == 2 for e in finished
+    )
     with store.Store(run_dir / "store.db") as db:
         rollouts = db.rollouts("react-toy")
         assert sorted(r.rollout_id for r in rollouts) == sorted(e["rollout_id"] for e in finished)
@@ -76,15 +104,24 @@ def test_a_local_run_captures_and_grades_every_rollout(procs: Any, tmp_path: Pat
     assert sorted(p.name for p in work.iterdir()) == ["answer.txt", "colors.json"]
     # and what its sidecar counted is kept beside it
     counted = json.loads((run_dir / "rollouts" / "react-toy-i0-0-0" / "sidecar.json").read_text())
-    assert counted["acknowledged"] and counted["calls"] == 2 and counted["merge_rate"] == 1.0, counted
+    assert counted["acknowledged"] and counted["calls"] == 2 and counted["merge_rate"] == 1.0, (
+        counted
+    )
 
 
-def test_a_stopped_run_continues_on_rerun_without_counting_a_rollout_twice(procs: Any, tmp_path: Path) -> None:
+def test_a_stopped_run_continues_on_rerun_without_counting_a_rollout_twice(
+    procs: Any, tmp_path: Path
+) -> None:
     engine = procs.engine("--token-delay-ms", "30")
     run_dir = tmp_path / "run"
     path = manifest(tmp_path, engine.url, tasks=3, samples=2, parallelism=2)
     args = [str(path), "--no-train", "--quiet", "--run-dir", str(run_dir), "--iterations", "2"]
-    process = subprocess.Popen([sys.executable, "-m", "openforge.cli", "run", *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "openforge.cli", "run", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     wait_for_finishes(run_dir, 2)  # stop it once some rollouts finished, mid-iteration
     process.send_signal(signal.SIGINT)
     output, _ = process.communicate(timeout=120)
@@ -97,7 +134,9 @@ def test_a_stopped_run_continues_on_rerun_without_counting_a_rollout_twice(procs
     assert again.returncode == 0, again.stdout + again.stderr
     finished = [e for e in journal(run_dir) if e["event"] == "finish"]
     keys = [(e["iteration"], e["index"]) for e in finished]
-    assert sorted(keys) == sorted({(i, n) for i in range(2) for n in range(6)}), "every rollout finished exactly once"
+    assert sorted(keys) == sorted({(i, n) for i in range(2) for n in range(6)}), (
+        "every rollout finished exactly once"
+    )
     assert finished[: len(before)] == before  # nothing that finished was redone
     with store.Store(run_dir / "store.db") as db:
         complete = [r for r in db.rollouts("react-toy") if r.complete and r.status != "stopped"]
@@ -110,35 +149,61 @@ def test_a_stopped_run_continues_on_rerun_without_counting_a_rollout_twice(procs
     # once more: nothing is left, and the summary says so
     logs = {path.name: path.stat().st_size for path in run_dir.glob("*.log")}
     third = run(args)
-    assert third.returncode == 0 and "already complete: every rollout had finished in an earlier run" in third.stdout, third.stdout
-    assert "        2         6       0        1.000" in third.stdout  # the counts, from the journal
-    assert {path.name: path.stat().st_size for path in run_dir.glob("*.log")} == logs, "a process was started"
+    assert (
+        third.returncode == 0
+        and "already complete: every rollout had finished in an earlier run" in third.stdout
+    ), third.stdout
+    assert (
+        "        2         6       0        1.000" in third.stdout
+    )  # the counts, from the journal
+    assert {path.name: path.stat().st_size for path in run_dir.glob("*.log")} == logs, (
+        "a process was started"
+    )
     assert len([e for e in journal(run_dir) if e["event"] == "finish"]) == len(finished)
 
 
 def test_a_bad_manifest_fails_before_anything_starts(tmp_path: Path) -> None:
     path = tmp_path / "job.yaml"
-    text = (EXAMPLES / "react-toy.yaml").read_text().replace("samplesPerTask: 4", "samplesPerTask: four")
+    text = (
+        (EXAMPLES / "react-toy.yaml")
+        .read_text()
+        .replace("samplesPerTask: 4", "samplesPerTask: four")
+    )
     path.write_text(text)
     done = run([str(path), "--run-dir", str(tmp_path / "run")], env={**os.environ})
     assert done.returncode == 2
-    line = next(n for n, text_line in enumerate(text.splitlines(), 1) if "samplesPerTask" in text_line)
-    assert f"job.yaml:{line}: spec.samplesPerTask: input should be a valid integer, got 'four'" in done.stderr
+    line = next(
+        n for n, text_line in enumerate(text.splitlines(), 1) if "samplesPerTask" in text_line
+    )
+    assert (
+        f"job.yaml:{line}: spec.samplesPerTask: input should be a valid integer, got 'four'"
+        in done.stderr
+    )
     assert not (tmp_path / "run").exists()
 
 
 def test_bad_trainer_options_stop_the_run_before_any_rollout(tmp_path: Path) -> None:
     """spec.training.options reach `openforge train --check`, which names a bad one before anything starts."""
     text = (EXAMPLES / "react-toy.yaml").read_text()
-    text = text.replace("    model: models/tiny-react", f"    model: {EXAMPLES / 'models' / 'tiny-react'}")
-    text = text.replace("file: tasks/toy-tools/demo.jsonl", f"file: {EXAMPLES / 'tasks' / 'toy-tools' / 'demo.jsonl'}")
+    text = text.replace(
+        "    model: models/tiny-react", f"    model: {EXAMPLES / 'models' / 'tiny-react'}"
+    )
+    text = text.replace(
+        "file: tasks/toy-tools/demo.jsonl",
+        f"file: {EXAMPLES / 'tasks' / 'toy-tools' / 'demo.jsonl'}",
+    )
     assert text.count("    options:\n") == 1  # the demo's own (updateBacktracks)
-    text = text.replace("    options:\n", "    options:\n      adamEps: 1.0e-5\n      maxGradNorm: -1\n")
+    text = text.replace(
+        "    options:\n", "    options:\n      adamEps: 1.0e-5\n      maxGradNorm: -1\n"
+    )
     path = tmp_path / "job.yaml"
     path.write_text(text)
     done = run([str(path), "--run-dir", str(tmp_path / "run"), "--quiet"], env={**os.environ})
     assert done.returncode == 2, done.stderr
-    assert "openforge run: RolloutJob react-toy: spec.training: invalid trainer settings" in done.stderr
+    assert (
+        "openforge run: RolloutJob react-toy: spec.training: invalid trainer settings"
+        in done.stderr
+    )
     assert "max_grad_norm: Input should be greater than 0 (got -1)" in done.stderr
     assert "adam_eps" not in done.stderr  # the valid option passed
     assert "Traceback" not in done.stderr
@@ -154,7 +219,9 @@ def test_training_with_a_policy_endpoint_is_refused_before_anything_starts(tmp_p
     assert not (tmp_path / "run").exists()
 
 
-def test_a_sidecar_killed_mid_rollout_is_drained_and_its_attempt_closed(procs: Any, tmp_path: Path) -> None:
+def test_a_sidecar_killed_mid_rollout_is_drained_and_its_attempt_closed(
+    procs: Any, tmp_path: Path
+) -> None:
     """The harness makes its calls, then SIGKILLs its own sidecar before the runner reports
     the rollout: the runner says the sidecar died (not that the collector did not
     acknowledge), its spool is delivered, and the attempt is closed in the store."""
@@ -175,7 +242,10 @@ def test_a_sidecar_killed_mid_rollout_is_drained_and_its_attempt_closed(procs: A
     assert (finish["status"], finish["reason"]) == ("failed", "SidecarFailed"), finish
     assert "its sidecar exited with -9 before the rollout was finished" in finish["message"]
     # what the exporter had not delivered yet, at least the loss report and the finish
-    delivered = re.search(r"drained its spool: (\d+) records delivered, the attempt recorded lost and failed$", finish["message"])
+    delivered = re.search(
+        r"drained its spool: (\d+) records delivered, the attempt recorded lost and failed$",
+        finish["message"],
+    )
     assert delivered is not None and int(delivered[1]) >= 2, finish
     with store.Store(run_dir / "store.db") as db:
         rollout = db.rollout("react-toy-i0-0-0")
@@ -185,7 +255,9 @@ def test_a_sidecar_killed_mid_rollout_is_drained_and_its_attempt_closed(procs: A
         assert lost.whole_rollout and lost.reason.startswith("its sidecar exited with -9")
 
 
-def test_a_killed_run_s_unfinished_attempt_is_closed_when_the_run_starts_again(procs: Any, tmp_path: Path) -> None:
+def test_a_killed_run_s_unfinished_attempt_is_closed_when_the_run_starts_again(
+    procs: Any, tmp_path: Path
+) -> None:
     """A run killed outright leaves an attempt's spool with no finish (its sidecar was
     killed too): the next start delivers it and records the attempt lost and failed."""
     from openforge_sidecar.recording import records as sidecar_records
@@ -199,34 +271,69 @@ def test_a_killed_run_s_unfinished_attempt_is_closed_when_the_run_starts_again(p
             job="react-toy", rollout_id=abandoned, task_id="t", sample_index=0, attempt=0,
             harness="react-toy", policy_version=0, labels={},
         )])  # fmt: skip
-    (run_dir / "journal.jsonl").write_text(json.dumps({"event": "start", "iteration": 0, "index": 0, "attempt": 0, "rollout_id": abandoned}) + "\n")
-    done = run([str(manifest(tmp_path, engine.url, tasks=1, samples=1)), "--no-train", "--quiet", "--run-dir", str(run_dir), "--iterations", "1"])
+    (run_dir / "journal.jsonl").write_text(
+        json.dumps(
+            {"event": "start", "iteration": 0, "index": 0, "attempt": 0, "rollout_id": abandoned}
+        )
+        + "\n"
+    )
+    done = run(
+        [
+            str(manifest(tmp_path, engine.url, tasks=1, samples=1)),
+            "--no-train",
+            "--quiet",
+            "--run-dir",
+            str(run_dir),
+            "--iterations",
+            "1",
+        ]
+    )
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "spools left by an earlier run: 3 records delivered, 1 unfinished attempts recorded lost and failed" in done.stderr
+    assert (
+        "spools left by an earlier run: 3 records delivered, 1 unfinished attempts recorded lost and failed"
+        in done.stderr
+    )
     with store.Store(run_dir / "store.db") as db:
         old = db.rollout(abandoned)
         assert old is not None and old.finished and old.status == "stopped"
         [lost] = db.lost("react-toy")
-        assert (lost.rollout_id, lost.whole_rollout, lost.reason) == (abandoned, True, "the run stopped before this attempt was finished")
+        assert (lost.rollout_id, lost.whole_rollout, lost.reason) == (
+            abandoned,
+            True,
+            "the run stopped before this attempt was finished",
+        )
         retried = db.rollout("react-toy-i0-0-1")  # the attempt the rerun made instead
         assert retried is not None and retried.status == "succeeded"
-    assert [e["rollout_id"] for e in journal(run_dir) if e["event"] == "finish"] == ["react-toy-i0-0-1"]
+    assert [e["rollout_id"] for e in journal(run_dir) if e["event"] == "finish"] == [
+        "react-toy-i0-0-1"
+    ]
 
 
-def test_a_collector_killed_mid_run_is_restarted_and_nothing_is_lost(procs: Any, tmp_path: Path) -> None:
+def test_a_collector_killed_mid_run_is_restarted_and_nothing_is_lost(
+    procs: Any, tmp_path: Path
+) -> None:
     engine = procs.engine("--token-delay-ms", "30")
     run_dir = tmp_path / "run"
     path = manifest(tmp_path, engine.url, tasks=2, samples=2, parallelism=1)
     args = [str(path), "--no-train", "--quiet", "--run-dir", str(run_dir), "--iterations", "1"]
-    process = subprocess.Popen([sys.executable, "-m", "openforge.cli", "run", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "openforge.cli", "run", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     wait_for_finishes(run_dir, 1)
-    killed = subprocess.run(["pkill", "-9", "-f", f"[c]ollector --store {run_dir / 'store.db'}"], check=False)
+    killed = subprocess.run(
+        ["pkill", "-9", "-f", f"[c]ollector --store {run_dir / 'store.db'}"], check=False
+    )
     assert killed.returncode == 0, "no collector to kill"
     output, errors = process.communicate(timeout=300)
     assert process.returncode == 0, output + errors
     assert "collector exited with -9; restarting it" in errors
     finished = [e for e in journal(run_dir) if e["event"] == "finish"]
-    assert sorted(e["index"] for e in finished) == [0, 1, 2, 3] and all(e["status"] == "succeeded" for e in finished), finished
+    assert sorted(e["index"] for e in finished) == [0, 1, 2, 3] and all(
+        e["status"] == "succeeded" for e in finished
+    ), finished
     assert [e for e in journal(run_dir) if e["event"] == "service"] == [
         {"event": "service", "service": "collector", "exit_code": -9, "action": "restarted"}
     ]
@@ -237,19 +344,28 @@ def test_a_collector_killed_mid_run_is_restarted_and_nothing_is_lost(procs: Any,
         assert db.lost("react-toy") == []
 
 
-def test_a_runner_killed_outright_takes_its_services_and_sidecars_with_it(procs: Any, tmp_path: Path) -> None:
+def test_a_runner_killed_outright_takes_its_services_and_sidecars_with_it(
+    procs: Any, tmp_path: Path
+) -> None:
     engine = procs.engine("--token-delay-ms", "50")
     run_dir = tmp_path / "run"
     path = manifest(tmp_path, engine.url, tasks=2, samples=2, parallelism=2)
     # harnesses that never call (and so never notice their sidecar is gone)
     agent = f'exec python "{EXAMPLES}/harnesses/react/agent.py"'
     assert agent in path.read_text()
-    path.write_text(path.read_text().replace(agent, 'exec python -c "import time; time.sleep(600)"'))
+    path.write_text(
+        path.read_text().replace(agent, 'exec python -c "import time; time.sleep(600)"')
+    )
     process = subprocess.Popen([sys.executable, "-m", "openforge.cli", "run", str(path), "--no-train", "--quiet", "--run-dir", str(run_dir)],
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
 
     def children() -> list[str]:
-        found = subprocess.run(["pgrep", "-af", f"[-]-(store|spool) {run_dir}"], capture_output=True, text=True, check=False)
+        found = subprocess.run(
+            ["pgrep", "-af", f"[-]-(store|spool) {run_dir}"],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
         return found.stdout.splitlines() + harnesses()
 
     def harnesses() -> list[str]:
@@ -258,15 +374,21 @@ def test_a_runner_killed_outright_takes_its_services_and_sidecars_with_it(procs:
         for cwd in Path("/proc").glob("[0-9]*/cwd"):
             try:
                 if cwd.resolve().is_relative_to(run_dir / "rollouts"):
-                    found.append(f"harness {cwd.parent.name}: {(cwd.parent / 'cmdline').read_bytes()!r}")
+                    found.append(
+                        f"harness {cwd.parent.name}: {(cwd.parent / 'cmdline').read_bytes()!r}"
+                    )
             except OSError:
                 continue
         return found
 
     deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and not (harnesses() and any("sidecar" in line for line in children())):
+    while time.monotonic() < deadline and not (
+        harnesses() and any("sidecar" in line for line in children())
+    ):
         time.sleep(0.1)
-    assert any("collector" in line for line in children()) and any("sidecar" in line for line in children())
+    assert any("collector" in line for line in children()) and any(
+        "sidecar" in line for line in children()
+    )
     assert harnesses(), "no harness seen running"
     process.kill()
     process.wait(30)
@@ -293,5 +415,7 @@ def test_a_stop_while_the_services_start_ends_the_run_there(tmp_path: Path) -> N
     assert process.returncode == 130, output + errors
     assert "stopped while serve was starting; run the same command again to continue" in errors
     assert not (run_dir / "trainer.log").exists(), "the trainer was started after the stop"
-    left = subprocess.run(["pgrep", "-af", f"[-]-store {run_dir}"], capture_output=True, text=True, check=False)
+    left = subprocess.run(
+        ["pgrep", "-af", f"[-]-store {run_dir}"], capture_output=True, text=True, check=False
+    )
     assert left.stdout == ""

@@ -50,7 +50,9 @@ CASES: dict[str, tuple[list[str], list[str] | None, str, list[dict[str, Any]], t
 GRADER_TIMEOUT = 10  # a Python grader on a loaded 2-core machine took over 2 s to print
 
 
-def bodies(harness: list[str], grader: list[str] | None, reward_from: str, rules: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def bodies(
+    harness: list[str], grader: list[str] | None, reward_from: str, rules: list[dict[str, Any]]
+) -> list[dict[str, Any]]:
     env: dict[str, Any] = {
         "apiVersion": v1alpha1.API_VERSION, "kind": "HarnessEnv", "metadata": {"name": "env"},
         "spec": {
@@ -59,7 +61,11 @@ def bodies(harness: list[str], grader: list[str] | None, reward_from: str, rules
         },
     }  # fmt: skip
     if grader is not None:
-        env["spec"]["grader"] = {"command": grader, "rewardFrom": reward_from, "timeoutSeconds": GRADER_TIMEOUT}
+        env["spec"]["grader"] = {
+            "command": grader,
+            "rewardFrom": reward_from,
+            "timeoutSeconds": GRADER_TIMEOUT,
+        }
     job: dict[str, Any] = {
         "apiVersion": v1alpha1.API_VERSION, "kind": "RolloutJob", "metadata": {"name": "same"},
         "spec": {"harnessEnvRef": {"name": "env"}, "tasks": {"inline": [{"id": "t"}]}, "policy": {"endpoint": "http://policy.test:8000", "model": "m"}},
@@ -69,7 +75,13 @@ def bodies(harness: list[str], grader: list[str] | None, reward_from: str, rules
     return [env, job]
 
 
-def in_a_pod(tmp_path: Path, harness: list[str], grader: list[str] | None, reward_from: str, rules: list[dict[str, Any]]) -> verdict.Verdict:
+def in_a_pod(
+    tmp_path: Path,
+    harness: list[str],
+    grader: list[str] | None,
+    reward_from: str,
+    rules: list[dict[str, Any]],
+) -> verdict.Verdict:
     job = manifests.parse(bodies(harness, grader, reward_from, rules)[1])
     assert isinstance(job, v1alpha1.RolloutJob)
     run_dir = tmp_path / "pod-run"
@@ -90,19 +102,38 @@ def in_a_pod(tmp_path: Path, harness: list[str], grader: list[str] | None, rewar
     }  # fmt: skip
     work = tmp_path / "pod-work"
     work.mkdir()
-    subprocess.run([*entrypoint.COMMAND, *entrypoint.arguments(harness, grader)], env=env, cwd=work, capture_output=True, timeout=90, check=False)
+    subprocess.run(
+        [*entrypoint.COMMAND, *entrypoint.arguments(harness, grader)],
+        env=env,
+        cwd=work,
+        capture_output=True,
+        timeout=90,
+        check=False,
+    )
     thread.join()
-    return podagent.judge(run_dir, reward_from=reward_from if grader is not None else "none", failing_exit_codes=retries.failing_exit_codes(job.spec))
+    return podagent.judge(
+        run_dir,
+        reward_from=reward_from if grader is not None else "none",
+        failing_exit_codes=retries.failing_exit_codes(job.spec),
+    )
 
 
-def on_one_machine(tmp_path: Path, harness: list[str], grader: list[str] | None, reward_from: str, rules: list[dict[str, Any]]) -> verdict.Verdict:
+def on_one_machine(
+    tmp_path: Path,
+    harness: list[str],
+    grader: list[str] | None,
+    reward_from: str,
+    rules: list[dict[str, Any]],
+) -> verdict.Verdict:
     path = tmp_path / "job.yaml"
     path.write_text(yaml.safe_dump_all(bodies(harness, grader, reward_from, rules)))
     bundle = plan.load([path])
     [rollout] = plan.rollouts_for(bundle, 0)
     home = tmp_path / "local"
     (home / "work").mkdir(parents=True)
-    judged = executor.attempt(bundle, rollout, sidecar_url="http://127.0.0.1:9", home=home, stop=threading.Event())
+    judged = executor.attempt(
+        bundle, rollout, sidecar_url="http://127.0.0.1:9", home=home, stop=threading.Event()
+    )
     assert judged is not None
     return judged
 
@@ -122,8 +153,14 @@ def test_the_report_settles_the_verdict_alike() -> None:
     judged = verdict.Verdict(0, 1.0, "", "succeeded", "")
     for answer, expected in [
         ({"acknowledged": True, "calls": 4}, ("succeeded", "", True)),
-        ({"acknowledged": False, "error": "connection refused"}, ("failed", "SidecarFailed", False)),
-        ({"acknowledged": True, "exporter": {"acked": 3, "refused": 2}}, ("failed", "SidecarFailed", False)),
+        (
+            {"acknowledged": False, "error": "connection refused"},
+            ("failed", "SidecarFailed", False),
+        ),
+        (
+            {"acknowledged": True, "exporter": {"acked": 3, "refused": 2}},
+            ("failed", "SidecarFailed", False),
+        ),
     ]:
         settled = verdict.settle(judged, answer)
         assert (settled.verdict.status, settled.verdict.reason, settled.acknowledged) == expected

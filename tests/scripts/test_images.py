@@ -24,7 +24,12 @@ IMAGES = ROOT / "scripts" / "images.sh"
 def full_disk(tmp_path: Path) -> Iterator[Path]:
     where = tmp_path / "docker-root"
     where.mkdir()
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(where)], capture_output=True, text=True, check=False)
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(where)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     if mounted.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip()}")
     try:
@@ -33,7 +38,9 @@ def full_disk(tmp_path: Path) -> Iterator[Path]:
         subprocess.run(["umount", str(where)], check=False)
 
 
-def test_a_build_the_disk_cannot_hold_is_refused_with_the_space_it_needs(tmp_path: Path, full_disk: Path) -> None:
+def test_a_build_the_disk_cannot_hold_is_refused_with_the_space_it_needs(
+    tmp_path: Path, full_disk: Path
+) -> None:
     docker = shutil.which("docker")
     assert docker, "Docker is installed by scripts/docker.sh, which scripts/test.sh runs first"
     wrapper = tmp_path / "docker"

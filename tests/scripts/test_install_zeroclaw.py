@@ -109,10 +109,14 @@ def test_a_failed_build_fails(tmp_path: Path) -> None:
 
 
 def profile(env: dict[str, str]) -> list[str]:
-    return [line for line in Path(env["CALLS"]).read_text().splitlines() if line.startswith("profile ")]
+    return [
+        line for line in Path(env["CALLS"]).read_text().splitlines() if line.startswith("profile ")
+    ]
 
 
-def test_the_build_overrides_the_crates_slow_release_profile_unless_told_not_to(tmp_path: Path) -> None:
+def test_the_build_overrides_the_crates_slow_release_profile_unless_told_not_to(
+    tmp_path: Path,
+) -> None:
     env = setup(tmp_path)
     assert run(env).returncode == 0
     assert profile(env)[-1] == "profile lto=false units=16 opt=0"

@@ -17,7 +17,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 SPLIT = ROOT / "scripts" / "pytest_split.sh"
 
-MEET = '''
+MEET = """
 import os, time
 from pathlib import Path
 
@@ -29,7 +29,7 @@ def meet(mine, theirs):
     while not Path(theirs).exists():
         assert time.monotonic() < deadline, "the other process never ran beside this one"
         time.sleep(0.05)
-'''
+"""
 
 
 @pytest.fixture

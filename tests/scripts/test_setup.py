@@ -23,7 +23,9 @@ def key() -> str:
 
 def setup(cache: Path) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "OPENFORGE_CACHE": str(cache)}
-    return subprocess.run(["bash", str(SETUP)], capture_output=True, text=True, env=env, timeout=600, check=False)
+    return subprocess.run(
+        ["bash", str(SETUP)], capture_output=True, text=True, env=env, timeout=600, check=False
+    )
 
 
 def test_a_set_up_environment_is_refreshed_in_silence(tmp_path: Path) -> None:
@@ -33,7 +35,12 @@ def test_a_set_up_environment_is_refreshed_in_silence(tmp_path: Path) -> None:
     done = setup(tmp_path)
     assert done.returncode == 0, done.stderr
     assert done.stdout == f"{venv}\n" and done.stderr == "", (done.stdout, done.stderr)
-    shown = subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "show", "openforge"], capture_output=True, text=True, check=True)
+    shown = subprocess.run(
+        [str(venv / "bin" / "python"), "-m", "pip", "show", "openforge"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     assert "Version: 0.1.0" in shown.stdout  # the editable install did happen
 
 
@@ -41,7 +48,9 @@ def test_a_failing_step_prints_its_whole_output(tmp_path: Path) -> None:
     bin_dir = tmp_path / "venv" / "bin"
     bin_dir.mkdir(parents=True)
     python = bin_dir / "python"
-    python.write_text("#!/bin/sh\necho 'first line of the failure'\necho 'ERROR: no such thing' >&2\nexit 3\n")
+    python.write_text(
+        "#!/bin/sh\necho 'first line of the failure'\necho 'ERROR: no such thing' >&2\nexit 3\n"
+    )
     python.chmod(0o755)
     (tmp_path / "venv" / ".openforge-stamp").write_text(key() + "\n")
     done = setup(tmp_path)

@@ -33,10 +33,22 @@ def stack(procs: Any, tmp_path: Path) -> dict[str, Any]:
     engine = procs.engine("--policy-version", "7")
     collector = procs.collector()
     sidecar = procs.sidecar(
-        "--collector", f"127.0.0.1:{collector.port}", "--job", "e2e", "--rollout-id", "r1", "--task-id", "t1",
+        "--collector",
+        f"127.0.0.1:{collector.port}",
+        "--job",
+        "e2e",
+        "--rollout-id",
+        "r1",
+        "--task-id",
+        "t1",
         engine=engine,
     )
-    return {"engine": engine, "collector": collector, "sidecar": sidecar, "store": tmp_path / "store.db"}
+    return {
+        "engine": engine,
+        "collector": collector,
+        "sidecar": sidecar,
+        "store": tmp_path / "store.db",
+    }
 
 
 def finish(sidecar: Any, reward: float = 1.0) -> dict[str, Any]:
@@ -56,8 +68,14 @@ def engine_answer(engine: Any, prompt_ids: list[int]) -> dict[str, Any]:
     model = httpx.get(f"{engine.url}/v1/models").json()["data"][0]["id"]
     response = httpx.post(
         f"{engine.url}/v1/completions",
-        json={"model": model, "prompt": prompt_ids, "max_tokens": 1024, "logprobs": 1,
-              "return_token_ids": True, "skip_special_tokens": False},
+        json={
+            "model": model,
+            "prompt": prompt_ids,
+            "max_tokens": 1024,
+            "logprobs": 1,
+            "return_token_ids": True,
+            "skip_special_tokens": False,
+        },
         timeout=30,
     )
     response.raise_for_status()
@@ -71,7 +89,9 @@ def check_tokens_exact(engine: Any, calls: list[store.ModelCall]) -> None:
         direct = engine_answer(engine, list(call.prompt_token_ids))
         assert direct["prompt_token_ids"] == list(call.prompt_token_ids)
         assert direct["token_ids"] == list(call.completion_token_ids)
-        assert direct["logprobs"]["token_logprobs"] == pytest.approx(list(call.completion_logprobs), abs=1e-6)
+        assert direct["logprobs"]["token_logprobs"] == pytest.approx(
+            list(call.completion_logprobs), abs=1e-6
+        )
 
 
 def check_merged(calls: list[store.ModelCall]) -> None:
@@ -89,10 +109,19 @@ def stored_calls(path: Path, rollout: str = "r1") -> list[store.ModelCall]:
 
 
 def test_openai_chat_streaming_tool_round_trip_is_token_exact(stack: dict[str, Any]) -> None:
-    client = openai.OpenAI(base_url=f"{stack['sidecar'].url}/v1", api_key="sk-test-secret", max_retries=0)
-    tools = [{"type": "function", "function": {"name": "shell", "description": "run", "parameters": SHELL_SCHEMA}}]
+    client = openai.OpenAI(
+        base_url=f"{stack['sidecar'].url}/v1", api_key="sk-test-secret", max_retries=0
+    )
+    tools = [
+        {
+            "type": "function",
+            "function": {"name": "shell", "description": "run", "parameters": SHELL_SCHEMA},
+        }
+    ]
     messages: list[Any] = [{"role": "user", "content": PROMPT}]
-    stream = client.chat.completions.create(model="policy", messages=messages, tools=tools, stream=True)
+    stream = client.chat.completions.create(
+        model="policy", messages=messages, tools=tools, stream=True
+    )
     chunks = list(stream)
     calls = [tc for c in chunks if c.choices for tc in (c.choices[0].delta.tool_calls or [])]
     assert calls and calls[0].function.name == "shell"
@@ -101,7 +130,17 @@ def test_openai_chat_streaming_tool_round_trip_is_token_exact(stack: dict[str, A
     assert chunks[-1].choices[0].finish_reason == "tool_calls"
 
     messages += [
-        {"role": "assistant", "content": None, "tool_calls": [{"id": calls[0].id, "type": "function", "function": {"name": "shell", "arguments": arguments}}]},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": calls[0].id,
+                    "type": "function",
+                    "function": {"name": "shell", "arguments": arguments},
+                }
+            ],
+        },
         {"role": "tool", "tool_call_id": calls[0].id, "content": "hi"},
     ]
     reply = client.chat.completions.create(model="policy", messages=messages, tools=tools)
@@ -116,7 +155,11 @@ def test_openai_chat_streaming_tool_round_trip_is_token_exact(stack: dict[str, A
     check_merged(captured)
     with store.Store(stack["store"]) as db:
         raw = b"".join(record.SerializeToString() for record in db.records("r1"))
-        headers = [dict(record.call.request_headers) for record in db.records("r1") if record.HasField("call")]
+        headers = [
+            dict(record.call.request_headers)
+            for record in db.records("r1")
+            if record.HasField("call")
+        ]
     assert b"sk-test-secret" not in raw
     assert all(h["authorization"] == "[redacted]" for h in headers)
     rows, _ = export.rollout_rows(stored_rollout(stack["store"]), stored_calls(stack["store"]))
@@ -141,21 +184,39 @@ def stored_rollout(path: Path, rollout: str = "r1") -> store.Rollout:
 @pytest.mark.parametrize("streamed", [True, False])
 def test_openai_responses_tool_round_trip(stack: dict[str, Any], streamed: bool) -> None:
     client = openai.OpenAI(base_url=f"{stack['sidecar'].url}/v1", api_key="sk-test", max_retries=0)
-    tools: list[Any] = [{"type": "function", "name": "exec_command", "description": "run", "parameters": {
-        "type": "object", "properties": {"cmd": {"type": "string"}}, "required": ["cmd"]}}]
+    tools: list[Any] = [
+        {
+            "type": "function",
+            "name": "exec_command",
+            "description": "run",
+            "parameters": {
+                "type": "object",
+                "properties": {"cmd": {"type": "string"}},
+                "required": ["cmd"],
+            },
+        }
+    ]
     items: list[Any] = [{"role": "user", "content": PROMPT}]
     if streamed:
-        with client.responses.stream(model="policy", input=items, tools=tools, instructions="You are an agent.") as stream:
+        with client.responses.stream(
+            model="policy", input=items, tools=tools, instructions="You are an agent."
+        ) as stream:
             for _ in stream:
                 pass
             first = stream.get_final_response()
     else:
-        first = client.responses.create(model="policy", input=items, tools=tools, instructions="You are an agent.")
+        first = client.responses.create(
+            model="policy", input=items, tools=tools, instructions="You are an agent."
+        )
     call = next(item for item in first.output if item.type == "function_call")
-    assert call.name == "exec_command" and json.loads(call.arguments) == {"cmd": "echo hi > hello.txt"}
+    assert call.name == "exec_command" and json.loads(call.arguments) == {
+        "cmd": "echo hi > hello.txt"
+    }
     items += [item.model_dump(exclude_none=True) for item in first.output]
     items.append({"type": "function_call_output", "call_id": call.call_id, "output": "hi"})
-    second = client.responses.create(model="policy", input=items, tools=tools, instructions="You are an agent.", stream=False)
+    second = client.responses.create(
+        model="policy", input=items, tools=tools, instructions="You are an agent.", stream=False
+    )
     assert second.output_text == "Done: hi"
     finish(stack["sidecar"])
     captured = stored_calls(stack["store"])
@@ -165,22 +226,36 @@ def test_openai_responses_tool_round_trip(stack: dict[str, Any], streamed: bool)
 
 @pytest.mark.parametrize("streamed", [True, False])
 def test_anthropic_messages_tool_round_trip(stack: dict[str, Any], streamed: bool) -> None:
-    client = anthropic.Anthropic(base_url=stack["sidecar"].url, api_key="sk-ant-test", max_retries=0)
+    client = anthropic.Anthropic(
+        base_url=stack["sidecar"].url, api_key="sk-ant-test", max_retries=0
+    )
     tools: list[Any] = [{"name": "Bash", "description": "run", "input_schema": SHELL_SCHEMA}]
     messages: list[Any] = [{"role": "user", "content": PROMPT}]
     if streamed:
-        with client.messages.stream(model="policy", max_tokens=512, messages=messages, tools=tools, system="You are Claude.") as stream:
+        with client.messages.stream(
+            model="policy", max_tokens=512, messages=messages, tools=tools, system="You are Claude."
+        ) as stream:
             first = stream.get_final_message()
     else:
-        first = client.messages.create(model="policy", max_tokens=512, messages=messages, tools=tools, system="You are Claude.")
+        first = client.messages.create(
+            model="policy", max_tokens=512, messages=messages, tools=tools, system="You are Claude."
+        )
     assert first.stop_reason == "tool_use"
     use = next(block for block in first.content if block.type == "tool_use")
     assert use.name == "Bash" and use.input == {"command": "echo hi > hello.txt"}
     messages += [
-        {"role": "assistant", "content": [block.model_dump(exclude_none=True) for block in first.content]},
-        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use.id, "content": "hi"}]},
+        {
+            "role": "assistant",
+            "content": [block.model_dump(exclude_none=True) for block in first.content],
+        },
+        {
+            "role": "user",
+            "content": [{"type": "tool_result", "tool_use_id": use.id, "content": "hi"}],
+        },
     ]
-    second = client.messages.create(model="policy", max_tokens=512, messages=messages, tools=tools, system="You are Claude.")
+    second = client.messages.create(
+        model="policy", max_tokens=512, messages=messages, tools=tools, system="You are Claude."
+    )
     assert second.content[0].type == "text" and second.content[0].text == "Done: hi"
     finish(stack["sidecar"])
     captured = stored_calls(stack["store"])
@@ -192,7 +267,13 @@ def test_history_rewrite_starts_a_new_segment(stack: dict[str, Any]) -> None:
     client = openai.OpenAI(base_url=f"{stack['sidecar'].url}/v1", api_key="x", max_retries=0)
     client.chat.completions.create(model="p", messages=[{"role": "user", "content": "hello there"}])
     # the harness compacts: same system-less start, but the history is rewritten
-    client.chat.completions.create(model="p", messages=[{"role": "user", "content": "summary of earlier work"}, {"role": "user", "content": "continue"}])
+    client.chat.completions.create(
+        model="p",
+        messages=[
+            {"role": "user", "content": "summary of earlier work"},
+            {"role": "user", "content": "continue"},
+        ],
+    )
     finish(stack["sidecar"])
     first, second = stored_calls(stack["store"])
     assert second.segment_index == first.segment_index + 1
@@ -202,12 +283,21 @@ def test_history_rewrite_starts_a_new_segment(stack: dict[str, Any]) -> None:
     assert len(rows) == 2
 
 
-def test_bad_requests_get_the_real_api_error_and_the_sidecar_keeps_serving(stack: dict[str, Any]) -> None:
+def test_bad_requests_get_the_real_api_error_and_the_sidecar_keeps_serving(
+    stack: dict[str, Any],
+) -> None:
     base = stack["sidecar"].url
-    not_json = httpx.post(f"{base}/v1/chat/completions", content=b"{not json", headers={"content-type": "application/json"})
+    not_json = httpx.post(
+        f"{base}/v1/chat/completions",
+        content=b"{not json",
+        headers={"content-type": "application/json"},
+    )
     assert not_json.status_code == 400
     assert not_json.json()["error"]["type"] == "invalid_request_error"
-    bad_field = httpx.post(f"{base}/v1/messages", json={"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": 7}]})
+    bad_field = httpx.post(
+        f"{base}/v1/messages",
+        json={"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": 7}]},
+    )
     assert bad_field.status_code == 400
     body = bad_field.json()
     assert body["type"] == "error" and "messages[0].content" in body["error"]["message"]
@@ -228,24 +318,36 @@ def test_non_llm_traffic_passes_through_untouched(stack: dict[str, Any]) -> None
 
     def without_created(listing: dict[str, Any]) -> dict[str, Any]:
         # the engine stamps each listing with the second it answered (as vLLM does)
-        return {**listing, "data": [{k: v for k, v in m.items() if k != "created"} for m in listing["data"]]}
+        return {
+            **listing,
+            "data": [{k: v for k, v in m.items() if k != "created"} for m in listing["data"]],
+        }
 
     assert without_created(models.json()) == without_created(direct)
 
 
-def test_the_sidecar_answers_what_the_engine_itself_answers_in_chat_form(stack: dict[str, Any]) -> None:
+def test_the_sidecar_answers_what_the_engine_itself_answers_in_chat_form(
+    stack: dict[str, Any],
+) -> None:
     """Two implementations of one wire format agree: the sidecar (rendering,
     token-in/token-out, its own tool-call parser and Chat encoder) and the
     engine's own Chat Completions endpoint, which renders and parses itself."""
     model = httpx.get(f"{stack['engine'].url}/v1/models").json()["data"][0]["id"]
-    tools = [{"type": "function", "function": {"name": "shell", "description": "run", "parameters": SHELL_SCHEMA}}]
+    tools = [
+        {
+            "type": "function",
+            "function": {"name": "shell", "description": "run", "parameters": SHELL_SCHEMA},
+        }
+    ]
     messages: list[dict[str, Any]] = [{"role": "user", "content": PROMPT}]
     for _ in range(2):  # the tool call, then the answer after its result
         answers = []
         for url in (stack["sidecar"].url, stack["engine"].url):
             client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
             whole = client.chat.completions.create(model=model, messages=messages, tools=tools)  # type: ignore[arg-type]
-            stream = client.chat.completions.create(model=model, messages=messages, tools=tools, stream=True)  # type: ignore[call-overload]
+            stream = client.chat.completions.create(
+                model=model, messages=messages, tools=tools, stream=True
+            )  # type: ignore[call-overload]
             deltas = [chunk.choices[0].delta for chunk in stream if chunk.choices]
             parts: dict[int, list[str]] = {}
             for piece in (c for d in deltas for c in d.tool_calls or []):
@@ -258,9 +360,14 @@ def test_the_sidecar_answers_what_the_engine_itself_answers_in_chat_form(stack: 
                 [(name, json.loads(arguments)) for name, arguments in parts.values()],
             )
             message = whole.choices[0].message
-            calls = [(c.function.name, json.loads(c.function.arguments)) for c in message.tool_calls or []]  # type: ignore[union-attr]
+            calls = [
+                (c.function.name, json.loads(c.function.arguments))
+                for c in message.tool_calls or []
+            ]  # type: ignore[union-attr]
             assert streamed == (message.content or "", calls)
-            answers.append((message.content, calls, whole.choices[0].finish_reason, whole.usage.prompt_tokens))  # type: ignore[union-attr]
+            answers.append(
+                (message.content, calls, whole.choices[0].finish_reason, whole.usage.prompt_tokens)
+            )  # type: ignore[union-attr]
         assert answers[0] == answers[1]
         message = whole.choices[0].message
         if not message.tool_calls:

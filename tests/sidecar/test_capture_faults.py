@@ -21,7 +21,9 @@ from openforge_trainer.collection import store
 CHAT = "/v1/chat/completions"
 
 
-def ask(sidecar: Any, text: str = "hi", *, stream: bool = False, timeout: float = 30) -> httpx.Response:
+def ask(
+    sidecar: Any, text: str = "hi", *, stream: bool = False, timeout: float = 30
+) -> httpx.Response:
     return httpx.post(
         sidecar.url + CHAT,
         json={"model": "p", "stream": stream, "messages": [{"role": "user", "content": text}]},
@@ -59,7 +61,9 @@ def wait_until(predicate: Any, timeout: float = 30.0) -> None:
     raise TimeoutError("condition not met in time")
 
 
-def stored(path: Path, rollout: str) -> tuple[store.Rollout | None, list[store.ModelCall], list[store.LostRecord]]:
+def stored(
+    path: Path, rollout: str
+) -> tuple[store.Rollout | None, list[store.ModelCall], list[store.LostRecord]]:
     with store.Store(path) as db:
         return db.rollout(rollout), db.calls(rollout), db.lost("faults")
 
@@ -68,7 +72,13 @@ def test_collector_down_then_back_delivers_everything_once(procs: Any, tmp_path:
     engine = procs.engine()
     collector_port = procs.free_port()
     sidecar = procs.sidecar(
-        "--collector", f"127.0.0.1:{collector_port}", "--job", "faults", "--rollout-id", "r-down", engine=engine,
+        "--collector",
+        f"127.0.0.1:{collector_port}",
+        "--job",
+        "faults",
+        "--rollout-id",
+        "r-down",
+        engine=engine,
     )
     for text in ("one", "two", "three"):
         ok(ask(sidecar, text))
@@ -86,13 +96,22 @@ def test_collector_down_then_back_delivers_everything_once(procs: Any, tmp_path:
         assert db.record_count("faults") == 5  # started + 3 calls + finished, each once
 
 
-def test_sidecar_killed_mid_call_restarts_and_reports_the_lost_call(procs: Any, tmp_path: Path) -> None:
+def test_sidecar_killed_mid_call_restarts_and_reports_the_lost_call(
+    procs: Any, tmp_path: Path
+) -> None:
     # slow enough that the second call is surely still streaming when killed
     engine = procs.engine("--token-delay-ms", "1000")
     collector = procs.collector()
     spool = tmp_path / "spool"
     port = procs.free_port()
-    args = ("--collector", f"127.0.0.1:{collector.port}", "--job", "faults", "--rollout-id", "r-kill")
+    args = (
+        "--collector",
+        f"127.0.0.1:{collector.port}",
+        "--job",
+        "faults",
+        "--rollout-id",
+        "r-kill",
+    )
     sidecar = procs.sidecar(*args, engine=engine, spool=spool, port=port)
     ok(ask(sidecar, "first"))
     wait_until(lambda: stats(sidecar)["unacked"] == 0)
@@ -102,7 +121,16 @@ def test_sidecar_killed_mid_call_restarts_and_reports_the_lost_call(procs: Any, 
 
     def doomed() -> None:
         try:
-            with httpx.stream("POST", sidecar.url + CHAT, json={"model": "p", "stream": True, "messages": [{"role": "user", "content": "second"}]}, timeout=30) as response:
+            with httpx.stream(
+                "POST",
+                sidecar.url + CHAT,
+                json={
+                    "model": "p",
+                    "stream": True,
+                    "messages": [{"role": "user", "content": "second"}],
+                },
+                timeout=30,
+            ) as response:
                 for _ in response.iter_bytes():
                     pass
         except httpx.HTTPError as exc:
@@ -115,7 +143,9 @@ def test_sidecar_killed_mid_call_restarts_and_reports_the_lost_call(procs: Any, 
     thread.join(30)
     assert failure, "the harness must see the connection die"
 
-    restarted = procs.sidecar(*args, engine=engine, spool=spool, port=port, name="sidecar-restarted")
+    restarted = procs.sidecar(
+        *args, engine=engine, spool=spool, port=port, name="sidecar-restarted"
+    )
     third = ask(restarted, "third")
     assert third.status_code == 200
     done = finish(restarted, wait=20)
@@ -129,15 +159,29 @@ def test_sidecar_killed_mid_call_restarts_and_reports_the_lost_call(procs: Any, 
     assert rollout.call_count_expected == 3
 
 
-def test_engine_dying_mid_stream_fails_the_call_and_the_sidecar_keeps_serving(procs: Any, tmp_path: Path) -> None:
+def test_engine_dying_mid_stream_fails_the_call_and_the_sidecar_keeps_serving(
+    procs: Any, tmp_path: Path
+) -> None:
     engine = procs.engine("--token-delay-ms", "100")
     collector = procs.collector()
-    sidecar = procs.sidecar("--collector", f"127.0.0.1:{collector.port}", "--job", "faults", "--rollout-id", "r-engine", engine=engine)
+    sidecar = procs.sidecar(
+        "--collector",
+        f"127.0.0.1:{collector.port}",
+        "--job",
+        "faults",
+        "--rollout-id",
+        "r-engine",
+        engine=engine,
+    )
     client = openai.OpenAI(base_url=f"{sidecar.url}/v1", api_key="x", max_retries=0)
-    stream = client.chat.completions.create(model="p", messages=[{"role": "user", "content": "hello"}], stream=True)
+    stream = client.chat.completions.create(
+        model="p", messages=[{"role": "user", "content": "hello"}], stream=True
+    )
     next(iter(stream))  # the first token arrived
     engine.stop(signal.SIGKILL)
-    with pytest.raises((openai.APIError, httpx.HTTPError)):  # the connection is cut, as a real API's would be
+    with pytest.raises(
+        (openai.APIError, httpx.HTTPError)
+    ):  # the connection is cut, as a real API's would be
         for _ in stream:
             pass
     # a new engine on the same port; the sidecar carries on
@@ -153,10 +197,16 @@ def test_engine_dying_mid_stream_fails_the_call_and_the_sidecar_keeps_serving(pr
 
 def test_engine_refusal_reaches_the_harness_in_its_api_format(procs: Any, tmp_path: Path) -> None:
     engine = procs.engine("--max-model-len", "256")
-    sidecar = procs.sidecar("--job", "faults", "--rollout-id", "r-refused", "--max-model-len", "256", engine=engine)
+    sidecar = procs.sidecar(
+        "--job", "faults", "--rollout-id", "r-refused", "--max-model-len", "256", engine=engine
+    )
     response = httpx.post(
         sidecar.url + "/v1/messages",
-        json={"model": "m", "max_tokens": 10, "messages": [{"role": "user", "content": " ".join(f"word{i}" for i in range(400))}]},
+        json={
+            "model": "m",
+            "max_tokens": 10,
+            "messages": [{"role": "user", "content": " ".join(f"word{i}" for i in range(400))}],
+        },
         timeout=30,
     )
     assert response.status_code == 400
@@ -167,7 +217,9 @@ def test_engine_refusal_reaches_the_harness_in_its_api_format(procs: Any, tmp_pa
 
 
 @pytest.mark.parametrize("option", [(), ("--max-model-len", "32768")])
-def test_max_tokens_is_a_ceiling_under_the_engines_context(procs: Any, option: tuple[str, ...]) -> None:
+def test_max_tokens_is_a_ceiling_under_the_engines_context(
+    procs: Any, option: tuple[str, ...]
+) -> None:
     """A harness's default completion budget (16384) on an engine of 512 tokens is
     answered, as the real APIs answer it: the sidecar takes the context length from
     the engine's /v1/models, and an option above it is lowered to it (both were 400s:
@@ -175,7 +227,10 @@ def test_max_tokens_is_a_ceiling_under_the_engines_context(procs: Any, option: t
     engine = procs.engine("--max-model-len", "512")
     sidecar = procs.sidecar("--job", "faults", "--rollout-id", "r-ceiling", *option, engine=engine)
     for path, body in (
-        ("/v1/chat/completions", {"max_tokens": 16384, "messages": [{"role": "user", "content": "hi"}]}),
+        (
+            "/v1/chat/completions",
+            {"max_tokens": 16384, "messages": [{"role": "user", "content": "hi"}]},
+        ),
         ("/v1/messages", {"max_tokens": 16384, "messages": [{"role": "user", "content": "hi"}]}),
         ("/v1/responses", {"max_output_tokens": 4096, "input": "hi"}),
     ):
@@ -185,7 +240,15 @@ def test_max_tokens_is_a_ceiling_under_the_engines_context(procs: Any, option: t
 def test_sigterm_flushes_every_spooled_call_to_the_collector(procs: Any, tmp_path: Path) -> None:
     engine = procs.engine()
     collector = procs.collector()
-    sidecar = procs.sidecar("--collector", f"127.0.0.1:{collector.port}", "--job", "faults", "--rollout-id", "r-term", engine=engine)
+    sidecar = procs.sidecar(
+        "--collector",
+        f"127.0.0.1:{collector.port}",
+        "--job",
+        "faults",
+        "--rollout-id",
+        "r-term",
+        engine=engine,
+    )
     for index in range(5):
         ok(ask(sidecar, f"call {index}"))
     assert sidecar.stop(signal.SIGTERM) == 0
@@ -193,11 +256,22 @@ def test_sigterm_flushes_every_spooled_call_to_the_collector(procs: Any, tmp_pat
     assert [c.call_index for c in calls] == [0, 1, 2, 3, 4]
 
 
-def test_sigterm_with_the_collector_away_keeps_the_spool_for_the_next_start(procs: Any, tmp_path: Path) -> None:
+def test_sigterm_with_the_collector_away_keeps_the_spool_for_the_next_start(
+    procs: Any, tmp_path: Path
+) -> None:
     engine = procs.engine()
     collector_port = procs.free_port()
     spool = tmp_path / "spool"
-    args = ("--collector", f"127.0.0.1:{collector_port}", "--job", "faults", "--rollout-id", "r-away", "--flush-timeout", "1")
+    args = (
+        "--collector",
+        f"127.0.0.1:{collector_port}",
+        "--job",
+        "faults",
+        "--rollout-id",
+        "r-away",
+        "--flush-timeout",
+        "1",
+    )
     sidecar = procs.sidecar(*args, engine=engine, spool=spool)
     ok(ask(sidecar, "kept"))
     sidecar.stop(signal.SIGTERM)
@@ -206,14 +280,23 @@ def test_sigterm_with_the_collector_away_keeps_the_spool_for_the_next_start(proc
     again = procs.sidecar(*args, engine=engine, spool=spool, name="sidecar-again")
     finish(again, wait=20)
     rollout, calls, lost = stored(tmp_path / "store.db", "r-away")
-    assert rollout is not None and rollout.complete and [c.call_index for c in calls] == [0] and lost == []
+    assert (
+        rollout is not None
+        and rollout.complete
+        and [c.call_index for c in calls] == [0]
+        and lost == []
+    )
 
 
 def test_oversized_bodies_are_refused_with_413_and_recorded(procs: Any, tmp_path: Path) -> None:
     engine = procs.engine()
     sidecar = procs.sidecar("--rollout-id", "r-big", engine=engine)
     huge = "x" * (33 * 1024 * 1024)
-    response = httpx.post(sidecar.url + CHAT, json={"model": "p", "messages": [{"role": "user", "content": huge}]}, timeout=60)
+    response = httpx.post(
+        sidecar.url + CHAT,
+        json={"model": "p", "messages": [{"role": "user", "content": huge}]},
+        timeout=60,
+    )
     assert response.status_code == 413
     assert "exceeds the limit" in response.json()["error"]["message"]
     ok(ask(sidecar, "small"))
@@ -234,9 +317,19 @@ def test_oversized_bodies_are_refused_with_413_and_recorded(procs: Any, tmp_path
         ([1, 2], "body must be a JSON object"),
     ],
 )
-def test_a_malformed_finish_is_refused_naming_its_field_and_records_nothing(procs: Any, tmp_path: Path, body: Any, field: str) -> None:
+def test_a_malformed_finish_is_refused_naming_its_field_and_records_nothing(
+    procs: Any, tmp_path: Path, body: Any, field: str
+) -> None:
     collector = procs.collector()
-    sidecar = procs.sidecar("--collector", f"127.0.0.1:{collector.port}", "--job", "faults", "--rollout-id", "r-bad-finish", engine=procs.engine())
+    sidecar = procs.sidecar(
+        "--collector",
+        f"127.0.0.1:{collector.port}",
+        "--job",
+        "faults",
+        "--rollout-id",
+        "r-bad-finish",
+        engine=procs.engine(),
+    )
     refused = httpx.post(f"{sidecar.url}/openforge/v1/rollout/finish", json=body, timeout=10)
     assert refused.status_code == 400 and field in refused.json()["error"], refused.text
     # nothing was recorded: the rollout's one finish is still to come, and is stored
@@ -249,22 +342,50 @@ def test_a_reward_that_is_not_a_finite_number_is_refused(procs: Any, tmp_path: P
     """Python's JSON reads NaN and Infinity: a finish carrying one is refused before it is
     recorded (a NaN once broke the collector's insert and the export stalled for good)."""
     collector = procs.collector()
-    sidecar = procs.sidecar("--collector", f"127.0.0.1:{collector.port}", "--job", "faults", "--rollout-id", "r-nan", engine=procs.engine())
+    sidecar = procs.sidecar(
+        "--collector",
+        f"127.0.0.1:{collector.port}",
+        "--job",
+        "faults",
+        "--rollout-id",
+        "r-nan",
+        engine=procs.engine(),
+    )
     for text in ('{"exit_code": 0, "reward": NaN}', '{"exit_code": 0, "reward": Infinity}'):
-        refused = httpx.post(f"{sidecar.url}/openforge/v1/rollout/finish", content=text, headers={"content-type": "application/json"}, timeout=10)
-        assert refused.status_code == 400 and "reward must be a finite number" in refused.json()["error"], refused.text
+        refused = httpx.post(
+            f"{sidecar.url}/openforge/v1/rollout/finish",
+            content=text,
+            headers={"content-type": "application/json"},
+            timeout=10,
+        )
+        assert (
+            refused.status_code == 400
+            and "reward must be a finite number" in refused.json()["error"]
+        ), refused.text
     assert finish(sidecar, wait=20)["acknowledged"]
     rollout, _, _ = stored(tmp_path / "store.db", "r-nan")
     assert rollout is not None and rollout.reward == 0.5
 
 
-def test_a_record_larger_than_grpcs_default_limit_reaches_the_store(procs: Any, tmp_path: Path) -> None:
+def test_a_record_larger_than_grpcs_default_limit_reaches_the_store(
+    procs: Any, tmp_path: Path
+) -> None:
     """A 5 MB request (refused by the engine: far past its context) makes a call record over
     gRPC's default 4 MiB; it once stalled the sidecar's export for good."""
     collector = procs.collector()
-    sidecar = procs.sidecar("--collector", f"127.0.0.1:{collector.port}", "--job", "faults", "--rollout-id", "r-big", engine=procs.engine())
+    sidecar = procs.sidecar(
+        "--collector",
+        f"127.0.0.1:{collector.port}",
+        "--job",
+        "faults",
+        "--rollout-id",
+        "r-big",
+        engine=procs.engine(),
+    )
     answer = ask(sidecar, "word " * 1_000_000, timeout=120)
-    assert answer.status_code == 400, answer.text[:500]  # as the real API answers a prompt past the context
+    assert answer.status_code == 400, answer.text[
+        :500
+    ]  # as the real API answers a prompt past the context
     assert finish(sidecar, wait=60)["acknowledged"]
     rollout, calls, _ = stored(tmp_path / "store.db", "r-big")
     assert rollout is not None and rollout.finished

@@ -132,10 +132,16 @@ def test_the_ready_file_is_created_once_running_and_a_stop_finishes_an_unfinishe
             await addon.done()
 
     asyncio.run(main())
-    kinds = [record.WhichOneof("body") for record in spool.Spool(tmp_path / "spool").records_after(0)]
+    kinds = [
+        record.WhichOneof("body") for record in spool.Spool(tmp_path / "spool").records_after(0)
+    ]
     if not finish_on_stop:
         assert kinds == ["started"]
         return
     assert kinds == ["started", "finished"]
     finished = list(spool.Spool(tmp_path / "spool").records_after(0))[-1].finished
-    assert (finished.status, finished.exit_code, finished.has_reward) == ("stopped", capture.STOPPED_EXIT_CODE, False)
+    assert (finished.status, finished.exit_code, finished.has_reward) == (
+        "stopped",
+        capture.STOPPED_EXIT_CODE,
+        False,
+    )

@@ -55,7 +55,10 @@ def test_an_inherited_socket_must_listen_on_the_listen_address() -> None:
         assert adopted is not None and adopted.getsockname() == ("127.0.0.1", port)
         adopted.detach()
         assert cli.inherited(-1, "127.0.0.1:1") is None
-        with pytest.raises(SystemExit, match=r"--listen-fd \d+ is not a TCP socket listening on --listen 127.0.0.1:1 "):
+        with pytest.raises(
+            SystemExit,
+            match=r"--listen-fd \d+ is not a TCP socket listening on --listen 127.0.0.1:1 ",
+        ):
             cli.inherited(listening.fileno(), "127.0.0.1:1")
         idle.bind(("127.0.0.1", 0))
         with pytest.raises(SystemExit, match=r"--listen-fd \d+ is not a TCP socket listening"):

@@ -54,7 +54,9 @@ def children(pid: int) -> list[int]:
     return found
 
 
-def files(run_dir: Path, *, harness: int | None, grader_stdout: str | None = None, grader_exit: int = 0) -> Path:
+def files(
+    run_dir: Path, *, harness: int | None, grader_stdout: str | None = None, grader_exit: int = 0
+) -> Path:
     run_dir.mkdir(parents=True, exist_ok=True)
     if harness is not None:
         (run_dir / podrun.HARNESS_EXIT_CODE).write_text(f"{harness}\n")
@@ -70,32 +72,66 @@ def files(run_dir: Path, *, harness: int | None, grader_stdout: str | None = Non
 def test_the_grader_s_own_exit_codes_are_read_as_timeout_and_sh_report_them(tmp_path: Path) -> None:
     """124 is ``timeout``'s (the grader ran past its timeout: no reward, even one it printed);
     126 and 127 with nothing printed are the shell's (its command could not be run)."""
-    late = podagent.judge(files(tmp_path / "a", harness=0, grader_stdout='{"reward": 1}', grader_exit=124), reward_from="stdout-json", failing_exit_codes=FAILING)
-    assert (late.status, late.reason, late.reward, late.message) == ("failed", "GraderFailed", None, "the grader ran past its timeout")
-    missing = podagent.judge(files(tmp_path / "b", harness=0, grader_stdout="", grader_exit=127), reward_from="exit-code", failing_exit_codes=FAILING)
-    assert (missing.status, missing.reason) == ("failed", "GraderFailed") and "exit 127" in missing.message
+    late = podagent.judge(
+        files(tmp_path / "a", harness=0, grader_stdout='{"reward": 1}', grader_exit=124),
+        reward_from="stdout-json",
+        failing_exit_codes=FAILING,
+    )
+    assert (late.status, late.reason, late.reward, late.message) == (
+        "failed",
+        "GraderFailed",
+        None,
+        "the grader ran past its timeout",
+    )
+    missing = podagent.judge(
+        files(tmp_path / "b", harness=0, grader_stdout="", grader_exit=127),
+        reward_from="exit-code",
+        failing_exit_codes=FAILING,
+    )
+    assert (missing.status, missing.reason) == (
+        "failed",
+        "GraderFailed",
+    ) and "exit 127" in missing.message
     run_dir = files(tmp_path / "c", harness=0, grader_stdout='{"reward": 1}')
     (run_dir / podrun.GRADER_EXIT_CODE).unlink()
     unrecorded = podagent.judge(run_dir, reward_from="stdout-json", failing_exit_codes=FAILING)
-    assert (unrecorded.reason, unrecorded.message) == ("GraderFailed", "the grader could not run: its exit code was never recorded")
+    assert (unrecorded.reason, unrecorded.message) == (
+        "GraderFailed",
+        "the grader could not run: its exit code was never recorded",
+    )
 
 
-def test_a_graded_rollout_succeeds_whatever_the_exit_code_unless_the_policy_fails_it(tmp_path: Path) -> None:
+def test_a_graded_rollout_succeeds_whatever_the_exit_code_unless_the_policy_fails_it(
+    tmp_path: Path,
+) -> None:
     run_dir = files(tmp_path, harness=3, grader_stdout='{"reward": 0.5}')
-    assert podagent.judge(run_dir, reward_from="stdout-json", failing_exit_codes=frozenset()) == podagent.Verdict(3, 0.5, '{"reward": 0.5}', "succeeded", "")
+    assert podagent.judge(
+        run_dir, reward_from="stdout-json", failing_exit_codes=frozenset()
+    ) == podagent.Verdict(3, 0.5, '{"reward": 0.5}', "succeeded", "")
     failed = podagent.judge(run_dir, reward_from="stdout-json", failing_exit_codes=FAILING)
     assert (failed.status, failed.reason, failed.reward) == ("failed", "", 0.5)
 
 
 def test_no_reward_is_a_grader_failure(tmp_path: Path) -> None:
-    verdict = podagent.judge(files(tmp_path, harness=0, grader_stdout="crashed", grader_exit=1), reward_from="stdout-json", failing_exit_codes=FAILING)
+    verdict = podagent.judge(
+        files(tmp_path, harness=0, grader_stdout="crashed", grader_exit=1),
+        reward_from="stdout-json",
+        failing_exit_codes=FAILING,
+    )
     assert (verdict.status, verdict.reason, verdict.reward) == ("failed", "GraderFailed", None)
     assert "no JSON line" in verdict.message
 
 
 def test_without_a_grader_exit_zero_is_reward_one(tmp_path: Path) -> None:
-    assert podagent.judge(files(tmp_path, harness=0), reward_from="none", failing_exit_codes=FAILING).reward == 1.0
-    verdict = podagent.judge(files(tmp_path / "b", harness=2), reward_from="none", failing_exit_codes=frozenset())
+    assert (
+        podagent.judge(
+            files(tmp_path, harness=0), reward_from="none", failing_exit_codes=FAILING
+        ).reward
+        == 1.0
+    )
+    verdict = podagent.judge(
+        files(tmp_path / "b", harness=2), reward_from="none", failing_exit_codes=frozenset()
+    )
     assert (verdict.reward, verdict.status) == (0.0, "succeeded")
 
 
@@ -104,12 +140,32 @@ def test_the_termination_message_turns_an_unacknowledged_rollout_into_a_sidecar_
     assert podagent.termination_message(verdict, {"acknowledged": True, "calls": 4}) == {
         "exitCode": 0, "status": "succeeded", "reason": "", "reward": 1.0, "acknowledged": True, "calls": 4, "message": "",
     }  # fmt: skip
-    lost = podagent.termination_message(verdict, {"acknowledged": False, "error": "connection refused"})
-    assert (lost["status"], lost["reason"]) == ("failed", "SidecarFailed") and "connection refused" in lost["message"]
-    refused = podagent.termination_message(verdict, {"acknowledged": True, "exporter": {"acked": 3, "refused": 2}})
-    assert (refused["status"], refused["reason"], refused["acknowledged"]) == ("failed", "SidecarFailed", False)
+    lost = podagent.termination_message(
+        verdict, {"acknowledged": False, "error": "connection refused"}
+    )
+    assert (lost["status"], lost["reason"]) == (
+        "failed",
+        "SidecarFailed",
+    ) and "connection refused" in lost["message"]
+    refused = podagent.termination_message(
+        verdict, {"acknowledged": True, "exporter": {"acked": 3, "refused": 2}}
+    )
+    assert (refused["status"], refused["reason"], refused["acknowledged"]) == (
+        "failed",
+        "SidecarFailed",
+        False,
+    )
     assert "refused 2 of the rollout's records" in refused["message"]
-    assert len(json.dumps(podagent.termination_message(podagent.Verdict(1, None, "", "failed", "GraderFailed", "x" * 9000), {}))) < 4096
+    assert (
+        len(
+            json.dumps(
+                podagent.termination_message(
+                    podagent.Verdict(1, None, "", "failed", "GraderFailed", "x" * 9000), {}
+                )
+            )
+        )
+        < 4096
+    )
 
 
 # -- the handshake, for real -------------------------------------------------------------------
@@ -128,7 +184,12 @@ class Agent:
         args += ["--", "--listen", listen, "--capture", "passthrough", "--upstream", "http://127.0.0.1:9",
                  "--spool", str(tmp_path / "spool"), "--confdir", str(tmp_path / "confdir"), "--job", "job", "--rollout-id", "job-0-0", *sidecar_extra]  # fmt: skip
         self.spool = tmp_path / "spool"
-        self.process = subprocess.Popen(args, stdout=self.log.open("wb"), stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        self.process = subprocess.Popen(
+            args,
+            stdout=self.log.open("wb"),
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
 
     def wait_serving(self, timeout: float = 60) -> None:
         wait_file(self.run_dir / podrun.SIDECAR_SERVING, self.process, timeout)
@@ -138,19 +199,47 @@ class Agent:
         return self.process.wait(timeout=40)
 
 
-def entrypoint_run(run_dir: Path, termination: Path, harness: list[str], grader: list[str] | None) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "OPENFORGE_RUN_DIR": str(run_dir), "OPENFORGE_TERMINATION_LOG": str(termination), "OPENFORGE_FINISH_WAIT": "30", "OPENFORGE_SIDECAR_WAIT": "30"}
-    return subprocess.run([*entrypoint.COMMAND, *entrypoint.arguments(harness, grader)], env=env, capture_output=True, text=True, timeout=60, check=False)
+def entrypoint_run(
+    run_dir: Path, termination: Path, harness: list[str], grader: list[str] | None
+) -> subprocess.CompletedProcess[str]:
+    env = {
+        **os.environ,
+        "OPENFORGE_RUN_DIR": str(run_dir),
+        "OPENFORGE_TERMINATION_LOG": str(termination),
+        "OPENFORGE_FINISH_WAIT": "30",
+        "OPENFORGE_SIDECAR_WAIT": "30",
+    }
+    return subprocess.run(
+        [*entrypoint.COMMAND, *entrypoint.arguments(harness, grader)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
 
 
 def test_the_rollout_is_graded_reported_and_acknowledged(tmp_path: Path) -> None:
     agent = Agent(tmp_path)
     try:
         wait_port(agent.port, agent.process, timeout=60)
-        done = entrypoint_run(agent.run_dir, tmp_path / "term", ["sh", "-c", "exit 3"], [sys.executable, "-c", "print('{\"reward\": 0.25}')"])
+        done = entrypoint_run(
+            agent.run_dir,
+            tmp_path / "term",
+            ["sh", "-c", "exit 3"],
+            [sys.executable, "-c", "print('{\"reward\": 0.25}')"],
+        )
         assert done.returncode == 3
         message = json.loads((tmp_path / "term").read_text())
-        assert message == {"exitCode": 3, "status": "failed", "reason": "", "reward": 0.25, "acknowledged": True, "calls": 0, "message": "harness exited with 3"}
+        assert message == {
+            "exitCode": 3,
+            "status": "failed",
+            "reason": "",
+            "reward": 0.25,
+            "acknowledged": True,
+            "calls": 0,
+            "message": "harness exited with 3",
+        }
     finally:
         assert agent.stop() == 0
     assert list((tmp_path / "spool").glob("segment-*.log")), "the sidecar spooled the finish record"
@@ -161,12 +250,22 @@ def test_the_harness_cannot_report_its_own_rollout(tmp_path: Path) -> None:
     sidecar's port, is refused a finish with the reward it would like; the agent's finish,
     with the grader's reward and the token, is the one recorded."""
     token_file = tmp_path / "sidecar-own" / "control-token"
-    agent = Agent(tmp_path, "--control-token-file", str(token_file), sidecar_extra=("--control-token-file", str(token_file)))
+    agent = Agent(
+        tmp_path,
+        "--control-token-file",
+        str(token_file),
+        sidecar_extra=("--control-token-file", str(token_file)),
+    )
     try:
         agent.wait_serving()
         assert token_file.stat().st_mode & 0o777 == 0o600
         forge = f"import urllib.request as u; u.urlopen(u.Request('http://127.0.0.1:{agent.port}/openforge/v1/rollout/finish', data=b'{{\"exit_code\": 0, \"reward\": 1.0}}'))"
-        done = entrypoint_run(agent.run_dir, tmp_path / "term", [sys.executable, "-c", forge], [sys.executable, "-c", "print('{\"reward\": 0.0}')"])
+        done = entrypoint_run(
+            agent.run_dir,
+            tmp_path / "term",
+            [sys.executable, "-c", forge],
+            [sys.executable, "-c", "print('{\"reward\": 0.0}')"],
+        )
         assert done.returncode == 1 and "HTTP Error 401" in done.stderr + done.stdout, done.stderr
         message = json.loads((tmp_path / "term").read_text())
         assert message["acknowledged"] is True and message["reward"] == 0.0, message
@@ -177,7 +276,9 @@ def test_the_harness_cannot_report_its_own_rollout(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("token_job", ["job", "other"])
-def test_a_rollout_is_acknowledged_only_when_the_collector_stored_it(tmp_path: Path, token_job: str) -> None:
+def test_a_rollout_is_acknowledged_only_when_the_collector_stored_it(
+    tmp_path: Path, token_job: str
+) -> None:
     """Sidecar -> collector with a per-job token, for real: the job's own token is stored
     and acknowledged; another job's token is refused record by record, which fails the
     rollout (SidecarFailed) instead of passing it as captured."""
@@ -191,23 +292,37 @@ def test_a_rollout_is_acknowledged_only_when_the_collector_stored_it(tmp_path: P
          "--listen", f"127.0.0.1:{port}", "--master-key-file", str(key)],
         stdout=subprocess.DEVNULL,
     )  # fmt: skip
-    agent = Agent(tmp_path, sidecar_extra=("--collector", f"127.0.0.1:{port}", "--collector-token-file", str(token)))
+    agent = Agent(
+        tmp_path,
+        sidecar_extra=("--collector", f"127.0.0.1:{port}", "--collector-token-file", str(token)),
+    )
     try:
         wait_port(port, collector, timeout=60)
         wait_port(agent.port, agent.process, timeout=60)
-        entrypoint_run(agent.run_dir, tmp_path / "term", ["true"], [sys.executable, "-c", "print('{\"reward\": 1}')"])
+        entrypoint_run(
+            agent.run_dir,
+            tmp_path / "term",
+            ["true"],
+            [sys.executable, "-c", "print('{\"reward\": 1}')"],
+        )
         message = json.loads((tmp_path / "term").read_text())
     finally:
         agent.stop()
         collector.send_signal(signal.SIGTERM)
         collector.wait(timeout=30)
     with sqlite3.connect(tmp_path / "store.db") as db:
-        stored = db.execute("SELECT COUNT(*) FROM records WHERE rollout_id = 'job-0-0'").fetchone()[0]
+        stored = db.execute("SELECT COUNT(*) FROM records WHERE rollout_id = 'job-0-0'").fetchone()[
+            0
+        ]
     if token_job == "job":
         assert (message["status"], message["acknowledged"]) == ("succeeded", True)
         assert stored >= 2, "started and finished"
     else:
-        assert (message["status"], message["reason"], message["acknowledged"]) == ("failed", "SidecarFailed", False)
+        assert (message["status"], message["reason"], message["acknowledged"]) == (
+            "failed",
+            "SidecarFailed",
+            False,
+        )
         assert "the collector refused" in message["message"]
         assert stored == 0
 
@@ -229,11 +344,15 @@ def test_the_harness_may_call_before_the_sidecar_serves_and_is_answered(tmp_path
         wait_file(agent.run_dir / podrun.SIDECAR_READY, agent.process, timeout=30)
         serving_before = (agent.run_dir / podrun.SIDECAR_SERVING).exists()
         with socket.create_connection(("127.0.0.1", agent.port), timeout=60) as connection:
-            connection.sendall(b"GET /openforge/v1/stats HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
+            connection.sendall(
+                b"GET /openforge/v1/stats HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n"
+            )
             answer = b""
             while chunk := connection.recv(65536):
                 answer += chunk
-        assert not serving_before, "the sidecar already served when the port was bound: nothing was shown"
+        assert not serving_before, (
+            "the sidecar already served when the port was bound: nothing was shown"
+        )
         assert answer.startswith(b"HTTP/1.1 200"), answer[:200]
         assert json.loads(answer.split(b"\r\n\r\n", 1)[1])["rollout_id"] == "job-0-0"
         assert (agent.run_dir / podrun.SIDECAR_SERVING).exists()
@@ -252,32 +371,53 @@ def test_a_sidecar_that_died_before_it_served_fails_the_attempt(tmp_path: Path) 
     agent = Agent(tmp_path)
     try:
         wait_port(agent.port, agent.process, timeout=60)
-        entrypoint_run(agent.run_dir, tmp_path / "term", ["true"], [sys.executable, "-c", "print('{\"reward\": 1}')"])
+        entrypoint_run(
+            agent.run_dir,
+            tmp_path / "term",
+            ["true"],
+            [sys.executable, "-c", "print('{\"reward\": 1}')"],
+        )
         message = json.loads((tmp_path / "term").read_text())
     finally:
         agent.stop()
-    assert (message["status"], message["reason"], message["reward"]) == ("failed", "SidecarFailed", None)
+    assert (message["status"], message["reason"], message["reward"]) == (
+        "failed",
+        "SidecarFailed",
+        None,
+    )
     assert "failed before it served" in message["message"]
 
 
 @pytest.mark.parametrize("when", ["serving", "bound"])
-def test_a_pod_stopped_before_the_harness_finished_records_the_rollout_stopped(tmp_path: Path, when: str) -> None:
+def test_a_pod_stopped_before_the_harness_finished_records_the_rollout_stopped(
+    tmp_path: Path, when: str
+) -> None:
     """Stopped once the sidecar serves, or as early as the port is bound (the stop waits
     for the sidecar, which records the rollout stopped and flushes)."""
     agent = Agent(tmp_path)
     try:
-        wait_file(agent.run_dir / (podrun.SIDECAR_SERVING if when == "serving" else podrun.SIDECAR_READY), agent.process, 60)
+        wait_file(
+            agent.run_dir / (podrun.SIDECAR_SERVING if when == "serving" else podrun.SIDECAR_READY),
+            agent.process,
+            60,
+        )
     finally:
         assert agent.stop() == 0
     assert not (agent.run_dir / podrun.FINISHED).exists(), "no harness is left to read a verdict"
     stored = list(spool.Spool(agent.spool).records_after(0))
     assert [record.WhichOneof("body") for record in stored] == ["started", "finished"]
     finished = stored[-1].finished
-    assert (finished.status, finished.exit_code, finished.has_reward) == ("stopped", podagent.STOPPED_EXIT_CODE, False)
+    assert (finished.status, finished.exit_code, finished.has_reward) == (
+        "stopped",
+        podagent.STOPPED_EXIT_CODE,
+        False,
+    )
 
 
 def test_the_agent_exits_with_its_sidecars_code_so_the_kubelet_restarts_it(tmp_path: Path) -> None:
-    agent = Agent(tmp_path, sidecar_extra=("--capture", "tokens"))  # tokens mode without an engine is refused
+    agent = Agent(
+        tmp_path, sidecar_extra=("--capture", "tokens")
+    )  # tokens mode without an engine is refused
     assert agent.process.wait(timeout=60) == 1
     assert "--engine is required" in agent.log.read_text()
     assert not (agent.run_dir / podrun.FINISHED).exists()
@@ -287,7 +427,14 @@ def test_the_jobs_ca_is_copied_into_the_writable_confdir_and_used(tmp_path: Path
     secret = tmp_path / "secret"
     certs.CertStore.from_store(secret, "mitmproxy", 2048)
     ca = secret / "mitmproxy-ca.pem"
-    agent = Agent(tmp_path, "--ca-file", str(ca), "--confdir", str(tmp_path / "confdir"), sidecar_extra=("--mode", "regular"))
+    agent = Agent(
+        tmp_path,
+        "--ca-file",
+        str(ca),
+        "--confdir",
+        str(tmp_path / "confdir"),
+        sidecar_extra=("--mode", "regular"),
+    )
     try:
         agent.wait_serving()
     finally:
@@ -347,15 +494,28 @@ class ApiServer:
 
 def test_the_harness_starts_only_once_the_pod_is_fenced(tmp_path: Path) -> None:
     api = ApiServer()
-    agent = Agent(tmp_path, "--fence-wait", "60", "--fence-target", api.target, "--fence-poll", "0.05")
+    agent = Agent(
+        tmp_path, "--fence-wait", "60", "--fence-target", api.target, "--fence-poll", "0.05"
+    )
     try:
         agent.wait_serving()
         time.sleep(1.0)
-        assert not (agent.run_dir / podrun.SIDECAR_READY).exists(), "the harness may start while the pod reaches the API server"
+        assert not (agent.run_dir / podrun.SIDECAR_READY).exists(), (
+            "the harness may start while the pod reaches the API server"
+        )
         fenced_at = time.time()
         api.close()
         started = tmp_path / "harness-started"
-        done = entrypoint_run(agent.run_dir, tmp_path / "term", [sys.executable, "-c", f"import time; open({str(started)!r}, 'w').write(repr(time.time()))"], [sys.executable, "-c", "print('{\"reward\": 1}')"])
+        done = entrypoint_run(
+            agent.run_dir,
+            tmp_path / "term",
+            [
+                sys.executable,
+                "-c",
+                f"import time; open({str(started)!r}, 'w').write(repr(time.time()))",
+            ],
+            [sys.executable, "-c", "print('{\"reward\": 1}')"],
+        )
         assert done.returncode == 0, done.stderr
         assert float(started.read_text()) >= fenced_at
         message = json.loads((tmp_path / "term").read_text())
@@ -371,20 +531,40 @@ def test_a_pod_never_fenced_fails_its_attempt_and_never_runs_the_harness(tmp_pat
     trained) and the harness container's termination message (the operator's attempt
     status, with the reason); the harness never ran."""
     api = ApiServer()
-    agent = Agent(tmp_path, "--fence-wait", "2", "--fence-target", api.target, "--fence-poll", "0.05")
+    agent = Agent(
+        tmp_path, "--fence-wait", "2", "--fence-target", api.target, "--fence-poll", "0.05"
+    )
     try:
         agent.wait_serving()
-        done = entrypoint_run(agent.run_dir, tmp_path / "term", ["sh", "-c", f"echo ran > {tmp_path / 'harness-ran'}"], None)
+        done = entrypoint_run(
+            agent.run_dir,
+            tmp_path / "term",
+            ["sh", "-c", f"echo ran > {tmp_path / 'harness-ran'}"],
+            None,
+        )
         assert done.returncode == podrun.SIDECAR_NOT_READY_EXIT_CODE, done.stderr
-        assert not (tmp_path / "harness-ran").exists() and not (agent.run_dir / podrun.SIDECAR_READY).exists()
+        assert (
+            not (tmp_path / "harness-ran").exists()
+            and not (agent.run_dir / podrun.SIDECAR_READY).exists()
+        )
         message = json.loads((tmp_path / "term").read_text())
-        assert (message["status"], message["reason"], message["reward"]) == ("failed", "SidecarFailed", None), message
+        assert (message["status"], message["reason"], message["reward"]) == (
+            "failed",
+            "SidecarFailed",
+            None,
+        ), message
         assert f"could still reach the API server ({api.target}) after 2 s" in message["message"]
     finally:
         api.close()
         assert agent.stop() == 0
-    finished = [record.finished for record in spool.Spool(agent.spool).records_after(0) if record.HasField("finished")]
-    assert [(f.status, f.has_reward, f.exit_code) for f in finished] == [("failed", False, podrun.SIDECAR_NOT_READY_EXIT_CODE)]
+    finished = [
+        record.finished
+        for record in spool.Spool(agent.spool).records_after(0)
+        if record.HasField("finished")
+    ]
+    assert [(f.status, f.has_reward, f.exit_code) for f in finished] == [
+        ("failed", False, podrun.SIDECAR_NOT_READY_EXIT_CODE)
+    ]
 
 
 def test_a_restarted_agent_does_not_hold_back_a_harness_already_running(tmp_path: Path) -> None:
@@ -418,7 +598,11 @@ def test_a_restarted_agent_does_not_report_twice(tmp_path: Path) -> None:
     process.send_signal(signal.SIGTERM)
     assert process.wait(timeout=30) == 0
     assert (run_dir / podrun.FINISHED).read_text() == '{"status": "succeeded"}'
-    finished = [record.finished for record in spool.Spool(tmp_path / "spool").records_after(0) if record.HasField("finished")]
+    finished = [
+        record.finished
+        for record in spool.Spool(tmp_path / "spool").records_after(0)
+        if record.HasField("finished")
+    ]
     assert [(f.status, f.has_reward) for f in finished] == [("stopped", False)]
 
 
@@ -433,9 +617,17 @@ def test_a_stop_early_in_a_restarted_agent_still_reaches_its_sidecar(tmp_path: P
     agent = Agent(tmp_path)
     deadline = time.monotonic() + 30
     while (run_dir / podrun.SIDECAR_SERVING).exists():
-        assert agent.process.poll() is None and time.monotonic() < deadline, "the earlier start's sidecar-serving stayed"
+        assert agent.process.poll() is None and time.monotonic() < deadline, (
+            "the earlier start's sidecar-serving stayed"
+        )
         time.sleep(0.005)
     assert agent.stop() == 0
-    assert not (run_dir / podrun.SIDECAR_START_FAILED).exists(), "the earlier start served: nothing to fail"
-    finished = [record.finished for record in spool.Spool(agent.spool).records_after(0) if record.HasField("finished")]
+    assert not (run_dir / podrun.SIDECAR_START_FAILED).exists(), (
+        "the earlier start served: nothing to fail"
+    )
+    finished = [
+        record.finished
+        for record in spool.Spool(agent.spool).records_after(0)
+        if record.HasField("finished")
+    ]
     assert [(f.status, f.has_reward) for f in finished] == [("stopped", False)]

@@ -16,7 +16,9 @@ from typing import Any
 from openforge.trajectory.v1 import trajectory_pb2
 
 
-def _call(index: int, prompt: Sequence[int], segment: int, **fields: Any) -> trajectory_pb2.ModelCall:
+def _call(
+    index: int, prompt: Sequence[int], segment: int, **fields: Any
+) -> trajectory_pb2.ModelCall:
     """A token-level Chat Completions call; ``fields`` say how it ended."""
     return trajectory_pb2.ModelCall(
         call_index=index,

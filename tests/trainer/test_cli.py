@@ -28,7 +28,13 @@ def rollout_records(rollout: str, sample: int, reward: float) -> list[trajectory
             {
                 "message": {
                     "content": "Let me look.",
-                    "tool_calls": [{"id": "call_1", "type": "function", "function": {"name": "shell", "arguments": '{"cmd": "ls"}'}}],
+                    "tool_calls": [
+                        {
+                            "id": "call_1",
+                            "type": "function",
+                            "function": {"name": "shell", "arguments": '{"cmd": "ls"}'},
+                        }
+                    ],
                 }
             }
         ]
@@ -177,11 +183,25 @@ def test_ls(db_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
 def test_ls_json(db_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.trajectories_main(["ls", "--store", str(db_path), "--json"]) == 0
     rows = json.loads(capsys.readouterr().out)
-    assert [(r["rollout"], r["status"], r["reward"], r["calls"], r["calls_expected"]) for r in rows] == [
+    assert [
+        (r["rollout"], r["status"], r["reward"], r["calls"], r["calls_expected"]) for r in rows
+    ] == [
         ("r0", "succeeded", 1.0, 2, 2),
         ("r1", "running", None, 1, None),
     ]
-    assert set(rows[0]) == {"job", "rollout", "task", "sample", "attempt", "status", "reward", "calls", "calls_expected", "failed_calls", "segments"}
+    assert set(rows[0]) == {
+        "job",
+        "rollout",
+        "task",
+        "sample",
+        "attempt",
+        "status",
+        "reward",
+        "calls",
+        "calls_expected",
+        "failed_calls",
+        "segments",
+    }
 
 
 def test_ls_of_an_empty_store_says_so(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -319,11 +339,23 @@ def test_export_trains_only_completed_calls_and_counts_the_failed_by_kind(
     mixed_db_path: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     out = tmp_path / "rows.jsonl"
-    argv = ["export", "--store", str(mixed_db_path), "--job", "job", "--format", "jsonl", "--out", str(out)]
+    argv = [
+        "export",
+        "--store",
+        str(mixed_db_path),
+        "--job",
+        "job",
+        "--format",
+        "jsonl",
+        "--out",
+        str(out),
+    ]
     assert cli.trajectories_main(argv) == 0
     summary = capsys.readouterr().out
     assert summary.startswith("wrote 2 rows from 2 complete rollouts")
-    assert "untokenized calls 0, failed calls not trained: 1 aborted, 0 errored, 1 refused)" in summary
+    assert (
+        "untokenized calls 0, failed calls not trained: 1 aborted, 0 errored, 1 refused)" in summary
+    )
     rows = export.read_jsonl(out)
     assert [(r["rollout_id"], r["call_indices"], r["response_ids"]) for r in rows] == [
         ("r0", [0, 1], [4, 5, 6, 7]),
@@ -336,7 +368,16 @@ def test_ls_counts_the_failed_calls_by_kind(
 ) -> None:
     assert cli.trajectories_main(["ls", "--store", str(mixed_db_path)]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0].split() == ["rollout", "task", "sample", "status", "reward", "calls", "failed", "segments"]
+    assert lines[0].split() == [
+        "rollout",
+        "task",
+        "sample",
+        "status",
+        "reward",
+        "calls",
+        "failed",
+        "segments",
+    ]
     assert lines[1].split() == ["r0", "fix-bug", "0", "succeeded", "1", "2/2", "0", "1"]
     assert lines[2].split() == ["mixed", "fix-bug", "1", "succeeded", "1", "3/3", "2", "1"]
     assert lines[3] == (

@@ -141,7 +141,12 @@ def anthropic(steps: Sequence[Step], tools: Tools, prompt: str) -> list[tuple[Bo
     offered = [{"name": name, "input_schema": _schema()} for name in tools]
     pairs = []
     for s, step in enumerate(steps):
-        request = {"model": "policy", "max_tokens": 256, "system": "Agent.", "messages": list(messages)}
+        request = {
+            "model": "policy",
+            "max_tokens": 256,
+            "system": "Agent.",
+            "messages": list(messages),
+        }
         request["tools"] = offered
         content: list[Body] = [{"type": "text", "text": step.text}] if step.text else []
         content += [

@@ -20,7 +20,9 @@ def test_every_proto_api_but_unspecified_is_a_wire_api_and_back() -> None:
         assert WireApi.from_proto_name(name).proto_name == name
 
 
-@pytest.mark.parametrize("name", ["WIRE_API_UNSPECIFIED", "OPENAI_CHAT", "openai_chat", "", "WIRE_API_"])
+@pytest.mark.parametrize(
+    "name", ["WIRE_API_UNSPECIFIED", "OPENAI_CHAT", "openai_chat", "", "WIRE_API_"]
+)
 def test_any_other_name_is_refused_naming_it(name: str) -> None:
     with pytest.raises(ValueError, match=repr(name).replace("[", r"\[")):
         WireApi.from_proto_name(name)

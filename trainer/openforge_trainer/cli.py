@@ -145,10 +145,25 @@ def _ls(store: store_module.Store, job: str | None, *, as_json: bool = False) ->
     header = ("rollout", "task", "sample", "status", "reward", "calls", "failed", "segments")
     table: list[tuple[str, ...]] = [header]
     for row in rows:
-        calls = f"{row['calls']}/{row['calls_expected']}" if row["calls_expected"] is not None else str(row["calls"])
+        calls = (
+            f"{row['calls']}/{row['calls_expected']}"
+            if row["calls_expected"] is not None
+            else str(row["calls"])
+        )
         reward = f"{row['reward']:g}" if row["reward"] is not None else "-"
         failed = str(sum(row["failed_calls"].values()))
-        table.append((row["rollout"], row["task"], str(row["sample"]), row["status"], reward, calls, failed, str(row["segments"])))
+        table.append(
+            (
+                row["rollout"],
+                row["task"],
+                str(row["sample"]),
+                row["status"],
+                reward,
+                calls,
+                failed,
+                str(row["segments"]),
+            )
+        )
     widths = [max(len(line[i]) for line in table) for i in range(len(header))]
     for line in table:
         print("  ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=True)))

@@ -123,7 +123,9 @@ class Tools:
             raise ValueError(f"x and y must be numbers, got {x!r} and {y!r}")
         px, py = round(x), round(y)
         if not (0 <= px < self.page.width and 0 <= py < self.page.height):
-            raise ValueError(f"({px}, {py}) is outside the {self.page.width}x{self.page.height} screenshot")
+            raise ValueError(
+                f"({px}, {py}) is outside the {self.page.width}x{self.page.height} screenshot"
+            )
         return px, py
 
     def tool_click(self, x: Any, y: Any) -> str:
@@ -184,7 +186,8 @@ def complete(client: openai.OpenAI, request: dict[str, Any], *, stream: bool) ->
         reply.content += delta.content or ""
         for part in delta.tool_calls or []:
             call = calls_by_index.setdefault(
-                part.index, {"id": "", "type": "function", "function": {"name": "", "arguments": ""}}
+                part.index,
+                {"id": "", "type": "function", "function": {"name": "", "arguments": ""}},
             )
             call["id"] = part.id or call["id"]
             if part.function is not None:
@@ -226,7 +229,9 @@ class Agent:
                 function = call["function"]
                 result = self.tools.run(function["name"], function["arguments"])
                 log(f"tool {function['name']}({function['arguments']}) -> {result!r}")
-                self.transcript.append({"role": "tool", "tool_call_id": call["id"], "content": result})
+                self.transcript.append(
+                    {"role": "tool", "tool_call_id": call["id"], "content": result}
+                )
             self.transcript.append(self._observation_turn(""))
         return None
 
@@ -248,7 +253,11 @@ class Agent:
         }
 
     def _request(self) -> dict[str, Any]:
-        request: dict[str, Any] = {"model": self.model, "messages": self.transcript, "tools": self.spec["tools"]}
+        request: dict[str, Any] = {
+            "model": self.model,
+            "messages": self.transcript,
+            "tools": self.spec["tools"],
+        }
         if self.temperature is not None:
             request["temperature"] = self.temperature
         if self.max_tokens is not None:
@@ -282,24 +291,44 @@ def task_prompt(args: argparse.Namespace) -> str:
 
 def viewport(text: str) -> tuple[int, int]:
     width, sep, height = text.partition("x")
-    if not (sep and width.isdigit() and height.isdigit() and 200 <= int(width) <= 4096 and 200 <= int(height) <= 4096):
-        raise argparse.ArgumentTypeError(f"--viewport must be WIDTHxHEIGHT in 200..4096, got {text!r}")
+    if not (
+        sep
+        and width.isdigit()
+        and height.isdigit()
+        and 200 <= int(width) <= 4096
+        and 200 <= int(height) <= 4096
+    ):
+        raise argparse.ArgumentTypeError(
+            f"--viewport must be WIDTHxHEIGHT in 200..4096, got {text!r}"
+        )
     return int(width), int(height)
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description="A GUI browser agent (OpenAI Chat Completions, screenshots).")
+    parser = argparse.ArgumentParser(
+        description="A GUI browser agent (OpenAI Chat Completions, screenshots)."
+    )
     parser.add_argument("--prompt", help="the task (instead of --task-file/--task-id)")
-    parser.add_argument("--task-file", type=Path, help="a JSONL file of tasks with 'id' and 'prompt'")
+    parser.add_argument(
+        "--task-file", type=Path, help="a JSONL file of tasks with 'id' and 'prompt'"
+    )
     parser.add_argument("--task-id", help="the task to run from --task-file")
-    parser.add_argument("--start-url", default=os.environ.get("WEB_TASK_URL"), help="default: $WEB_TASK_URL")
+    parser.add_argument(
+        "--start-url", default=os.environ.get("WEB_TASK_URL"), help="default: $WEB_TASK_URL"
+    )
     parser.add_argument("--workdir", type=Path, default=Path.cwd(), help="where answer.txt goes")
     parser.add_argument("--screenshots", type=Path, help="default: WORKDIR/screenshots")
-    parser.add_argument("--viewport", type=viewport, default=(800, 600), help="WIDTHxHEIGHT (800x600)")
-    parser.add_argument("--headless", action="store_true", help="no Xvfb: Chromium's own headless mode")
+    parser.add_argument(
+        "--viewport", type=viewport, default=(800, 600), help="WIDTHxHEIGHT (800x600)"
+    )
+    parser.add_argument(
+        "--headless", action="store_true", help="no Xvfb: Chromium's own headless mode"
+    )
     parser.add_argument("--no-element-list", dest="element_list", action="store_false",
                         help="show the model the screenshot, title and URL only")  # fmt: skip
-    parser.add_argument("--chromium", help="browser binary (default: Debian's, or chromium on PATH)")
+    parser.add_argument(
+        "--chromium", help="browser binary (default: Debian's, or chromium on PATH)"
+    )
     parser.add_argument("--no-sandbox", action="store_true",
                         help="run Chromium without its sandbox (always so as root; needed in most pods)")  # fmt: skip
     parser.add_argument("--browser-log", type=Path, help="write Chromium's own output here")
@@ -320,7 +349,9 @@ def main(argv: list[str]) -> int:
         if not os.environ.get("OPENAI_BASE_URL"):
             raise UsageError("OPENAI_BASE_URL is not set (e.g. http://127.0.0.1:8090/v1)")
         if not args.start_url or urlsplit(args.start_url).scheme not in ("http", "https"):
-            raise UsageError(f"--start-url must be an http(s) URL (or set WEB_TASK_URL), got {args.start_url!r}")
+            raise UsageError(
+                f"--start-url must be an http(s) URL (or set WEB_TASK_URL), got {args.start_url!r}"
+            )
         if not args.workdir.is_dir():
             raise UsageError(f"--workdir {args.workdir} is not a directory")
         spec = json.loads(args.spec.read_text(encoding="utf-8"))
@@ -334,7 +365,9 @@ def main(argv: list[str]) -> int:
     agent: Agent | None = None
     with ExitStack() as stack:
         try:
-            log_file = stack.enter_context(args.browser_log.open("ab")) if args.browser_log else None
+            log_file = (
+                stack.enter_context(args.browser_log.open("ab")) if args.browser_log else None
+            )
             display = None
             if not args.headless:
                 display = browser.Display(width=width, height=height)

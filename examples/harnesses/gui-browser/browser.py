@@ -103,7 +103,11 @@ ELEMENTS_JS = r"""
 })()
 """
 
-NAVIGATING = ("Page.frameStartedNavigating", "Page.frameStartedLoading", "Page.frameRequestedNavigation")
+NAVIGATING = (
+    "Page.frameStartedNavigating",
+    "Page.frameStartedLoading",
+    "Page.frameRequestedNavigation",
+)
 LOADED = ("Page.loadEventFired",)
 
 # Key name -> (key, code, Windows virtual key code, text typed).
@@ -157,16 +161,22 @@ def find_chromium(explicit: str | None = None) -> str:
         found = shutil.which(name)
         if found:
             return found
-    raise BrowserError("no Chromium found; install it (scripts/install_gui_deps.sh) or pass --chromium")
+    raise BrowserError(
+        "no Chromium found; install it (scripts/install_gui_deps.sh) or pass --chromium"
+    )
 
 
 class Display:
     """An ``Xvfb`` server on a free display number; ``name`` is e.g. ``":3"``."""
 
-    def __init__(self, *, width: int, height: int, xvfb: str = "Xvfb", timeout: float = 15.0) -> None:
+    def __init__(
+        self, *, width: int, height: int, xvfb: str = "Xvfb", timeout: float = 15.0
+    ) -> None:
         binary = shutil.which(xvfb)
         if binary is None:
-            raise BrowserError(f"{xvfb} is not installed; run scripts/install_gui_deps.sh or use --headless")
+            raise BrowserError(
+                f"{xvfb} is not installed; run scripts/install_gui_deps.sh or use --headless"
+            )
         read_end, write_end = os.pipe()
         screen = f"{width}x{height}x24"
         self._process = subprocess.Popen(
@@ -213,7 +223,12 @@ class Browser:
         self._cond = threading.Condition()
         self._closed = False
         self._process, self._to_browser, from_browser = _launch(
-            binary, self._profile, width=width, height=height, display=display, log=log,
+            binary,
+            self._profile,
+            width=width,
+            height=height,
+            display=display,
+            log=log,
             no_sandbox=no_sandbox or os.geteuid() == 0,  # the sandbox refuses to run as root
         )
         self._reader = threading.Thread(target=self._read, args=(from_browser,), daemon=True)
@@ -246,7 +261,10 @@ class Browser:
             if char == "\n":
                 self.press_key("Enter")
                 continue
-            self.call("Input.dispatchKeyEvent", {"type": "keyDown", "text": char, "unmodifiedText": char, "key": char})
+            self.call(
+                "Input.dispatchKeyEvent",
+                {"type": "keyDown", "text": char, "unmodifiedText": char, "key": char},
+            )
             self.call("Input.dispatchKeyEvent", {"type": "keyUp", "key": char})
         self._paint()
 
@@ -266,7 +284,10 @@ class Browser:
         self._act(send)
 
     def scroll(self, x: int, y: int, delta_y: int) -> None:
-        self.call("Input.dispatchMouseEvent", {"type": "mouseWheel", "x": x, "y": y, "deltaX": 0, "deltaY": delta_y})
+        self.call(
+            "Input.dispatchMouseEvent",
+            {"type": "mouseWheel", "x": x, "y": y, "deltaX": 0, "deltaY": delta_y},
+        )
         self._paint()
 
     def screenshot(self) -> bytes:
@@ -303,7 +324,9 @@ class Browser:
         """
         mark = self._mark()
         send()
-        navigating = self._wait_event(NAVIGATING, since=mark, timeout=self.navigation_window) is not None
+        navigating = (
+            self._wait_event(NAVIGATING, since=mark, timeout=self.navigation_window) is not None
+        )
         while True:
             if navigating:
                 self._wait_event(LOADED, since=mark, timeout=self.load_timeout)
@@ -331,7 +354,9 @@ class Browser:
 
     # -- CDP ----------------------------------------------------------------------------
 
-    def call(self, method: str, params: dict[str, Any] | None = None, *, session: bool = True) -> dict[str, Any]:
+    def call(
+        self, method: str, params: dict[str, Any] | None = None, *, session: bool = True
+    ) -> dict[str, Any]:
         """Send one CDP command (to the page's session unless ``session=False``) and wait."""
         with self._cond:
             self._next_id += 1
@@ -348,20 +373,32 @@ class Browser:
             while message_id not in self._replies:
                 left = deadline - time.monotonic()
                 if left <= 0 or self._closed:
-                    why = "Chromium exited" if self._closed else f"no reply in {self.command_timeout:g} s"
+                    why = (
+                        "Chromium exited"
+                        if self._closed
+                        else f"no reply in {self.command_timeout:g} s"
+                    )
                     raise BrowserError(f"{method}: {why}")
                 self._cond.wait(left)
             reply = self._replies.pop(message_id)
         if "error" in reply:
-            raise BrowserError(f"{method}: {reply['error'].get('message')} ({reply['error'].get('code')})")
+            raise BrowserError(
+                f"{method}: {reply['error'].get('message')} ({reply['error'].get('code')})"
+            )
         result: dict[str, Any] = reply.get("result") or {}
         return result
 
     def _open_page(self) -> str:
         targets = self.call("Target.getTargets", session=False)["targetInfos"]
         pages = [t["targetId"] for t in targets if t["type"] == "page"]
-        target = pages[0] if pages else self.call("Target.createTarget", {"url": "about:blank"}, session=False)["targetId"]
-        session = self.call("Target.attachToTarget", {"targetId": target, "flatten": True}, session=False)["sessionId"]
+        target = (
+            pages[0]
+            if pages
+            else self.call("Target.createTarget", {"url": "about:blank"}, session=False)["targetId"]
+        )
+        session = self.call(
+            "Target.attachToTarget", {"targetId": target, "flatten": True}, session=False
+        )["sessionId"]
         self._session = str(session)
         self.call("Page.enable")
         self.call("Runtime.enable")
@@ -393,7 +430,9 @@ class Browser:
             self._closed = True
             self._cond.notify_all()
 
-    def _wait_event(self, methods: tuple[str, ...], *, since: int, timeout: float) -> dict[str, Any] | None:
+    def _wait_event(
+        self, methods: tuple[str, ...], *, since: int, timeout: float
+    ) -> dict[str, Any] | None:
         deadline = time.monotonic() + timeout
         with self._cond:
             while True:
@@ -416,7 +455,13 @@ class Browser:
 
 
 def _launch(
-    binary: str, profile: str, *, width: int, height: int, display: str | None, log: IO[bytes] | None,
+    binary: str,
+    profile: str,
+    *,
+    width: int,
+    height: int,
+    display: str | None,
+    log: IO[bytes] | None,
     no_sandbox: bool,
 ) -> tuple[subprocess.Popen[bytes], int, int]:
     """Start Chromium with CDP on fds 3 (its input) and 4 (its output)."""

@@ -141,9 +141,7 @@ class Tools:
 # --- the model --------------------------------------------------------------------
 
 
-def complete(
-    client: openai.OpenAI, request: dict[str, Any], *, stream: bool
-) -> Reply:
+def complete(client: openai.OpenAI, request: dict[str, Any], *, stream: bool) -> Reply:
     """One Chat Completions call, streamed or not, as a :class:`Reply`."""
     if not stream:
         message = client.chat.completions.create(**request).choices[0].message
@@ -166,7 +164,8 @@ def complete(
         reply.content += delta.content or ""
         for part in delta.tool_calls or []:
             call = calls.setdefault(
-                part.index, {"id": "", "type": "function", "function": {"name": "", "arguments": ""}}
+                part.index,
+                {"id": "", "type": "function", "function": {"name": "", "arguments": ""}},
             )
             call["id"] = part.id or call["id"]
             if part.function is not None:
@@ -247,7 +246,9 @@ def task_prompt(args: argparse.Namespace) -> str:
 def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description="A small ReAct agent (OpenAI Chat Completions).")
     parser.add_argument("--prompt", help="the task prompt (instead of --task-file/--task-id)")
-    parser.add_argument("--task-file", type=Path, help="a JSONL file of tasks with 'id' and 'prompt'")
+    parser.add_argument(
+        "--task-file", type=Path, help="a JSONL file of tasks with 'id' and 'prompt'"
+    )
     parser.add_argument("--task-id", help="the task to run from --task-file")
     parser.add_argument("--workdir", type=Path, default=Path.cwd(), help="where the tools run")
     parser.add_argument("--max-turns", type=int, default=6, help="model calls at most")

@@ -1,6 +1,6 @@
 """Write a task's files (its colors.json database) into the agent's working directory.
 
-    python prepare.py --task-file tasks.jsonl --task-id train-000 --workdir DIR
+python prepare.py --task-file tasks.jsonl --task-id train-000 --workdir DIR
 """
 
 from __future__ import annotations

@@ -77,11 +77,13 @@ def check_task(task: dict[str, Any], where: str) -> None:
         raise ValueError(f"{where}: field 'start' must be a path starting with '/'")
     expect = task["expect"]
     if not isinstance(expect, dict) or len(expect) != 1 or not ({"submit", "page"} & expect.keys()):
-        raise ValueError(f"{where}: field 'expect' must be {{\"submit\": ...}} or {{\"page\": ...}}")
+        raise ValueError(f'{where}: field \'expect\' must be {{"submit": ...}} or {{"page": ...}}')
     submit = expect.get("submit")
     if submit is not None and not (isinstance(submit, dict) and isinstance(submit.get("form"), str)
                                    and isinstance(submit.get("fields"), dict)):  # fmt: skip
-        raise ValueError(f"{where}: field 'expect.submit' needs a 'form' name and a 'fields' object")
+        raise ValueError(
+            f"{where}: field 'expect.submit' needs a 'form' name and a 'fields' object"
+        )
 
 
 def read_log(workdir: Path) -> list[dict[str, Any]]:
@@ -89,7 +91,9 @@ def read_log(workdir: Path) -> list[dict[str, Any]]:
     path = workdir / LOG_FILE
     if not path.is_file():
         return []
-    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    return [
+        json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()
+    ]
 
 
 def grade(task: dict[str, Any], events: list[dict[str, Any]]) -> dict[str, Any]:
@@ -99,7 +103,9 @@ def grade(task: dict[str, Any], events: list[dict[str, Any]]) -> dict[str, Any]:
         views = [page_of(e) for e in events if e.get("event") == "view"]
         last = views[-1] if views else None
         ok = last == expect["page"]
-        reason = "reached the page" if ok else f"last page viewed is {last!r}, not {expect['page']!r}"
+        reason = (
+            "reached the page" if ok else f"last page viewed is {last!r}, not {expect['page']!r}"
+        )
     else:
         ok, reason = _grade_submit(expect["submit"], events)
     return {"reward": 1.0 if ok else 0.0, "task_id": task["id"], "reason": reason}
@@ -121,7 +127,10 @@ def _grade_submit(expected: dict[str, Any], events: list[dict[str, Any]]) -> tup
     for name in sorted(want.keys() | fields.keys()):
         got = str(fields.get(name, "")).strip()
         if got != want.get(name, ""):
-            return False, f"form {form!r} field {name!r} is {got!r}, expected {want.get(name, '')!r}"
+            return (
+                False,
+                f"form {form!r} field {name!r} is {got!r}, expected {want.get(name, '')!r}",
+            )
     return True, f"form {form!r} submitted with the right values"
 
 

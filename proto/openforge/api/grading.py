@@ -27,7 +27,10 @@ def reward(reward_from: str, *, stdout: str, exit_code: int) -> tuple[float | No
         value = body.get(REWARD_KEY) if isinstance(body, dict) else None
         if isinstance(value, int | float) and not isinstance(value, bool):
             if not math.isfinite(value):  # Python's JSON reads NaN and Infinity
-                return None, f"grader printed a {REWARD_KEY!r} that is not a finite number ({value}): {line[:200]}"
+                return (
+                    None,
+                    f"grader printed a {REWARD_KEY!r} that is not a finite number ({value}): {line[:200]}",
+                )
             return float(value), ""
         return None, f"grader printed JSON without a numeric {REWARD_KEY!r}: {line[:200]}"
     return None, f"grader printed no JSON line (exit {exit_code}): {stdout[-200:]!r}"

@@ -92,7 +92,16 @@ def load_manifests(source: str | os.PathLike[str]) -> list[v1alpha1.Resource]:
     else:
         name, text = "<string>", source
         if len(text.encode()) > MAX_BYTES:
-            raise ManifestError([Problem("", f"the manifests are {len(text.encode())} bytes; at most {MAX_BYTES} are read", None, name)])
+            raise ManifestError(
+                [
+                    Problem(
+                        "",
+                        f"the manifests are {len(text.encode())} bytes; at most {MAX_BYTES} are read",
+                        None,
+                        name,
+                    )
+                ]
+            )
     resources: list[v1alpha1.Resource] = []
     problems: list[Problem] = []
     seen: dict[tuple[str, str | None], int] = {}
@@ -137,13 +146,24 @@ def read(path: str | os.PathLike[str]) -> str:
     name = os.fspath(path)
     size = os.stat(path).st_size
     if size > MAX_BYTES:
-        raise ManifestError([Problem("", f"the file is {size} bytes; a manifest file holds at most {MAX_BYTES}", None, name)])
+        raise ManifestError(
+            [
+                Problem(
+                    "",
+                    f"the file is {size} bytes; a manifest file holds at most {MAX_BYTES}",
+                    None,
+                    name,
+                )
+            ]
+        )
     data = Path(path).read_bytes()
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as error:
         line = data.count(b"\n", 0, error.start) + 1
-        raise ManifestError([Problem("", f"not UTF-8 text (at byte offset {error.start})", None, name, line)]) from None
+        raise ManifestError(
+            [Problem("", f"not UTF-8 text (at byte offset {error.start})", None, name, line)]
+        ) from None
 
 
 def line_of(source: str | os.PathLike[str], kind: str, name: str, loc: Loc) -> int | None:
@@ -152,7 +172,11 @@ def line_of(source: str | os.PathLike[str], kind: str, name: str, loc: Loc) -> i
     when the file no longer holds that object."""
     problems: list[Problem] = []
     for node, data in _documents(os.fspath(source), read(source), problems):
-        if isinstance(data, Mapping) and data.get("kind") == kind and (data.get("metadata") or {}).get("name") == name:
+        if (
+            isinstance(data, Mapping)
+            and data.get("kind") == kind
+            and (data.get("metadata") or {}).get("name") == name
+        ):
             return _line(node, loc)
     return None
 

@@ -87,7 +87,9 @@ def failing_exit_codes(spec: v1alpha1.RolloutJobSpec) -> frozenset[int]:
     policy = spec.failure_policy
     if policy is None or not policy.rules:
         return frozenset()
-    return frozenset(code for code in range(1, 256) if policy.action_for(exit_code=code, reason=None) != "Ignore")
+    return frozenset(
+        code for code in range(1, 256) if policy.action_for(exit_code=code, reason=None) != "Ignore"
+    )
 
 
 def exit_code(returncode: int) -> int:

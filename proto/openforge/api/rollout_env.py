@@ -39,7 +39,9 @@ def task_json(task: Mapping[str, Any]) -> str:
     return json.dumps(dict(task), ensure_ascii=False)
 
 
-def base_env(*, job: str, rollout_id: str, task: Mapping[str, Any], sample: int, attempt: int, workdir: str) -> dict[str, str]:
+def base_env(
+    *, job: str, rollout_id: str, task: Mapping[str, Any], sample: int, attempt: int, workdir: str
+) -> dict[str, str]:
     """The variables every harness and grader sees about its rollout, in both modes."""
     return {
         "OPENFORGE_JOB": job,

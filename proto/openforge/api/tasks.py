@@ -63,7 +63,9 @@ def check_rollouts(tasks: Sequence[Mapping[str, Any]], samples_per_task: int) ->
         )
 
 
-def _check_size(record: Mapping[str, Any], at: str, *, loc: tuple[str | int, ...] | None = None) -> None:
+def _check_size(
+    record: Mapping[str, Any], at: str, *, loc: tuple[str | int, ...] | None = None
+) -> None:
     size = len(json.dumps(dict(record), ensure_ascii=False).encode())
     if size > MAX_TASK_BYTES:
         raise TaskError(
@@ -87,19 +89,27 @@ def parse_jsonl(text: str, *, where: str) -> list[dict[str, Any]]:
         except ValueError as error:
             raise TaskError(f"{at}: not JSON: {error}") from None
         if not isinstance(record, dict):
-            raise TaskError(f"{at}: a task is a JSON object with an id, not {type(record).__name__}")
+            raise TaskError(
+                f"{at}: a task is a JSON object with an id, not {type(record).__name__}"
+            )
         task_id = record.get("id")
         if not isinstance(task_id, str) or not 1 <= len(task_id) <= MAX_ID:
-            raise TaskError(f"{at}: id: every task needs a non-empty string id of at most {MAX_ID} characters")
+            raise TaskError(
+                f"{at}: id: every task needs a non-empty string id of at most {MAX_ID} characters"
+            )
         if not _ID.match(task_id):
-            raise TaskError(f"{at}: id: {task_id[:80]!r} has a character ids may not: letters, digits, '.', '_' and '-', a letter or digit first")
+            raise TaskError(
+                f"{at}: id: {task_id[:80]!r} has a character ids may not: letters, digits, '.', '_' and '-', a letter or digit first"
+            )
         if task_id in seen:
             raise TaskError(f"{at}: id: {task_id!r} is already the id of line {seen[task_id]}")
         _check_size(record, at)
         seen[task_id] = number
         records.append(record)
         if len(records) > MAX_TASKS:
-            raise TaskError(f"{at}: more than {MAX_TASKS} tasks; a job holds at most {MAX_TASKS}, as spec.tasks.inline does (split it into jobs)")
+            raise TaskError(
+                f"{at}: more than {MAX_TASKS} tasks; a job holds at most {MAX_TASKS}, as spec.tasks.inline does (split it into jobs)"
+            )
     if not records:
         raise TaskError(f"{where}: holds no task")
     return records

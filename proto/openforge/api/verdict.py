@@ -116,7 +116,9 @@ class Report:
             raise ValueError(f"status must be one of {', '.join(REPORT_STATUSES)}, not {status!r}")
         wait = body.get("wait_seconds", 0)
         if not _is_number(wait) or not 0 <= wait <= MAX_WAIT_SECONDS:
-            raise ValueError(f"wait_seconds must be a number from 0 to {MAX_WAIT_SECONDS:g}, not {wait!r}")
+            raise ValueError(
+                f"wait_seconds must be a number from 0 to {MAX_WAIT_SECONDS:g}, not {wait!r}"
+            )
         return cls(
             exit_code=exit_code,
             reward=None if reward is None else float(reward),
@@ -151,19 +153,33 @@ def judge(
         return Verdict(exit_code, None, "", "failed", "SidecarFailed", message)
     if timed_out:
         after = f" ({timeout_seconds:g} s)" if timeout_seconds is not None else ""
-        return Verdict(exit_code, None, "", "failed", "DeadlineExceeded", f"the harness ran past its timeout{after}")
+        return Verdict(
+            exit_code,
+            None,
+            "",
+            "failed",
+            "DeadlineExceeded",
+            f"the harness ran past its timeout{after}",
+        )
     output = ""
     if reward_from is None:
         value: float | None = 1.0 if exit_code == 0 else 0.0
         why = ""
     elif grader is None or grader.error:
-        value, why = None, f"the grader could not run: {grader.error if grader else 'no grader output'}"
+        value, why = (
+            None,
+            f"the grader could not run: {grader.error if grader else 'no grader output'}",
+        )
     else:
         output = grader.stdout.strip()[-GRADER_OUTPUT_LIMIT:]
         if grader.timed_out:
             value, why = None, "the grader ran past its timeout"
         else:
-            value, why = grading.reward(reward_from, stdout=grader.stdout, exit_code=grader.exit_code if grader.exit_code is not None else -1)
+            value, why = grading.reward(
+                reward_from,
+                stdout=grader.stdout,
+                exit_code=grader.exit_code if grader.exit_code is not None else -1,
+            )
     if value is None:
         return Verdict(exit_code, None, output, "failed", "GraderFailed", why)
     if exit_code != 0 and exit_code in failing_exit_codes:
@@ -188,8 +204,18 @@ def settle(verdict: Verdict, answer: Mapping[str, Any]) -> Settled:
     if not acknowledged:
         why = answer.get("error") or {k: v for k, v in answer.items() if k != "acknowledged"}
         message = f"the collector did not acknowledge the rollout's records: {why}"
-        return Settled(dataclasses.replace(verdict, status="failed", reason="SidecarFailed", message=message), False, calls)
+        return Settled(
+            dataclasses.replace(verdict, status="failed", reason="SidecarFailed", message=message),
+            False,
+            calls,
+        )
     if refused:
-        message = f"the collector refused {refused} of the rollout's records (the sidecar's log says why)"
-        return Settled(dataclasses.replace(verdict, status="failed", reason="SidecarFailed", message=message), False, calls)
+        message = (
+            f"the collector refused {refused} of the rollout's records (the sidecar's log says why)"
+        )
+        return Settled(
+            dataclasses.replace(verdict, status="failed", reason="SidecarFailed", message=message),
+            False,
+            calls,
+        )
     return Settled(verdict, True, calls)

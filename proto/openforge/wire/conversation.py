@@ -240,7 +240,12 @@ class StreamEnd:
 
 
 StreamEvent = (
-    TextDelta | ReasoningDelta | ReasoningSignature | ToolCallStart | ToolCallArgumentsDelta | StreamEnd
+    TextDelta
+    | ReasoningDelta
+    | ReasoningSignature
+    | ToolCallStart
+    | ToolCallArgumentsDelta
+    | StreamEnd
 )
 
 
@@ -258,7 +263,9 @@ def assemble(events: list[StreamEvent]) -> Completion:
         if isinstance(event, TextDelta | ReasoningDelta):
             kind = TextPart if isinstance(event, TextDelta) else ReasoningPart
             last = parts[-1] if parts else None
-            open_ = isinstance(last, TextPart) or (isinstance(last, ReasoningPart) and not last.signature)
+            open_ = isinstance(last, TextPart) or (
+                isinstance(last, ReasoningPart) and not last.signature
+            )
             if open_ and type(last) is kind:
                 assert isinstance(last, TextPart | ReasoningPart)
                 parts[-1] = kind(last.text + event.text)

@@ -83,7 +83,12 @@ def drain(
             lost_calls=len(found.vanished_calls) if close else 0,
             unacked_before=before,
             unacked=store.unacked_count,
-            error=error or ("" if not store.unacked_count else f"the collector at {collector} did not acknowledge within {timeout:g} s"),
+            error=error
+            or (
+                ""
+                if not store.unacked_count
+                else f"the collector at {collector} did not acknowledge within {timeout:g} s"
+            ),
         )
 
 
@@ -98,7 +103,11 @@ def _closing(found: resume.Resume, *, reason: str) -> list[Any]:
         ))  # fmt: skip
         index += 1
     if not found.finished:
-        out.append(records.lost(job=found.job, rollout_id=found.rollout_id, index=index, reason=reason, whole=True))
+        out.append(
+            records.lost(
+                job=found.job, rollout_id=found.rollout_id, index=index, reason=reason, whole=True
+            )
+        )
         out.append(records.finished(
             job=found.job, rollout_id=found.rollout_id, exit_code=STOPPED_EXIT_CODE, reward=None,
             grader_output="", call_count=found.next_call, status=trajectory.STOPPED,
@@ -123,17 +132,45 @@ def main(argv: list[str]) -> int:
     import json
 
     parser = argparse.ArgumentParser(prog="openforge drain", description=__doc__.split("\n\n")[0])
-    parser.add_argument("spools", nargs="+", type=Path, metavar="SPOOL", help="a stopped sidecar's --spool directory")
+    parser.add_argument(
+        "spools",
+        nargs="+",
+        type=Path,
+        metavar="SPOOL",
+        help="a stopped sidecar's --spool directory",
+    )
     parser.add_argument("--collector", required=True, help="collector host:port")
-    parser.add_argument("--collector-token-file", default="", help="file holding the collector bearer token")
-    parser.add_argument("--close", action="store_true", help="record each unfinished rollout as lost (with --reason) and failed")
-    parser.add_argument("--reason", default="its sidecar stopped before the rollout was finished", help="why, for --close")
-    parser.add_argument("--timeout", type=float, default=30.0, help="seconds to wait for each spool's acknowledgements")
+    parser.add_argument(
+        "--collector-token-file", default="", help="file holding the collector bearer token"
+    )
+    parser.add_argument(
+        "--close",
+        action="store_true",
+        help="record each unfinished rollout as lost (with --reason) and failed",
+    )
+    parser.add_argument(
+        "--reason",
+        default="its sidecar stopped before the rollout was finished",
+        help="why, for --close",
+    )
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=30.0,
+        help="seconds to wait for each spool's acknowledgements",
+    )
     ns = parser.parse_args(argv)
     token = Path(ns.collector_token_file).read_text().strip() if ns.collector_token_file else None
     kept = 0
     for directory in ns.spools:
-        done = drain(directory, collector=ns.collector, token=token, reason=ns.reason, close=ns.close, timeout=ns.timeout)
+        done = drain(
+            directory,
+            collector=ns.collector,
+            token=token,
+            reason=ns.reason,
+            close=ns.close,
+            timeout=ns.timeout,
+        )
         kept += done.unacked
         print(json.dumps(done.to_dict()), flush=True)
     return 1 if kept else 0

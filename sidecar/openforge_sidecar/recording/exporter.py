@@ -206,7 +206,9 @@ class Exporter:
 
     async def _session(self) -> None:
         self._stats["sessions"] += 1
-        async with grpc.aio.insecure_channel(self.target, options=channel.options()) as grpc_channel:
+        async with grpc.aio.insecure_channel(
+            self.target, options=channel.options()
+        ) as grpc_channel:
             stub = trajectory_pb2_grpc.TrajectoryServiceStub(grpc_channel)
             await self._skip_held(stub)
             call = await self._open(stub)

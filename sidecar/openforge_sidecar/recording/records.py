@@ -74,7 +74,9 @@ def finished(
     )
 
 
-def lost(*, job: str, rollout_id: str, index: int, reason: str, call_index: int = 0, whole: bool = False) -> pb.Record:
+def lost(
+    *, job: str, rollout_id: str, index: int, reason: str, call_index: int = 0, whole: bool = False
+) -> pb.Record:
     return pb.Record(
         idempotency_key=f"{rollout_id}/lost/{index}",
         job=job,
@@ -125,7 +127,9 @@ def model_call(
         segment_reason=segment_reason,
         prefix_token_count=prefix_token_count,
         policy_version=policy_version,
-        timings=pb.Timings(received_unix_nanos=received_ns, time_to_first_token_ms=ttft_ms, total_ms=total_ms),
+        timings=pb.Timings(
+            received_unix_nanos=received_ns, time_to_first_token_ms=ttft_ms, total_ms=total_ms
+        ),
         error=error,
         token_exact=token_mode and bool(completion_ids) and not error,
     )

@@ -42,7 +42,20 @@ SAFE_HEADERS = frozenset(
 SAFE_HEADER_PREFIXES = ("x-stainless-",)
 """The OpenAI and Anthropic SDKs' own descriptions of themselves (language, version, retry count)."""
 SECRET_QUERY_KEYS = frozenset({"key", "api_key", "apikey", "access_token", "token"})
-SECRET_BODY_FIELDS = frozenset({"apikey", "accesstoken", "authorization", "clientsecret", "password", "refreshtoken", "secret", "token", "idtoken", "sessiontoken"})
+SECRET_BODY_FIELDS = frozenset(
+    {
+        "apikey",
+        "accesstoken",
+        "authorization",
+        "clientsecret",
+        "password",
+        "refreshtoken",
+        "secret",
+        "token",
+        "idtoken",
+        "sessiontoken",
+    }
+)
 """Top-level request fields that carry a credential, by their name lowercased without ``_`` and ``-``."""
 REDACTED = "[redacted]"
 
@@ -118,5 +131,8 @@ def path(raw: str) -> str:
     base, sep, query = raw.partition("?")
     if not sep:
         return raw
-    pairs = [(k, REDACTED if k.lower() in SECRET_QUERY_KEYS else v) for k, v in parse_qsl(query, keep_blank_values=True)]
+    pairs = [
+        (k, REDACTED if k.lower() in SECRET_QUERY_KEYS else v)
+        for k, v in parse_qsl(query, keep_blank_values=True)
+    ]
     return f"{base}?{urlencode(pairs)}"

@@ -46,7 +46,12 @@ def test_parse_chunk_reads_vllm_stream_chunk():
             {
                 "index": 0,
                 "text": "hi",
-                "logprobs": {"tokens": ["hi"], "token_logprobs": [-0.5], "text_offset": [0], "top_logprobs": [{"hi": -0.5}]},
+                "logprobs": {
+                    "tokens": ["hi"],
+                    "token_logprobs": [-0.5],
+                    "text_offset": [0],
+                    "top_logprobs": [{"hi": -0.5}],
+                },
                 "finish_reason": None,
                 "token_ids": [42],
                 "prompt_token_ids": [1, 2, 3],
@@ -75,7 +80,9 @@ def test_prompt_token_ids_are_kept_as_an_int32_array() -> None:
 
 
 def test_parse_chunk_reads_usage_chunk():
-    chunk = engine.parse_chunk(json.dumps({"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 4}}))
+    chunk = engine.parse_chunk(
+        json.dumps({"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 4}})
+    )
     assert (chunk.prompt_tokens, chunk.completion_tokens, chunk.token_ids) == (3, 4, [])
 
 
@@ -86,7 +93,10 @@ def test_parse_chunk_reads_usage_chunk():
         ("[1]", "not a JSON object"),
         ('{"object": "error", "message": "boom"}', "boom"),
         ('{"choices": [{"index": 0, "text": "x"}]}', "return_token_ids"),
-        ('{"choices": [{"index": 0, "token_ids": [1, 2], "logprobs": {"token_logprobs": [-1]}}]}', "2 token_ids but 1"),
+        (
+            '{"choices": [{"index": 0, "token_ids": [1, 2], "logprobs": {"token_logprobs": [-1]}}]}',
+            "2 token_ids but 1",
+        ),
     ],
 )
 def test_parse_chunk_rejects_what_vllm_never_sends(payload, message):

@@ -227,7 +227,9 @@ def test_only_a_reply_that_calls_tools_is_rendered_ahead() -> None:
     renderer = CountingRenderer()
     tokens = history.TokenHistory(renderer)
     plan = tokens.plan(request(*BASE))
-    tokens.record(request(*BASE), plan, text("assistant", "Nothing to run."), [5, *tiny().stop_token_ids])
+    tokens.record(
+        request(*BASE), plan, text("assistant", "Nothing to run."), [5, *tiny().stop_token_ids]
+    )
     before = renderer.renders
     tokens.prerender()
     assert renderer.renders == before and tokens._heads[-1].rendered is None

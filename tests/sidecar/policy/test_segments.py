@@ -65,7 +65,12 @@ def test_pieces_give_the_ids_of_the_whole_text(texts: list[list[str]]) -> None:
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.lists(st.sampled_from([*PIECES, "word", " word", "Word", " x", "don't", "  ", ",", " 42"]), max_size=200))
+@given(
+    st.lists(
+        st.sampled_from([*PIECES, "word", " word", "Word", " x", "don't", "  ", ",", " 42"]),
+        max_size=200,
+    )
+)
 def test_a_long_piece_is_encoded_in_parts_to_the_same_ids(words: list[str]) -> None:
     encoder = segments.SegmentEncoder.for_tokenizer(WHOLE, whole)
     assert encoder is not None
@@ -88,7 +93,9 @@ def test_a_10_mb_message_is_never_encoded_more_than_a_part_at_a_time() -> None:
     sizes.clear()
     text = "<|im_start|>user\n" + "Some words, and 42 more words. " * 340_000 + "<|im_end|>"
     ids = encoder.encode(text)
-    assert max(sizes) <= segments.MAX_PIECE_CHARS and sum(sizes) == len(text) - len("<|im_start|><|im_end|>")
+    assert max(sizes) <= segments.MAX_PIECE_CHARS and sum(sizes) == len(text) - len(
+        "<|im_start|><|im_end|>"
+    )
     assert ids == whole([text])[0]
 
 

@@ -26,7 +26,9 @@ def call(index: int) -> pb.Record:
     )  # fmt: skip
 
 
-def killed_sidecar_spool(directory: Path, *, begun: int, spooled: int, finished: bool = False) -> None:
+def killed_sidecar_spool(
+    directory: Path, *, begun: int, spooled: int, finished: bool = False
+) -> None:
     """What a sidecar SIGKILLed mid-rollout leaves: a started record, some calls, a journal
     naming every call it began (the last ones never spooled), and no finish."""
     with spool.Spool(directory) as s:
@@ -41,23 +43,39 @@ def killed_sidecar_spool(directory: Path, *, begun: int, spooled: int, finished:
     (directory / resume.INFLIGHT_JOURNAL).write_text("".join(f"{i}\n" for i in range(begun)))
 
 
-def drain(*spools: Path, port: int, close: bool = True, timeout: float = 20) -> tuple[int, list[dict[str, object]]]:
-    argv = ["drain", *map(str, spools), "--collector", f"127.0.0.1:{port}", "--timeout", str(timeout)]
+def drain(
+    *spools: Path, port: int, close: bool = True, timeout: float = 20
+) -> tuple[int, list[dict[str, object]]]:
+    argv = [
+        "drain",
+        *map(str, spools),
+        "--collector",
+        f"127.0.0.1:{port}",
+        "--timeout",
+        str(timeout),
+    ]
     argv += ["--close", "--reason", "the sidecar was killed"] if close else []
     done = subprocess.run(openforge(*argv), capture_output=True, text=True, timeout=120)
     assert "Traceback" not in done.stderr, done.stderr
     return done.returncode, [json.loads(line) for line in done.stdout.splitlines()]
 
 
-def test_a_killed_sidecar_s_spool_is_delivered_once_and_its_rollout_closed(tmp_path: Path, procs: Any) -> None:
+def test_a_killed_sidecar_s_spool_is_delivered_once_and_its_rollout_closed(
+    tmp_path: Path, procs: Any
+) -> None:
     directory = tmp_path / "spool"
     killed_sidecar_spool(directory, begun=3, spooled=2)
     port = procs.collector().port
     code, [report] = drain(directory, port=port)
     assert code == 0, report
     assert report | {"spool": ""} == {
-        "spool": "", "rollout_id": ROLLOUT, "closed": True, "lost_calls": 1,
-        "unacked_before": 6, "unacked": 0, "error": "",
+        "spool": "",
+        "rollout_id": ROLLOUT,
+        "closed": True,
+        "lost_calls": 1,
+        "unacked_before": 6,
+        "unacked": 0,
+        "error": "",
     }  # fmt: skip  started, 2 calls, call 2 lost, the rollout lost, its finish
     with store_module.Store(tmp_path / "store.db") as db:
         rollout = db.rollout(ROLLOUT)
@@ -77,7 +95,9 @@ def test_a_killed_sidecar_s_spool_is_delivered_once_and_its_rollout_closed(tmp_p
         assert db.record_count() == count
 
 
-def test_with_the_collector_away_the_records_stay_for_the_next_drain(tmp_path: Path, procs: Any) -> None:
+def test_with_the_collector_away_the_records_stay_for_the_next_drain(
+    tmp_path: Path, procs: Any
+) -> None:
     directory = tmp_path / "spool"
     killed_sidecar_spool(directory, begun=2, spooled=2)
     port = procs.free_port()

@@ -14,7 +14,11 @@ def test_headers_redacts_every_credential_and_keeps_the_rest():
             ("anthropic-version", "2023-06-01"),
         ]
     )
-    assert "sk-secret" not in str(kept) and "sk-ant-secret" not in str(kept) and "session=1" not in str(kept)
+    assert (
+        "sk-secret" not in str(kept)
+        and "sk-ant-secret" not in str(kept)
+        and "session=1" not in str(kept)
+    )
     assert kept["authorization"] == redact.REDACTED
     assert kept["content-type"] == "application/json"
     assert kept["anthropic-version"] == "2023-06-01"
@@ -68,5 +72,7 @@ def test_top_level_credential_fields_of_a_body_are_redacted_and_the_conversation
     assert b'"api_key":"[redacted]"' in out and b"in-content" in out and b"my password is p" in out
     assert redact.body(raw) == out  # a body the codec refused: the scan finds them too
     plain = b'{"model": "m", "messages": [{"role": "user", "content": "hi"}], "temperature": 0.5}'
-    assert redact.body(plain, ["temperature"]) is plain and redact.body(plain) is plain  # untouched bytes
+    assert (
+        redact.body(plain, ["temperature"]) is plain and redact.body(plain) is plain
+    )  # untouched bytes
     assert redact.body(b"not json, api_key: x") == b"not json, api_key: x"

@@ -266,7 +266,10 @@ def test_undecodable_calls_are_counted_and_reported(
     )
     code, out, _ = run(["--store", str(path), "--json"], capsys)
     assert json.loads(out)["problems"] == [
-        {"rollout_id": "r", "problems": ["call 0 request_json: messages: expected an array, got string"]}
+        {
+            "rollout_id": "r",
+            "problems": ["call 0 request_json: messages: expected an array, got string"],
+        }
     ]
 
 

@@ -150,7 +150,9 @@ def chat_response(*calls: tuple[str, str, str]) -> dict[str, object]:
 def test_bad_bodies_are_reported_naming_call_and_field_and_the_rest_is_decoded() -> None:
     calls = [
         model_call(0, b"{not json", chat_response(("c0", "shell", '{"command": "ls"}'))),
-        model_call(1, {"model": "m", "messages": [{"role": "tool", "content": "x"}]}, chat_response()),
+        model_call(
+            1, {"model": "m", "messages": [{"role": "tool", "content": "x"}]}, chat_response()
+        ),
         model_call(2, CHAT_REQUEST, {"choices": [{"message": {"tool_calls": [{"function": {}}]}}]}),
     ]
     episode = episodes.episode(rollout(), calls)
@@ -201,7 +203,7 @@ def test_a_result_with_an_unknown_id_pairs_by_position_when_names_agree() -> Non
             },
             {"role": "tool", "tool_call_id": "X", "content": "out"},
             {"role": "tool", "tool_call_id": "Y", "content": "other"},
-        ]
+        ],
     }
     episode = episodes.episode(
         rollout(), [model_call(0, CHAT_REQUEST, first), model_call(1, history, chat_response())]

@@ -209,7 +209,9 @@ def test_a_job_is_claimed_once_and_for_good(tmp_path: Path) -> None:
         assert db.job_owner("job") == "rl/job/uid-1"
 
 
-def test_a_store_from_before_batches_gains_the_column_and_keeps_its_rollouts(tmp_path: Path) -> None:
+def test_a_store_from_before_batches_gains_the_column_and_keeps_its_rollouts(
+    tmp_path: Path,
+) -> None:
     path = tmp_path / "old.db"
     with store.Store(path) as db:
         db.put([trajectory_pb2.Record(
@@ -229,14 +231,18 @@ def test_a_store_from_before_batches_gains_the_column_and_keeps_its_rollouts(tmp
         assert again is not None and again.batch == "4"
 
 
-def attempt(rollout: str, number: int, *, batch: str = "0/4", finished: bool = False) -> list[trajectory_pb2.Record]:
+def attempt(
+    rollout: str, number: int, *, batch: str = "0/4", finished: bool = False
+) -> list[trajectory_pb2.Record]:
     records = rollout_records(rollout, calls=1, finished=finished)
     records[0].started.attempt = number
     records[0].started.labels["openforge.dev/batch"] = batch
     return records
 
 
-def test_an_attempt_a_later_one_superseded_is_closed_stopped_with_the_reason(db: store.Store) -> None:
+def test_an_attempt_a_later_one_superseded_is_closed_stopped_with_the_reason(
+    db: store.Store,
+) -> None:
     """Its pod was deleted or its node lost: nothing else will ever finish it."""
     db.put(attempt("r-0", 0))
     first = db.rollout("r-0")
@@ -244,14 +250,20 @@ def test_an_attempt_a_later_one_superseded_is_closed_stopped_with_the_reason(db:
     db.put(attempt("r-1", 1))
     closed, running = db.rollout("r-0"), db.rollout("r-1")
     assert closed is not None and running is not None
-    assert (closed.finished, closed.status, closed.closed_reason) == (True, "stopped", "abandoned: attempt 1 of its rollout started")
+    assert (closed.finished, closed.status, closed.closed_reason) == (
+        True,
+        "stopped",
+        "abandoned: attempt 1 of its rollout started",
+    )
     assert closed.calls_stored == 1, "what it captured stays"
     assert (running.finished, running.closed_reason) == (False, "")
 
 
 def test_only_attempts_of_the_same_rollout_are_closed(db: store.Store) -> None:
     db.put(attempt("a-0", 0, batch="0/4"))
-    db.put(attempt("b-1", 1, batch="1/4"))  # another iteration's attempt of the same task and sample
+    db.put(
+        attempt("b-1", 1, batch="1/4")
+    )  # another iteration's attempt of the same task and sample
     other = rollout_records("c-1", sample=1, calls=1, finished=False)
     other[0].started.attempt = 1
     other[0].started.labels["openforge.dev/batch"] = "0/4"
@@ -260,15 +272,24 @@ def test_only_attempts_of_the_same_rollout_are_closed(db: store.Store) -> None:
     assert kept is not None and not kept.finished and kept.closed_reason == ""
 
 
-def test_an_earlier_attempt_whose_start_arrives_late_is_closed_and_its_own_finish_still_wins(db: store.Store) -> None:
+def test_an_earlier_attempt_whose_start_arrives_late_is_closed_and_its_own_finish_still_wins(
+    db: store.Store,
+) -> None:
     db.put(attempt("r-1", 1))
     records = attempt("r-0", 0, finished=True)
     db.put(records[:-1])  # its spool drained late, after the next attempt started
     late = db.rollout("r-0")
-    assert late is not None and (late.status, late.closed_reason) == ("stopped", "abandoned: attempt 1 of its rollout started")
+    assert late is not None and (late.status, late.closed_reason) == (
+        "stopped",
+        "abandoned: attempt 1 of its rollout started",
+    )
     db.put(records[-1:])
     finished = db.rollout("r-0")
-    assert finished is not None and (finished.status, finished.closed_reason, finished.complete) == ("succeeded", "", True)
+    assert finished is not None and (
+        finished.status,
+        finished.closed_reason,
+        finished.complete,
+    ) == ("succeeded", "", True)
 
 
 def test_a_store_from_before_closed_reasons_gains_the_column(tmp_path: Path) -> None:
@@ -280,4 +301,8 @@ def test_a_store_from_before_closed_reasons_gains_the_column(tmp_path: Path) -> 
     with store.Store(path) as db:
         db.put(attempt("r-1", 1))
         closed = db.rollout("r-0")
-        assert closed is not None and closed.status == "stopped" and "attempt 1" in closed.closed_reason
+        assert (
+            closed is not None
+            and closed.status == "stopped"
+            and "attempt 1" in closed.closed_reason
+        )

@@ -255,9 +255,17 @@ def test_the_vllm_worker_extension_reads_every_checkpoint_tensor(saved: Path) ->
 def test_the_trainer_config_picks_the_serve_publish_mode() -> None:
     """serve_publish=bytes (the chart's setting: the policy server is another pod) reaches the
     publishers; the default names the checkpoint path, for servers that see the trainer's files."""
-    base = {"store": "s.db", "job": "j", "model": "m", "run_dir": "r", "serve_urls": ["http://a:1", "http://b:2"]}
+    base = {
+        "store": "s.db",
+        "job": "j",
+        "model": "m",
+        "run_dir": "r",
+        "serve_urls": ["http://a:1", "http://b:2"],
+    }
     default = trainer_loop.default_publishers(train_config.TrainConfig(**base))
-    chosen = trainer_loop.default_publishers(train_config.TrainConfig(**base, serve_publish="bytes"))
+    chosen = trainer_loop.default_publishers(
+        train_config.TrainConfig(**base, serve_publish="bytes")
+    )
     assert [p.mode for p in default] == ["path", "path"]  # type: ignore[attr-defined]
     assert [p.mode for p in chosen] == ["bytes", "bytes"]  # type: ignore[attr-defined]
     with pytest.raises(pydantic.ValidationError, match="serve_publish"):

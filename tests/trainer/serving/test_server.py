@@ -375,7 +375,9 @@ def test_string_prompt_is_tokenized(server: str) -> None:
 def generate(url: str) -> tuple[list[int], str]:
     response = complete(url, temperature=0, return_token_ids=True)
     assert response.status_code == 200, response.text
-    return response.json()["choices"][0]["token_ids"], response.headers[endpoints.POLICY_VERSION_HEADER]
+    return response.json()["choices"][0]["token_ids"], response.headers[
+        endpoints.POLICY_VERSION_HEADER
+    ]
 
 
 def post_weights(url: str, **kwargs: Any) -> httpx.Response:
@@ -460,9 +462,14 @@ def test_bad_updates_are_refused_whole_and_name_the_tensor(
     garbage = post_weights(url, content=b"\x00" * 32, headers=octet)
     assert garbage.status_code == 400 and "not a safetensors" in garbage.json()["message"]
     bad_header = post_weights(
-        url, content=state_bytes(models["b"]), headers={**octet, endpoints.POLICY_VERSION_HEADER: "v2"}
+        url,
+        content=state_bytes(models["b"]),
+        headers={**octet, endpoints.POLICY_VERSION_HEADER: "v2"},
     )
-    assert bad_header.status_code == 400 and endpoints.POLICY_VERSION_HEADER in bad_header.json()["message"]
+    assert (
+        bad_header.status_code == 400
+        and endpoints.POLICY_VERSION_HEADER in bad_header.json()["message"]
+    )
 
     partial = post_weights(
         url, content=state_bytes(models["b"], drop), headers=octet, params={"partial": "true"}

@@ -421,7 +421,15 @@ def test_token_delay_makes_streaming_observable() -> None:
 
 def test_cli_port_zero_prints_the_port() -> None:
     process = subprocess.Popen(
-        [sys.executable, "-m", "openforge_trainer.testengine.engine", "--port", "0", "--model", "m"],
+        [
+            sys.executable,
+            "-m",
+            "openforge_trainer.testengine.engine",
+            "--port",
+            "0",
+            "--model",
+            "m",
+        ],
         stdout=subprocess.PIPE,
         text=True,
     )

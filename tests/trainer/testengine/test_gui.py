@@ -11,8 +11,13 @@ from openforge_trainer.testengine import gui, policy
 from openforge_trainer.tiny import tokenizer_build
 
 ROOT = Path(__file__).resolve().parents[3]
-HARNESS_SPEC = json.loads((ROOT / "examples" / "harnesses" / "gui-browser" / "harness.json").read_text())
-TASKS = [json.loads(line) for line in (ROOT / "examples" / "tasks" / "web-forms" / "tasks.jsonl").read_text().splitlines()]
+HARNESS_SPEC = json.loads(
+    (ROOT / "examples" / "harnesses" / "gui-browser" / "harness.json").read_text()
+)
+TASKS = [
+    json.loads(line)
+    for line in (ROOT / "examples" / "tasks" / "web-forms" / "tasks.jsonl").read_text().splitlines()
+]
 
 PAGE = """Page: Search (http://127.0.0.1:5000/search)
 Elements:
@@ -44,7 +49,7 @@ def test_plan_reads_the_steps_in_order() -> None:
         gui.Click("Weekly digest", ("checkbox",)),
         gui.Call("press_key", {"key": "Enter"}),
     ]
-    assert gui.plan("What color is item \"x\"?") == []
+    assert gui.plan('What color is item "x"?') == []
 
 
 @pytest.mark.parametrize("task", TASKS, ids=lambda t: t["id"])
@@ -62,7 +67,9 @@ def test_one_action_per_turn_with_coordinates_from_the_latest_element_list() -> 
     second = [*first, call("click", {"x": 190, "y": 172}, "c1"),
               {"role": "tool", "tool_call_id": "c1", "content": "clicked at (190, 172)"},
               {"role": "user", "content": moved}]  # fmt: skip
-    assert policy.respond(prompt(second)) == policy.tool_call_text("type_text", {"text": "blue kettle"})
+    assert policy.respond(prompt(second)) == policy.tool_call_text(
+        "type_text", {"text": "blue kettle"}
+    )
 
     third = [*second, call("type_text", {"text": "blue kettle"}, "c2"),
              {"role": "tool", "tool_call_id": "c2", "content": "typed 11 characters"},
@@ -73,7 +80,10 @@ def test_one_action_per_turn_with_coordinates_from_the_latest_element_list() -> 
             {"role": "tool", "tool_call_id": "c3", "content": "pressed Enter"},
             {"role": "user", "content": moved}]  # fmt: skip
     assert policy.respond(prompt(done)) == "Done."
-    assert policy.respond(prompt(done), reasoning=True) == "<think>\nI will act on the page.\n</think>\n\nDone."
+    assert (
+        policy.respond(prompt(done), reasoning=True)
+        == "<think>\nI will act on the page.\n</think>\n\nDone."
+    )
 
 
 def test_labels_are_json_strings_and_missing_elements_end_the_episode() -> None:
@@ -88,6 +98,16 @@ def test_labels_are_json_strings_and_missing_elements_end_the_episode() -> None:
 def test_without_the_gui_tools_the_other_scripts_answer() -> None:
     task = [{"role": "user", "content": f'Click the "Search" link.\n\n{PAGE}'}]
     assert policy.respond(prompt(task, tools=[])) == "Done."
-    shell = [{"type": "function", "function": {"name": "shell", "parameters": {"properties": {"command": {"type": "string"}}}}}]
+    shell = [
+        {
+            "type": "function",
+            "function": {
+                "name": "shell",
+                "parameters": {"properties": {"command": {"type": "string"}}},
+            },
+        }
+    ]
     asked = [{"role": "user", "content": "Please run `ls` now."}]
-    assert policy.respond(prompt(asked, tools=[*HARNESS_SPEC["tools"], *shell])) == policy.tool_call_text("shell", {"command": "ls"})
+    assert policy.respond(
+        prompt(asked, tools=[*HARNESS_SPEC["tools"], *shell])
+    ) == policy.tool_call_text("shell", {"command": "ls"})

@@ -155,7 +155,10 @@ def test_a_request_answered_before_is_not_run_again() -> None:
 
 def schema_tool(name: str, **properties: str) -> dict[str, Any]:
     schema = {"type": "object", "properties": {k: {"type": v} for k, v in properties.items()}}
-    return {"type": "function", "function": {"name": name, "description": name, "parameters": schema}}
+    return {
+        "type": "function",
+        "function": {"name": name, "description": name, "parameters": schema},
+    }
 
 
 LOOKUP = schema_tool("lookup_color", item="string")
@@ -164,7 +167,11 @@ QUESTION = 'What color is item "vobipo"? Use the lookup tool, then answer with t
 
 
 def assistant_call(name: str, arguments: dict[str, Any]) -> dict[str, Any]:
-    return {"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": {"name": name, "arguments": arguments}}]}
+    return {
+        "role": "assistant",
+        "content": "",
+        "tool_calls": [{"type": "function", "function": {"name": name, "arguments": arguments}}],
+    }
 
 
 def test_color_question_calls_lookup_with_the_item() -> None:
@@ -199,7 +206,12 @@ def test_color_question_without_lookup_tool_reads_the_database_with_the_shell() 
 
 
 def test_color_question_without_any_tool_is_not_a_tool_call() -> None:
-    assert policy.respond(prompt([schema_tool("read", path="string")], [{"role": "user", "content": QUESTION}])) == "Done."
+    assert (
+        policy.respond(
+            prompt([schema_tool("read", path="string")], [{"role": "user", "content": QUESTION}])
+        )
+        == "Done."
+    )
 
 
 DATABASE = '{\n  "items": {\n    "vobipo": "teal"\n  }\n}\n'
@@ -228,5 +240,9 @@ def test_a_database_without_the_item_gets_done() -> None:
 
 
 def test_reasoning_mode_thinks_before_the_lookup() -> None:
-    answer = policy.respond(prompt([LOOKUP], [{"role": "user", "content": QUESTION}]), reasoning=True)
-    assert answer.startswith("<think>\n") and answer.endswith(policy.tool_call_text("lookup_color", {"item": "vobipo"}))
+    answer = policy.respond(
+        prompt([LOOKUP], [{"role": "user", "content": QUESTION}]), reasoning=True
+    )
+    assert answer.startswith("<think>\n") and answer.endswith(
+        policy.tool_call_text("lookup_color", {"item": "vobipo"})
+    )

@@ -40,11 +40,18 @@ def test_loads_as_qwen2_with_the_tokenizers_vocabulary(built: Path) -> None:
     model = AutoModelForCausalLM.from_pretrained(built)
     tokenizer = Tokenizer.from_file(str(built / "tokenizer.json"))
     assert model.config.model_type == "qwen2"
-    assert model.config.vocab_size == tokenizer.get_vocab_size(with_added_tokens=True) == tokenizer_build.VOCAB_SIZE
+    assert (
+        model.config.vocab_size
+        == tokenizer.get_vocab_size(with_added_tokens=True)
+        == tokenizer_build.VOCAB_SIZE
+    )
     assert model.config.eos_token_id == tokenizer.token_to_id("<|im_end|>")
     assert model.config.pad_token_id == tokenizer.token_to_id("<|endoftext|>")
     assert model.config.tie_word_embeddings
-    assert model.get_output_embeddings().weight.data_ptr() == model.get_input_embeddings().weight.data_ptr()
+    assert (
+        model.get_output_embeddings().weight.data_ptr()
+        == model.get_input_embeddings().weight.data_ptr()
+    )
     ids = torch.tensor([tokenizer.encode("<|im_start|>user\nhi<|im_end|>").ids])
     assert model(input_ids=ids).logits.shape == (1, ids.shape[1], tokenizer_build.VOCAB_SIZE)
 

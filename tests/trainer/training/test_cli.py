@@ -88,7 +88,11 @@ def test_two_steps_end_to_end(tmp_path: Path, model_dir: Path) -> None:
 def spawn(tmp_path: Path, model_dir: Path, *flags: str) -> subprocess.Popen[str]:
     """``openforge train`` running, its output (stderr too) on ``stdout``."""
     return subprocess.Popen(
-        command(tmp_path, model_dir, *flags), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=ENV
+        command(tmp_path, model_dir, *flags),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=ENV,
     )
 
 
@@ -112,7 +116,9 @@ def test_sigterm_stops_cleanly_after_the_step(tmp_path: Path, model_dir: Path) -
     assert checkpoint.latest(tmp_path / "run") == checkpoint.path_for(tmp_path / "run", 1)
 
 
-def test_sigterm_while_waiting_does_not_train_a_partial_step(tmp_path: Path, model_dir: Path) -> None:
+def test_sigterm_while_waiting_does_not_train_a_partial_step(
+    tmp_path: Path, model_dir: Path
+) -> None:
     """One group ready of the two a step takes: a stop ends the wait without training it."""
     populate(tmp_path / "store.db", model_dir, ["a"])
     process = spawn(tmp_path, model_dir, "--groups-per-step", "2", "--poll-interval", "0.2")

@@ -181,7 +181,11 @@ def test_micro_batching_does_not_change_the_update(tmp_path: Path, model_dir: Pa
     runs = [
         trainer(
             settings(
-                tmp_path, model_dir, run_dir=tmp_path / name, micro_batch_tokens=budget, adam_eps=1.0
+                tmp_path,
+                model_dir,
+                run_dir=tmp_path / name,
+                micro_batch_tokens=budget,
+                adam_eps=1.0,
             )
         )
         for name, budget in (("whole", 100_000), ("split", 1))
@@ -227,7 +231,12 @@ def test_checkpoint_then_marks_then_the_next_groups(tmp_path: Path, model_dir: P
     assert {
         rid: str(checkpoint.path_for(config.run_dir, step)) for rid, step in state.trained.items()
     } == marks
-    assert sorted(state.trained_tasks.items()) == [("a@v0", 1), ("b@v0", 1), ("c@v0", 2), ("d@v0", 2)]
+    assert sorted(state.trained_tasks.items()) == [
+        ("a@v0", 1),
+        ("b@v0", 1),
+        ("c@v0", 2),
+        ("d@v0", 2),
+    ]
     assert sorted(p.name for p in (config.run_dir / "checkpoints").iterdir()) == [
         first.name,
         second.name,
@@ -354,7 +363,13 @@ def test_selection_waits_for_whole_groups_and_skips_what_cannot_train(
     # task a: one more rollout still running -> not ready while group_size is 0
     put(db_path, "a-running", [record("a-running", "a", 7, body="started")])
     # task b: a retry of sample 0 supersedes the first attempt; a rollout without a reward
-    call = {"call_index": 0, "prompt_token_ids": [1, 11, 12], "completion_token_ids": [13, 2], "http_status": 200, "finish_reason": "stop"}
+    call = {
+        "call_index": 0,
+        "prompt_token_ids": [1, 11, 12],
+        "completion_token_ids": [13, 2],
+        "http_status": 200,
+        "finish_reason": "stop",
+    }
     put(
         db_path,
         "b-retry",
@@ -512,7 +527,8 @@ def test_a_task_revisited_by_a_newer_policy_is_a_new_group(tmp_path: Path, model
     state = checkpoint.load_state(checkpoint.path_for(config.run_dir, 2))
     assert state.trained_tasks == {"a@v0": 1, "a@v1": 2}
     assert sorted(trained_marks(config.store).values()) == sorted(
-        [str(checkpoint.path_for(config.run_dir, 1))] * len(first) + [str(checkpoint.path_for(config.run_dir, 2))] * len(second)
+        [str(checkpoint.path_for(config.run_dir, 1))] * len(first)
+        + [str(checkpoint.path_for(config.run_dir, 2))] * len(second)
     )
 
 
@@ -523,8 +539,20 @@ def test_failed_calls_are_never_trained_and_a_rollout_of_failed_calls_only_is_sk
     db_path = tmp_path / "store.db"
     with store.Store(db_path) as db:
         for sample in (0, 1):
-            db.put(call_outcomes.records(f"f-{sample}", call_outcomes.MIXED, job=JOB, task="f", sample=sample, reward=sample))
-        failed = (call_outcomes.disconnected(0, [1, 2, 3], [7, 8]), call_outcomes.refused(1, [1, 2, 3]))
+            db.put(
+                call_outcomes.records(
+                    f"f-{sample}",
+                    call_outcomes.MIXED,
+                    job=JOB,
+                    task="f",
+                    sample=sample,
+                    reward=sample,
+                )
+            )
+        failed = (
+            call_outcomes.disconnected(0, [1, 2, 3], [7, 8]),
+            call_outcomes.refused(1, [1, 2, 3]),
+        )
         db.put(call_outcomes.records("f-2", failed, job=JOB, task="f", sample=2))
     config = settings(tmp_path, tmp_path / "model")  # selection loads no model
     with store.Store(db_path) as db:
@@ -532,7 +560,9 @@ def test_failed_calls_are_never_trained_and_a_rollout_of_failed_calls_only_is_sk
     [group] = selection.groups
     assert sorted(r.rollout_id for r in group.rollouts) == ["f-0", "f-1"]
     assert [(row.call_indices, row.response_ids) for row in group.rows] == [([0], [10, 11])] * 2
-    assert selection.skipped == {"f-2": "no model tokens (failed calls not trained: 1 aborted, 1 refused)"}
+    assert selection.skipped == {
+        "f-2": "no model tokens (failed calls not trained: 1 aborted, 1 refused)"
+    }
 
 
 def test_a_stopped_attempt_is_never_trained_nor_counted_towards_its_group(
@@ -550,7 +580,13 @@ def test_a_stopped_attempt_is_never_trained_nor_counted_towards_its_group(
     with store.Store(db_path) as db:
         waiting = trainer_loop.select_groups(db, sized, checkpoint.TrainerState(), limit=5)
         assert waiting.groups == [] and "a-stopped" not in waiting.skipped
-    call = {"call_index": 0, "prompt_token_ids": [1, 11, 12], "completion_token_ids": [13, 2], "http_status": 200, "finish_reason": "stop"}
+    call = {
+        "call_index": 0,
+        "prompt_token_ids": [1, 11, 12],
+        "completion_token_ids": [13, 2],
+        "http_status": 200,
+        "finish_reason": "stop",
+    }
     put(db_path, "a-retry", [
         record("a-retry", "a", 2, body="started", attempt=2),
         record("a-retry", "a", 2, body="call", completion_logprobs=[-0.5, -0.5], **call),
@@ -582,7 +618,10 @@ def test_two_batches_at_one_policy_version_are_two_groups_trained_a_batch_a_step
     with store.Store(batches) as db:
         first = trainer_loop.select_groups(db, config, checkpoint.TrainerState(), limit=8)
         # batch 0 says it has 6 rollouts and 4 are in: its groups wait (not settled)
-        assert sorted(g.task_id for g in first.groups) == ["a@v0#0/6", "b@v0#0/6"] and not first.settled
+        assert (
+            sorted(g.task_id for g in first.groups) == ["a@v0#0/6", "b@v0#0/6"]
+            and not first.settled
+        )
         assert {r.batch for g in first.groups for r in g.rollouts} == {"0/6"}
         rollout_sampler.write_rollouts(
             db, model, job=JOB, tasks=["c"], samples=2, turns=2, max_new_tokens=6,
@@ -596,5 +635,7 @@ def test_two_batches_at_one_policy_version_are_two_groups_trained_a_batch_a_step
         assert sorted(g.task_id for g in second.groups) == ["a@v0#1/4", "b@v0#1/4"]  # 1 before 10
         assert second.settled
     with store.Store(db_path) as db:  # rollouts without a batch group as before, never settled
-        plain = trainer_loop.select_groups(db, settings(tmp_path, model_dir), checkpoint.TrainerState(), limit=8)
+        plain = trainer_loop.select_groups(
+            db, settings(tmp_path, model_dir), checkpoint.TrainerState(), limit=8
+        )
         assert sorted(g.task_id for g in plain.groups) == ["a@v0", "b@v0"] and not plain.settled

@@ -25,7 +25,16 @@ def test_records_without_the_extremes_keep_the_plain_band() -> None:
 
 
 def test_the_curve_has_a_title_and_is_written_whole(tmp_path: Path) -> None:
-    history: list[metrics.Record] = [{"step": 1, "reward_mean": 0.5, "reward_std": 0.5, "pass_rate": 0.5, "reward_min": 0.0, "reward_max": 1.0}]
+    history: list[metrics.Record] = [
+        {
+            "step": 1,
+            "reward_mean": 0.5,
+            "reward_std": 0.5,
+            "pass_rate": 0.5,
+            "reward_min": 0.0,
+            "reward_max": 1.0,
+        }
+    ]
     drawn = metrics.figure(history, title="react-toy: reward per training step")
     assert drawn.axes[0].get_title() == "react-toy: reward per training step"
     metrics.plot(history, tmp_path / metrics.CURVE, title="t")

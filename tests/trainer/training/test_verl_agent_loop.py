@@ -122,7 +122,10 @@ def test_the_agent_loop_runs_under_verl_base_class(captured: tuple[Path, Path, l
     sample = {"raw_prompt": [], "extra_info": {verl_agent_loop.ROLLOUT_KEY: ids[0]}}
     (output,) = asyncio.run(loop.run({"temperature": 1.0}, session_id=0, **sample))
     assert output.response_ids == row_of(db_path, ids[0]).response_ids
-    assert (output.extra_fields["min_global_steps"], output.extra_fields["max_global_steps"]) == (0, 0)
+    assert (output.extra_fields["min_global_steps"], output.extra_fields["max_global_steps"]) == (
+        0,
+        0,
+    )
     with pytest.raises(
         verl_agent_loop.RolloutUnavailable, match=r"rollout 'running' not complete .* after 0\.3 s"
     ):
@@ -153,14 +156,24 @@ def test_a_group_of_n_sessions_is_n_distinct_rollouts_of_the_task(
             ("t", 1, batch),
         ]
         assert {out.extra_fields["max_global_steps"] for (out,) in outputs} == {version}
-    with pytest.raises(verl_agent_loop.RolloutUnavailable, match="sample 2 of task 't' in batch '1' not complete"):
-        asyncio.run(loop.run({}, session_id=2, **{verl_agent_loop.TASK_KEY: "t", verl_agent_loop.BATCH_KEY: "1"}))
+    with pytest.raises(
+        verl_agent_loop.RolloutUnavailable, match="sample 2 of task 't' in batch '1' not complete"
+    ):
+        asyncio.run(
+            loop.run(
+                {}, session_id=2, **{verl_agent_loop.TASK_KEY: "t", verl_agent_loop.BATCH_KEY: "1"}
+            )
+        )
     # one rollout id cannot answer a group: the bug that made a group of n one rollout n times
-    with pytest.raises(verl_agent_loop.RolloutUnavailable, match="a group needs one rollout per session"):
+    with pytest.raises(
+        verl_agent_loop.RolloutUnavailable, match="a group needs one rollout per session"
+    ):
         asyncio.run(loop.run({}, session_id=1, **{verl_agent_loop.ROLLOUT_KEY: "x"}))
     named = {verl_agent_loop.ROLLOUT_IDS_KEY: list(reversed(_ids_of(db_path)))}
     (first,) = asyncio.run(loop.run({}, session_id=0, **named))
-    assert first.extra_fields[verl_agent_loop.ROLLOUT_KEY] == named[verl_agent_loop.ROLLOUT_IDS_KEY][0]
+    assert (
+        first.extra_fields[verl_agent_loop.ROLLOUT_KEY] == named[verl_agent_loop.ROLLOUT_IDS_KEY][0]
+    )
     with pytest.raises(verl_agent_loop.RolloutUnavailable, match="no rollout for session 9"):
         asyncio.run(loop.run({}, session_id=9, **named))
 
@@ -205,14 +218,23 @@ def test_verl_constructs_the_loop_from_its_yaml_entry_for_every_sample(
     yaml_path = tmp_path / "agent_loops.yaml"
     OmegaConf.save(
         OmegaConf.create(
-            [{"name": "openforge", "_target_": f"{verl_agent_loop.__name__}.OpenForgeAgentLoop",
-              "store": str(db_path), "job": "job", "timeout": 5}]
+            [
+                {
+                    "name": "openforge",
+                    "_target_": f"{verl_agent_loop.__name__}.OpenForgeAgentLoop",
+                    "store": str(db_path),
+                    "job": "job",
+                    "timeout": 5,
+                }
+            ]
         ),
         yaml_path,
     )
     done = subprocess.run(
         [sys.executable, "-c", VERL_WORKER, str(yaml_path), str(model_dir)],
-        capture_output=True, text=True, timeout=300,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.split() == ids[:2]
@@ -226,7 +248,10 @@ def test_a_rewritten_history_gives_one_output_per_segment(
     second = dataclasses.replace(row, segment_index=1, policy_versions=[2, 3], policy_version=2)
     outputs = [verl_agent_loop.to_output(r, segments=2) for r in (row, second)]
     assert [o.extra_fields["openforge_segments"] for o in outputs] == [2, 2]
-    assert (outputs[1].extra_fields["min_global_steps"], outputs[1].extra_fields["max_global_steps"]) == (2, 3)
+    assert (
+        outputs[1].extra_fields["min_global_steps"],
+        outputs[1].extra_fields["max_global_steps"],
+    ) == (2, 3)
     assert all(o.reward_score == row.reward for o in outputs)
 
 
@@ -236,11 +261,13 @@ def test_failed_calls_never_become_verl_outputs(tmp_path: Path) -> None:
     with store.Store(tmp_path / "store.db") as db:
         db.put(call_outcomes.records("mixed", call_outcomes.MIXED))
         db.put(call_outcomes.records("failed", failed, sample=1))
-        outputs = verl_agent_loop.captured_outputs(db, verl_agent_loop.SessionRef(rollout_id="mixed"))
+        outputs = verl_agent_loop.captured_outputs(
+            db, verl_agent_loop.SessionRef(rollout_id="mixed")
+        )
         assert outputs is not None
-        assert [(o.response_ids, o.response_mask, o.extra_fields["openforge_segments"]) for o in outputs] == [
-            ([10, 11], [1, 1], 1)
-        ]
+        assert [
+            (o.response_ids, o.response_mask, o.extra_fields["openforge_segments"]) for o in outputs
+        ] == [([10, 11], [1, 1], 1)]
         with pytest.raises(
             verl_agent_loop.RolloutUnavailable,
             match=r"rollout 'failed' has no completed token-level calls \(failed calls not trained: 1 aborted, 1 refused\)",
@@ -254,7 +281,9 @@ def png_url(color: tuple[int, int, int], size: tuple[int, int] = (30, 20)) -> st
     return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
 
 
-def test_a_row_with_images_gives_verl_its_multi_modal_data(captured: tuple[Path, Path, list[str]]) -> None:
+def test_a_row_with_images_gives_verl_its_multi_modal_data(
+    captured: tuple[Path, Path, list[str]],
+) -> None:
     db_path, _, ids = captured
     urls = [png_url((255, 0, 0)), png_url((0, 0, 255), (40, 28))]
     row = dataclasses.replace(row_of(db_path, ids[0]), images=urls)
@@ -265,8 +294,9 @@ def test_a_row_with_images_gives_verl_its_multi_modal_data(captured: tuple[Path,
     assert (second.size, second.getpixel((39, 27))) == ((40, 28), (0, 0, 255))
     assert verl_agent_loop.to_output(row_of(db_path, ids[0])).multi_modal_data is None
     # A cut response would keep the images but lose placeholders: refused.
-    with pytest.raises(verl_agent_loop.RolloutUnavailable, match="separate images from their placeholders"):
+    with pytest.raises(
+        verl_agent_loop.RolloutUnavailable, match="separate images from their placeholders"
+    ):
         verl_agent_loop.to_output(row, max_response_length=1)
     with pytest.raises(verl_agent_loop.RolloutUnavailable, match="cannot be decoded"):
         verl_agent_loop.to_output(dataclasses.replace(row, images=["https://x/y.png"]))
-

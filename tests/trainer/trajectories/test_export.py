@@ -189,8 +189,12 @@ def test_jsonl_and_parquet_read_back_equal(tmp_path: Path) -> None:
 
 
 def _chat_request(*image_urls: str) -> bytes:
-    content = [{"type": "text", "text": "look"}] + [{"type": "image_url", "image_url": {"url": u}} for u in image_urls]
-    return json.dumps({"model": "policy", "messages": [{"role": "user", "content": content}]}).encode()
+    content = [{"type": "text", "text": "look"}] + [
+        {"type": "image_url", "image_url": {"url": u}} for u in image_urls
+    ]
+    return json.dumps(
+        {"model": "policy", "messages": [{"role": "user", "content": content}]}
+    ).encode()
 
 
 def test_a_row_carries_the_images_of_its_segments_last_request(tmp_path: Path) -> None:
@@ -199,10 +203,20 @@ def test_a_row_carries_the_images_of_its_segments_last_request(tmp_path: Path) -
     first.wire_api = second.wire_api = third.wire_api = trajectory_pb2.WIRE_API_OPENAI_CHAT
     first.request_json = _chat_request("data:image/png;base64,QUFB")
     second.request_json = _chat_request("data:image/png;base64,QUFB", "data:image/png;base64,QkJC")
-    third.request_json = _chat_request("data:image/png;base64,QUFB", "data:image/png;base64,QkJC", "https://x/c.png")
+    third.request_json = _chat_request(
+        "data:image/png;base64,QUFB", "data:image/png;base64,QkJC", "https://x/c.png"
+    )
     (row,), _ = export.rollout_rows(ROLLOUT, stored_calls(first, second, third))
-    assert row.images == ["data:image/png;base64,QUFB", "data:image/png;base64,QkJC", "https://x/c.png"]
-    assert export.write_jsonl([row], tmp_path / "rows.jsonl") == export.write_parquet([row], tmp_path / "rows.parquet") == 1
+    assert row.images == [
+        "data:image/png;base64,QUFB",
+        "data:image/png;base64,QkJC",
+        "https://x/c.png",
+    ]
+    assert (
+        export.write_jsonl([row], tmp_path / "rows.jsonl")
+        == export.write_parquet([row], tmp_path / "rows.parquet")
+        == 1
+    )
     assert export.read_jsonl(tmp_path / "rows.jsonl")[0]["images"] == row.images
     assert export.read_parquet(tmp_path / "rows.parquet")[0]["images"] == row.images
     assert pq.read_schema(tmp_path / "rows.parquet").field("images").type == pa.list_(pa.string())
@@ -214,11 +228,15 @@ def test_text_rows_have_no_images_and_an_unreadable_request_names_the_call() -> 
     broken = call(0, [1], [2])
     broken.wire_api = trajectory_pb2.WIRE_API_OPENAI_CHAT
     broken.request_json = b"{not json"
-    with pytest.raises(export.ExportError, match=r"rollout 'r' call 0: request_json: body is not valid JSON"):
+    with pytest.raises(
+        export.ExportError, match=r"rollout 'r' call 0: request_json: body is not valid JSON"
+    ):
         export.rollout_rows(ROLLOUT, stored_calls(broken))
 
 
-def test_only_completed_calls_become_rows_and_the_failed_are_counted_by_kind(tmp_path: Path) -> None:
+def test_only_completed_calls_become_rows_and_the_failed_are_counted_by_kind(
+    tmp_path: Path,
+) -> None:
     """A call cut off mid-stream and a refused one stay in the store but are no training data."""
     with store.Store(tmp_path / "store.db") as db:
         db.put(call_outcomes.records("mixed", call_outcomes.MIXED))

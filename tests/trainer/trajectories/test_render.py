@@ -35,7 +35,11 @@ def chat_call(
         call_index=index,
         wire_api=trajectory_pb2.WIRE_API_OPENAI_CHAT,
         request_json=json.dumps(
-            {"model": "policy", "messages": messages, "tools": [{"type": "function", "function": {"name": "shell"}}]}
+            {
+                "model": "policy",
+                "messages": messages,
+                "tools": [{"type": "function", "function": {"name": "shell"}}],
+            }
         ).encode(),
         response_json=json.dumps({"choices": [{"message": reply}]}).encode(),
         http_status=200,
@@ -240,7 +244,10 @@ def test_a_rollout_whose_calls_all_failed_says_so(db: store.Store) -> None:
     assert view is not None and view.rows == []
     out = io.StringIO()
     render.render_plain(view, out)
-    assert "no rows (no completed tokenized calls; failed calls not trained: 1 aborted, 1 refused)" in out.getvalue()
+    assert (
+        "no rows (no completed tokenized calls; failed calls not trained: 1 aborted, 1 refused)"
+        in out.getvalue()
+    )
 
 
 def test_find_tokenizer_prefers_the_newest_checkpoint(tmp_path: Path) -> None:

@@ -221,8 +221,12 @@ def test_claude_code_system_turns_inside_messages_stay_in_place() -> None:
     string on the follow-up; both parse to the same message, so the follow-up
     still extends the first call's tokens.
     """
-    first = CODEC.parse_request((HARNESS_REQUESTS / "claude-code" / "2-v1_messages.json").read_bytes())
-    follow_up = CODEC.parse_request((HARNESS_REQUESTS / "claude-code" / "3-v1_messages.json").read_bytes())
+    first = CODEC.parse_request(
+        (HARNESS_REQUESTS / "claude-code" / "2-v1_messages.json").read_bytes()
+    )
+    follow_up = CODEC.parse_request(
+        (HARNESS_REQUESTS / "claude-code" / "3-v1_messages.json").read_bytes()
+    )
     assert [m.role for m in first.messages] == ["system", "user", "system"]
     assert [m.role for m in follow_up.messages] == ["system", "user", "system", "assistant", "tool"]
     environment = first.messages[2]
@@ -313,13 +317,24 @@ def test_a_thinking_signature_streams_as_a_signature_delta_and_assembles_onto_it
         conv.TextDelta("a"), conv.StreamEnd("stop"),
     ]  # fmt: skip
     wire = encode_stream(CODEC, REQUEST, events)
-    deltas = [json.loads(e.data)["delta"] for e in sse.SSEParser().feed(wire) if e.event == "content_block_delta"]
+    deltas = [
+        json.loads(e.data)["delta"]
+        for e in sse.SSEParser().feed(wire)
+        if e.event == "content_block_delta"
+    ]
     assert {"type": "signature_delta", "signature": "sig-1"} in deltas
-    starts = [json.loads(e.data)["content_block"]["type"] for e in sse.SSEParser().feed(wire) if e.event == "content_block_start"]
+    starts = [
+        json.loads(e.data)["content_block"]["type"]
+        for e in sse.SSEParser().feed(wire)
+        if e.event == "content_block_start"
+    ]
     assert starts == ["thinking", "thinking", "text"]  # a signature closes its block
     assert decode_stream(CODEC, [wire])[:3] == events[:3]
     completion = conv.assemble(decode_stream(CODEC, [wire]))
-    assert completion.message.parts[:2] == (conv.ReasoningPart("hm", "sig-1"), conv.ReasoningPart("again"))
+    assert completion.message.parts[:2] == (
+        conv.ReasoningPart("hm", "sig-1"),
+        conv.ReasoningPart("again"),
+    )
     body = CODEC.build_response(REQUEST, completion, response_id="m", created=1)
     assert body["content"][0] == {"type": "thinking", "thinking": "hm", "signature": "sig-1"}
 

@@ -265,17 +265,41 @@ def test_a_chat_request_with_images_tools_and_history_parses_to_the_canonical_fo
             b'{"model": "m", "messages": [{"role": "user", "content": "x"}], "tool_choice": "maybe"}',
             "tool_choice",
         ),
-        (b'{"model": "m", "messages": [{"role": "user", "content": "x"}], "max_tokens": 0}', "max_tokens"),
-        (b'{"model": "m", "messages": [{"role": "user", "content": "x"}], "max_tokens": -1}', "max_tokens"),
-        (b'{"model": "m", "messages": [{"role": "user", "content": "x"}], "max_completion_tokens": 0}', "max_completion_tokens"),
-        (b'{"model": "m", "messages": [{"role": "user", "content": "x"}], "temperature": 1e11}', "temperature"),
-        (b'{"model": "m", "messages": [{"role": "user", "content": "x"}], "temperature": -1}', "temperature"),
+        (
+            b'{"model": "m", "messages": [{"role": "user", "content": "x"}], "max_tokens": 0}',
+            "max_tokens",
+        ),
+        (
+            b'{"model": "m", "messages": [{"role": "user", "content": "x"}], "max_tokens": -1}',
+            "max_tokens",
+        ),
+        (
+            b'{"model": "m", "messages": [{"role": "user", "content": "x"}], "max_completion_tokens": 0}',
+            "max_completion_tokens",
+        ),
+        (
+            b'{"model": "m", "messages": [{"role": "user", "content": "x"}], "temperature": 1e11}',
+            "temperature",
+        ),
+        (
+            b'{"model": "m", "messages": [{"role": "user", "content": "x"}], "temperature": -1}',
+            "temperature",
+        ),
         (b'{"model": "m", "messages": [{"role": "user", "content": "x"}], "top_p": 2}', "top_p"),
-        (b'{"model": "m", "messages": [{"role": "user", "content": "x"}], "tools": [{"type": "x"}]}', "tools[0].type"),
-        (b'{"model": "m", "messages": [{"role": "user", "content": "x"}], "seed": 1, "user": "\\ud800"}', "user"),
+        (
+            b'{"model": "m", "messages": [{"role": "user", "content": "x"}], "tools": [{"type": "x"}]}',
+            "tools[0].type",
+        ),
+        (
+            b'{"model": "m", "messages": [{"role": "user", "content": "x"}], "seed": 1, "user": "\\ud800"}',
+            "user",
+        ),
         (b'{"model": "\\udbff", "messages": [{"role": "user", "content": "x"}]}', "model"),
-        (b'{"model": "m", "messages": [{"role": "user", "content": "x"}],'
-         b' "tools": [{"type": "function", "function": {"name": "a\\ud800"}}]}', "tools[0].function.name"),
+        (
+            b'{"model": "m", "messages": [{"role": "user", "content": "x"}],'
+            b' "tools": [{"type": "function", "function": {"name": "a\\ud800"}}]}',
+            "tools[0].function.name",
+        ),
     ],
 )
 def test_bad_requests_name_the_field_at_fault(body: bytes, field: str) -> None:

@@ -94,7 +94,9 @@ class Episode:
     task_id: str
     harness: str  # the HarnessEnv's name, from the rollout-started record
     policy_version: int  # the rollout's sampling policy version (started record)
-    status: str  # succeeded | failed | timeout ("" when never finished; stopped ones are not episodes)
+    status: (
+        str  # succeeded | failed | timeout ("" when never finished; stopped ones are not episodes)
+    )
     reward: float | None  # None when the rollout has no reward
     turns: tuple[Turn, ...]
     actions: tuple[Action, ...]

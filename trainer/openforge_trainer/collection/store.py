@@ -212,7 +212,9 @@ class Store:
         columns = {row[1] for row in self._db.execute("PRAGMA table_info(rollouts)")}
         for column in ("batch", "closed_reason"):  # a store made before they were recorded
             if column not in columns:
-                self._db.execute(f"ALTER TABLE rollouts ADD COLUMN {column} TEXT NOT NULL DEFAULT ''")
+                self._db.execute(
+                    f"ALTER TABLE rollouts ADD COLUMN {column} TEXT NOT NULL DEFAULT ''"
+                )
 
     def close(self) -> None:
         with self._lock:
@@ -310,10 +312,17 @@ class Store:
             (rollout_id,),
         ).fetchone()
         same = "job = ? AND task_id = ? AND sample_index = ? AND policy_version = ? AND batch = ? AND started = 1"
-        (latest,) = self._db.execute(f"SELECT MAX(attempt) FROM rollouts WHERE {same}", identity).fetchone()
+        (latest,) = self._db.execute(
+            f"SELECT MAX(attempt) FROM rollouts WHERE {same}", identity
+        ).fetchone()
         self._db.execute(
             f"UPDATE rollouts SET status = ?, finished = 1, closed_reason = ? WHERE {same} AND finished = 0 AND attempt < ?",
-            (trajectory.STOPPED, f"abandoned: attempt {latest} of its rollout started", *identity, latest),
+            (
+                trajectory.STOPPED,
+                f"abandoned: attempt {latest} of its rollout started",
+                *identity,
+                latest,
+            ),
         )
 
     def _apply_finished(self, rollout_id: str, finished: Any) -> None:
@@ -483,7 +492,11 @@ def check(record: Record) -> None:
             f"record {record.idempotency_key!r}: body is required"
             " (one of started, call, finished, lost)"
         )
-    if record.WhichOneof("body") == "finished" and record.finished.has_reward and not math.isfinite(record.finished.reward):
+    if (
+        record.WhichOneof("body") == "finished"
+        and record.finished.has_reward
+        and not math.isfinite(record.finished.reward)
+    ):
         raise StoreError(
             f"record {record.idempotency_key!r}: finished.reward must be a finite number, not {record.finished.reward}"
         )

@@ -334,7 +334,9 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("Cache-Control", "no-cache")
         self.send_header("Transfer-Encoding", "chunked")
         # like `openforge serve`: which policy version produced this answer
-        self.send_header(endpoints.POLICY_VERSION_HEADER, str(self.server.engine.config.policy_version))
+        self.send_header(
+            endpoints.POLICY_VERSION_HEADER, str(self.server.engine.config.policy_version)
+        )
         self.end_headers()
         try:
             for body, token in bodies:
@@ -350,8 +352,6 @@ class _Handler(BaseHTTPRequestHandler):
     def _chunk(self, data: bytes) -> None:
         self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
         self.wfile.flush()
-
-
 
 
 def _check_model(engine: ScriptedEngine, model: str | None) -> None:

@@ -34,8 +34,16 @@ _STEP = re.compile(
     r'|press the "(?P<key>[^"]+)" key',
     re.IGNORECASE,
 )
-_ROLES = {"field": ("textbox", "combobox"), "button": ("button",), "link": ("link",), "checkbox": ("checkbox",)}
-_ELEMENT = re.compile(r'^- (?P<role>[\w-]+) (?P<label>"(?:[^"\\]|\\.)*") at \((?P<x>-?\d+), (?P<y>-?\d+)\)', re.MULTILINE)
+_ROLES = {
+    "field": ("textbox", "combobox"),
+    "button": ("button",),
+    "link": ("link",),
+    "checkbox": ("checkbox",),
+}
+_ELEMENT = re.compile(
+    r'^- (?P<role>[\w-]+) (?P<label>"(?:[^"\\]|\\.)*") at \((?P<x>-?\d+), (?P<y>-?\d+)\)',
+    re.MULTILINE,
+)
 
 
 class TurnLike(Protocol):
@@ -101,7 +109,10 @@ def locate(turns: Sequence[TurnLike], target: Click) -> tuple[int, int] | None:
         if turn.role != "user" or "\nElements:\n" not in turn.content:
             continue
         for match in _ELEMENT.finditer(turn.content):
-            if match.group("role") in target.roles and json.loads(match.group("label")) == target.label:
+            if (
+                match.group("role") in target.roles
+                and json.loads(match.group("label")) == target.label
+            ):
                 return int(match.group("x")), int(match.group("y"))
         return None
     return None

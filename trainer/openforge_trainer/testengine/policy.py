@@ -88,7 +88,9 @@ def respond(prompt: str, *, reasoning: bool = False) -> str:
     shell = _shell_tool(offered_tools(prompt)) if item is not None else None
     if shell is not None:
         arguments = arguments_for(shell.get("parameters") or {}, f"cat {DATABASE}")
-        return _think(reasoning, "I will read the database.") + tool_call_text(shell["name"], arguments)
+        return _think(reasoning, "I will read the database.") + tool_call_text(
+            shell["name"], arguments
+        )
     command = _command(pending)
     tool = _shell_tool(offered_tools(prompt)) if command is not None else None
     if command is None or tool is None:

@@ -1,8 +1,8 @@
 """``openforge model``: build, warm-start and evaluate the tiny offline policy.
 
-    openforge model build --out DIR [--seed 0] [--size tiny]
-    openforge model warmstart --model DIR --out DIR [--steps 600] [--seed 0]
-    openforge model eval --model DIR [--split eval] [--samples 8] [--temperature 1.0]
+openforge model build --out DIR [--seed 0] [--size tiny]
+openforge model warmstart --model DIR --out DIR [--steps 600] [--seed 0]
+openforge model eval --model DIR [--split eval] [--samples 8] [--temperature 1.0]
 """
 
 from __future__ import annotations
@@ -19,7 +19,9 @@ from openforge_trainer.tiny import model_build, policy_eval, warmstart
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="openforge model", description=front_door.description(__doc__))
+    parser = argparse.ArgumentParser(
+        prog="openforge model", description=front_door.description(__doc__)
+    )
     commands = parser.add_subparsers(dest="command", required=True)
     build = commands.add_parser("build", help="initialise a tiny Qwen2 policy from a seed")
     build.add_argument("--out", type=Path, required=True, help="directory to write into")
@@ -69,13 +71,25 @@ def main(argv: list[str]) -> int:
             task_spec_path=args.task_spec,
             log_every=50,
         )
-        print(json.dumps({"out": str(args.out), "seconds": round(result.seconds, 1), "final_loss": result.losses[-1]}))
+        print(
+            json.dumps(
+                {
+                    "out": str(args.out),
+                    "seconds": round(result.seconds, 1),
+                    "final_loss": result.losses[-1],
+                }
+            )
+        )
         return 0
     model = model_build.load_model(args.model)
-    player = policy_eval.Player(model, warmstart.load_tokenizer(args.model), warmstart.HarnessSpec.load(args.harness))
+    player = policy_eval.Player(
+        model, warmstart.load_tokenizer(args.model), warmstart.HarnessSpec.load(args.harness)
+    )
     tasks = policy_eval.load_tasks(args.tasks, None if args.split == "all" else args.split)
     sampling = policy_eval.Sampling(temperature=args.temperature, seed=args.seed)
-    print(json.dumps(policy_eval.summary(player.play(tasks, samples=args.samples, sampling=sampling))))
+    print(
+        json.dumps(policy_eval.summary(player.play(tasks, samples=args.samples, sampling=sampling)))
+    )
     return 0
 
 

@@ -102,7 +102,9 @@ def parse_reply(text: str) -> tuple[str, list[tuple[str, str]]]:
         name = call.get("name") if isinstance(call, dict) else None
         if not isinstance(name, str) or not name or "arguments" not in call:
             return match.group(0)
-        calls.append((name, json.dumps(call["arguments"], ensure_ascii=False, separators=(",", ":"))))
+        calls.append(
+            (name, json.dumps(call["arguments"], ensure_ascii=False, separators=(",", ":")))
+        )
         return ""
 
     return _CALL.sub(take, text), calls
@@ -214,13 +216,17 @@ class Sampling:
 class Player:
     """Plays harness, sidecar and grader around a model for toy-tools episodes."""
 
-    def __init__(self, model: PreTrainedModel, tokenizer: Tokenizer, harness: warmstart.HarnessSpec) -> None:
+    def __init__(
+        self, model: PreTrainedModel, tokenizer: Tokenizer, harness: warmstart.HarnessSpec
+    ) -> None:
         self.model = model
         self.tokenizer = tokenizer
         self.harness = harness
         self.tools = list(harness.tools)
         self.eos = tokenizer_build.EOS_TOKEN
-        self.stop_ids = frozenset({self._id(tokenizer_build.EOS_TOKEN), self._id(tokenizer_build.PAD_TOKEN)})
+        self.stop_ids = frozenset(
+            {self._id(tokenizer_build.EOS_TOKEN), self._id(tokenizer_build.PAD_TOKEN)}
+        )
         self.pad_id = self._id(tokenizer_build.PAD_TOKEN)
 
     def _id(self, token: str) -> int:
@@ -238,7 +244,9 @@ class Player:
         text = tokenizer_build.render_chat(messages, self.tools, add_generation_prompt=True)
         return messages, self.encode(text)
 
-    def play(self, tasks: Sequence[dict[str, Any]], *, samples: int, sampling: Sampling) -> list[Episode]:
+    def play(
+        self, tasks: Sequence[dict[str, Any]], *, samples: int, sampling: Sampling
+    ) -> list[Episode]:
         """``samples`` episodes per task, all advanced together turn by turn."""
         generator = torch.Generator().manual_seed(sampling.seed)
         episodes: list[Episode] = []
@@ -265,11 +273,19 @@ class Player:
             )
             for i, completion in zip(active, completions, strict=True):
                 last = turn == sampling.max_turns - 1
-                prompts[i] = self.advance(episodes[i], by_task[i], prompts[i], completion, last=last)
+                prompts[i] = self.advance(
+                    episodes[i], by_task[i], prompts[i], completion, last=last
+                )
         return episodes
 
     def advance(
-        self, episode: Episode, task: dict[str, Any], prompt: list[int], completion: list[int], *, last: bool
+        self,
+        episode: Episode,
+        task: dict[str, Any],
+        prompt: list[int],
+        completion: list[int],
+        *,
+        last: bool,
     ) -> list[int]:
         """Record one turn; return the next prompt (the sidecar's prefix + new turns)."""
         episode.turns.append(Turn(prompt, completion))
@@ -284,7 +300,9 @@ class Player:
         reply = {
             "role": "assistant",
             "content": content,
-            "tool_calls": [{"type": "function", "function": {"name": n, "arguments": a}} for n, a in calls],
+            "tool_calls": [
+                {"type": "function", "function": {"name": n, "arguments": a}} for n, a in calls
+            ],
         }
         results = []
         for name, arguments in calls:
@@ -297,7 +315,9 @@ class Player:
         if last:
             episode.done = True
             return prompt
-        after = tokenizer_build.render_chat(episode.messages, self.tools, add_generation_prompt=True)
+        after = tokenizer_build.render_chat(
+            episode.messages, self.tools, add_generation_prompt=True
+        )
         if not after.startswith(before):
             raise ValueError("the chat template is not prefix-stable for this conversation")
         separator = before[before.rfind(self.eos) + len(self.eos) :]

@@ -88,7 +88,9 @@ class Lookup:
             raise ValueError(f"{path}: 'lookup.arguments' must be an object")
         result = value.get("result", "color")
         if result not in LOOKUP_RESULTS:
-            raise ValueError(f"{path}: 'lookup.result' must be one of {', '.join(LOOKUP_RESULTS)}, got {result!r}")
+            raise ValueError(
+                f"{path}: 'lookup.result' must be one of {', '.join(LOOKUP_RESULTS)}, got {result!r}"
+            )
         return cls(value["tool"], json.dumps(arguments), result)
 
     def call(self) -> dict[str, Any]:
@@ -100,13 +102,17 @@ class Lookup:
         if self.result == "color":
             return color
         chunk = "".join(rng.choice("0123456789abcdef") for _ in range(6))
-        return codex_exec_output(database, chunk_id=chunk, wall_seconds=rng.choice((0.0, rng.random() / 100)))
+        return codex_exec_output(
+            database, chunk_id=chunk, wall_seconds=rng.choice((0.0, rng.random() / 100))
+        )
 
 
 LOOKUP_RESULTS = ("color", "codex-exec")
 
 
-def codex_exec_output(output: str, *, chunk_id: str, wall_seconds: float, exit_code: int = 0) -> str:
+def codex_exec_output(
+    output: str, *, chunk_id: str, wall_seconds: float, exit_code: int = 0
+) -> str:
     """What Codex CLI (0.171) hands the model for a finished ``exec_command``.
 
     Captured through the sidecar (``function_call_output.output``): a chunk
@@ -241,8 +247,12 @@ def make_demo(
     if kind not in ("tool", "drill"):
         raise ValueError(f"kind: {kind!r} is not one of direct, tool, drill")
     messages.append({"role": "assistant", "content": "", "tool_calls": [harness.lookup.call()]})
-    database = json.dumps({"items": {item: color}}, indent=2) + "\n"  # as toytools writes colors.json
-    messages.append({"role": "tool", "content": harness.lookup.answer(rng, color=color, database=database)})
+    database = (
+        json.dumps({"items": {item: color}}, indent=2) + "\n"
+    )  # as toytools writes colors.json
+    messages.append(
+        {"role": "tool", "content": harness.lookup.answer(rng, color=color, database=database)}
+    )
     messages.append({"role": "assistant", "content": color})
     return Demo(messages, train_decision=kind == "tool")
 
@@ -294,7 +304,9 @@ def encode(tokenizer: Tokenizer, demo: Demo, tools: Sequence[dict[str, Any]]) ->
         else:
             mask += [int(assistant)] * len(piece)
         ids += piece
-    whole = tokenizer.encode(tokenizer_build.render_chat(demo.messages, tools), add_special_tokens=False)
+    whole = tokenizer.encode(
+        tokenizer_build.render_chat(demo.messages, tools), add_special_tokens=False
+    )
     if whole.ids != ids:
         raise ValueError("tokenizing the turns one by one differs from tokenizing the whole")
     return Encoded(ids, mask)
@@ -328,7 +340,9 @@ class WarmstartConfig:
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
         if not 0 <= self.short_steps <= self.steps:
-            raise ValueError(f"short_steps must be within [0, steps={self.steps}], got {self.short_steps}")
+            raise ValueError(
+                f"short_steps must be within [0, steps={self.steps}], got {self.short_steps}"
+            )
         if not self.learning_rate > 0:
             raise ValueError(f"learning_rate must be positive, got {self.learning_rate}")
         if self.warmup_steps < 0:
@@ -338,7 +352,9 @@ class WarmstartConfig:
             if not 0.0 <= value <= 1.0:
                 raise ValueError(f"{name} must be within [0, 1], got {value}")
         if self.drill_fraction == 1.0:
-            raise ValueError("drill_fraction must be below 1, got 1.0: nothing would train the decision")
+            raise ValueError(
+                "drill_fraction must be below 1, got 1.0: nothing would train the decision"
+            )
 
 
 def demo_kind(rng: random.Random, config: WarmstartConfig) -> str:
@@ -378,7 +394,9 @@ def _shared_prefix(batch: Sequence[Encoded]) -> int:
     size = min(len(e.ids) for e in batch)
     for encoded in batch:
         trained = next((i for i, m in enumerate(encoded.mask) if m), len(encoded.ids))
-        same = next((i for i, (a, b) in enumerate(zip(first, encoded.ids, strict=False)) if a != b), size)
+        same = next(
+            (i for i, (a, b) in enumerate(zip(first, encoded.ids, strict=False)) if a != b), size
+        )
         size = min(size, trained, same)
     return size
 

@@ -367,7 +367,9 @@ class Trainer:
             reference=reference,
             store=store_module.Store(config.store),
             metrics=metrics_module.MetricsWriter(
-                config.run_dir, resume_step=state.step, title=f"{config.job}: reward per training step"
+                config.run_dir,
+                resume_step=state.step,
+                title=f"{config.job}: reward per training step",
             ),
             publishers=list(publishers) if publishers is not None else default_publishers(config),
             resumed_from=last,
@@ -413,7 +415,9 @@ class Trainer:
             if not selection.groups:
                 break
             if stop.is_set() and not selection.full:
-                self.log("openforge train: stopped while waiting for groups; the partial step is not trained")
+                self.log(
+                    "openforge train: stopped while waiting for groups; the partial step is not trained"
+                )
                 break
             self.train_step(selection)
             trained += 1

@@ -124,7 +124,9 @@ def write_rollouts(
         rng = random.Random(f"{seed}/{task}")
         prompt = [IM_START, *_ordinary(rng, prompt_tokens), IM_END, IM_START]
         for sample_index in range(samples):
-            rollout_id = f"{job}-{task}-{sample_index}-v{policy_version}-s{seed}" + (f"-b{batch}" if batch else "")
+            rollout_id = f"{job}-{task}-{sample_index}-v{policy_version}-s{seed}" + (
+                f"-b{batch}" if batch else ""
+            )
             calls, completions = _turns(
                 model, prompt, rng, generator, turns, max_new_tokens, tool_tokens
             )

@@ -119,7 +119,9 @@ def to_output(
         response_ids=row.response_ids[:keep],
         response_mask=row.response_mask[:keep],
         response_logprobs=row.response_logprobs[:keep],
-        multi_modal_data={"images": [decode_image(url) for url in row.images]} if row.images else None,
+        multi_modal_data={"images": [decode_image(url) for url in row.images]}
+        if row.images
+        else None,
         reward_score=row.reward if row.has_reward else None,
         num_turns=2 * row.num_turns,  # veRL counts user/tool and assistant turns
         metrics=AgentLoopMetrics(),
@@ -185,7 +187,9 @@ def session_ref(sample: dict[str, Any], session_id: int) -> SessionRef:
     task = _field(sample, TASK_KEY)
     if task:
         batch = _field(sample, BATCH_KEY)
-        return SessionRef(task_id=str(task), batch="" if batch is None else str(batch), sample_index=session_id)
+        return SessionRef(
+            task_id=str(task), batch="" if batch is None else str(batch), sample_index=session_id
+        )
     single = _field(sample, ROLLOUT_KEY)
     if single:
         if session_id != 0:
@@ -201,7 +205,9 @@ def session_ref(sample: dict[str, Any], session_id: int) -> SessionRef:
     )
 
 
-def find_rollout(db: store_module.Store, ref: SessionRef, *, job: str) -> store_module.Rollout | None:
+def find_rollout(
+    db: store_module.Store, ref: SessionRef, *, job: str
+) -> store_module.Rollout | None:
     """The session's rollout: the one named, or the latest attempt of its task, batch and sample."""
     if ref.rollout_id:
         return db.rollout(ref.rollout_id)

@@ -117,7 +117,9 @@ def _is_error_body(body: bytes) -> bool:
 def _unreadable(error: Exception, body: bytes) -> Message:
     text = body[:SHOWN_BYTES].decode("utf-8", "replace")
     more = len(body) - SHOWN_BYTES
-    return Message(UNREADABLE, f"{error}\n{text}" + (f"\n... ({more} more bytes)" if more > 0 else ""))
+    return Message(
+        UNREADABLE, f"{error}\n{text}" + (f"\n... ({more} more bytes)" if more > 0 else "")
+    )
 
 
 def _message(message: conversation.Message) -> Message:

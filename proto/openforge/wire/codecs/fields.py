@@ -173,8 +173,10 @@ def opt_number(
         bounds = (
             f"between {minimum:g} and {maximum:g}"
             if minimum is not None and maximum is not None
-            else f"at least {minimum:g}" if minimum is not None
-            else f"at most {maximum:g}" if maximum is not None
+            else f"at least {minimum:g}"
+            if minimum is not None
+            else f"at most {maximum:g}"
+            if maximum is not None
             else "a finite number"
         )
         raise CodecError(f"must be {bounds}, got {value!r}", field=join(path, key))
