@@ -41,7 +41,7 @@ from openforge.wire import codecs, conversation
 from openforge.wire.codecs import Codec
 from openforge.wire.codecs.errors import CodecError
 
-from openforge_sidecar import gateway, relay, tee
+from openforge_sidecar import relay, tee
 from openforge_sidecar.policy import engine, history, signatures, template
 from openforge_sidecar.recording import records, redact, spool
 from openforge_sidecar.recording import resume as resuming
@@ -79,7 +79,6 @@ class _Call:
     # The harness's header fields, until they are redacted into ``headers``.
     raw_headers: tuple[tuple[bytes, bytes], ...] = ()
     journaled: bool = False
-    gateway_path: str = ""  # the engine request handed to the gateway, until it is fetched
 
 
 class _Writer:
@@ -153,8 +152,6 @@ class Capture:
         self._max_model_len = DEFAULT_MAX_MODEL_LEN
         self._signer: signatures.Signer | None = None
         self._restarted = False
-        self._timeouts = gateway.Timeouts(connect=10.0, first_byte=300.0, idle=300.0)
-        self._gateway: gateway.Gateway | None = None
 
     # --- mitmproxy lifecycle ------------------------------------------------
 
@@ -188,24 +185,6 @@ class Capture:
             int,
             0,
             "Context length of the policy; a call's max_tokens is a ceiling, lowered so prompt + completion fit. 0: the engine's (its /v1/models max_model_len), else 32768; a value above the engine's is lowered to it.",
-        )
-        loader.add_option(
-            "openforge_engine_connect_timeout",
-            str,
-            "10",
-            "Seconds to wait for a connection to the engine; then the harness gets the API's error (504).",
-        )
-        loader.add_option(
-            "openforge_engine_first_byte_timeout",
-            str,
-            "300",
-            "Seconds to wait for the engine's response head after a request; then the API's error (504).",
-        )
-        loader.add_option(
-            "openforge_engine_idle_timeout",
-            str,
-            "300",
-            "Seconds the engine's answer may stop before it is given up: the harness gets the API's error (a streamed answer its error event).",
         )
         loader.add_option("openforge_spool", str, "", "Directory of the durable spool (required).")
         loader.add_option(
@@ -282,19 +261,6 @@ class Capture:
             )
         if not opts.openforge_rollout_id:
             opts.openforge_rollout_id = uuid.uuid4().hex
-        seconds = {}
-        for name in ("connect", "first_byte", "idle"):  # str options: mitmproxy sets no floats
-            option = f"openforge_engine_{name}_timeout"
-            try:
-                seconds[name] = float(getattr(opts, option))
-            except ValueError:
-                raise exceptions.OptionsError(
-                    f"{option} must be a number of seconds, not {getattr(opts, option)!r}"
-                ) from None
-        try:
-            self._timeouts = gateway.Timeouts(**seconds)
-        except ValueError as exc:
-            raise exceptions.OptionsError(str(exc)) from exc
         if "openforge_control_token_file" in updated:
             # before the proxy listens: whoever waits for the port may read the token then
             path = opts.openforge_control_token_file
@@ -341,9 +307,6 @@ class Capture:
                     labels=json.loads(opts.openforge_labels or "{}"),
                 )
             )
-        if opts.openforge_mode == "tokens":
-            self._gateway = gateway.Gateway(self._timeouts)
-            await self._gateway.start()
         self._serving.set()
         if opts.openforge_ready_file:
             # the servers listen before any addon's `running` hook is called
@@ -411,8 +374,6 @@ class Capture:
         if self._journal is not None:
             os.close(self._journal)
             self._journal = None
-        if self._gateway is not None:
-            await self._gateway.close()
         log.info("openforge capture stats: %s", dict(self.stats))
 
     # --- HTTP hooks -----------------------------------------------------------
@@ -544,8 +505,6 @@ class Capture:
         if call is None or call.finished:
             return
         message = flow.error.msg if flow.error else "unknown error"
-        if self._gateway is not None and call.gateway_path:
-            self._gateway.withdraw(call.gateway_path)
         self.stats["failed_calls"] += 1
         self._spool_call(
             call,
@@ -576,26 +535,15 @@ class Capture:
         )
         target = urllib.parse.urlsplit(ctx.options.openforge_engine)
         headers = engine.request_headers(flow.request.headers.fields, target.netloc)
-        assert self._gateway is not None  # started before the proxy serves, in tokens mode
-        call.gateway_path = self._gateway.submit(
-            gateway.EngineRequest(
-                url=f"{target.scheme or 'http'}://{target.netloc}"
-                + target.path.rstrip("/")
-                + "/v1/completions",
-                headers=tuple(field for field in headers if field[0].lower() != b"host"),
-                body=body,
-            )
-        )
-        # mitmproxy's upstream is the gateway, which holds the body (see gateway).
         # Without a Host header, setting host and port does not rewrite one (twice) for nothing.
         flow.request.headers.fields = ()
-        flow.request.scheme = "http"
-        flow.request.host = "127.0.0.1"
-        flow.request.port = self._gateway.port
-        flow.request.path = call.gateway_path
+        flow.request.scheme = target.scheme or "http"
+        flow.request.host = target.hostname or "127.0.0.1"
+        flow.request.port = target.port or (443 if flow.request.scheme == "https" else 80)
+        flow.request.path = target.path.rstrip("/") + "/v1/completions"
         flow.request.method = "POST"
-        flow.request.headers.fields = ((b"host", b"127.0.0.1:%d" % self._gateway.port),)
-        flow.request.content = b""
+        flow.request.headers.fields = headers
+        flow.request.content = body
         return True
 
     def _relay(self, call: _Call, tokenizer: template.PolicyTokenizer) -> relay.Relay:
@@ -638,11 +586,6 @@ class Capture:
             self._fail(
                 flow, call, 502, "the sidecar could not take the call in (no relay; see the log)"
             )
-            return
-        failure = response.headers.get(gateway.FAILURE_HEADER)
-        if failure is not None:  # the engine failed to answer at all (see gateway)
-            self.stats["engine_timeouts" if failure == "timeout" else "engine_unreachable"] += 1
-            self._fail(flow, call, response.status_code, _gateway_message(response))
             return
         if response.status_code != 200 or call.relay is None:
             detail = (response.get_content(strict=False) or b"")[:500].decode(errors="replace")
@@ -1016,14 +959,6 @@ class Capture:
 #: request, and the engine asking to be called later (with its ``retry-after``),
 #: which an SDK retries. Any other failure of the engine is a 502.
 _ENGINE_STATUSES_KEPT = frozenset({400, 429, 503})
-
-
-def _gateway_message(response: http.Response) -> str:
-    """The message of the gateway's own error answer (its JSON ``error.message``)."""
-    try:
-        return str(json.loads(response.get_content(strict=False) or b"")["error"]["message"])
-    except (ValueError, KeyError, TypeError):
-        return f"the engine failed ({response.status_code})"
 
 
 def _relay_whole(transform: relay.Relay, response: http.Response) -> bool:

@@ -63,18 +63,6 @@ def build_parser() -> argparse.ArgumentParser:
         default=0,
         help="policy context length (default: the engine's, from its /v1/models; else 32768)",
     )
-    for name, default, what in (
-        ("connect", 10.0, "a connection to the engine"),
-        ("first-byte", 300.0, "the engine's response head after a request"),
-        ("idle", 300.0, "the engine's answer to go on after a pause"),
-    ):
-        parser.add_argument(
-            f"--engine-{name}-timeout",
-            type=float,
-            default=default,
-            metavar="SECONDS",
-            help=f"seconds to wait for {what}; then the harness gets its API's error (default %(default)g)",
-        )
     parser.add_argument(
         "--upstream",
         default="",
@@ -163,9 +151,6 @@ def settings(ns: argparse.Namespace) -> list[str]:
         f"openforge_engine_model={ns.engine_model}",
         f"openforge_tokenizer={ns.tokenizer}",
         f"openforge_max_model_len={ns.max_model_len}",
-        f"openforge_engine_connect_timeout={ns.engine_connect_timeout}",
-        f"openforge_engine_first_byte_timeout={ns.engine_first_byte_timeout}",
-        f"openforge_engine_idle_timeout={ns.engine_idle_timeout}",
         f"openforge_spool={ns.spool}",
         f"openforge_collector={ns.collector}",
         f"openforge_collector_token_file={ns.collector_token_file}",

@@ -2,18 +2,15 @@
 
 A stdlib HTTP server in the test's process, on 127.0.0.1: ``GET /v1/models``
 lists model ``m``; each ``POST`` takes the next answer named in ``script``
-(``default`` once it is empty) from :data:`ANSWERS` or :data:`MISBEHAVIOURS`,
-and its path is kept in ``posts``, so a test can tell what reached the engine.
+(``default`` once it is empty) from :data:`ANSWERS`, and its path is kept in
+``posts``, so a test can tell what reached the engine.
 """
 
 from __future__ import annotations
 
 import http.server
 import json
-import socket
-import struct
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
@@ -58,15 +55,8 @@ ANSWERS: dict[str, tuple[int, dict[str, str], bytes]] = {
 }
 
 
-#: Answers that are no answer: ``hang`` sends nothing, ``stall`` a response head and one
-#: chunk and then nothing (each for ``ScriptedEngine.hang_s``), ``reset`` closes the
-#: connection at once, ``cut`` closes it after the head and one chunk of a chunked body.
-MISBEHAVIOURS = frozenset({"hang", "stall", "reset", "cut"})
-
-
 class ScriptedEngine:
     def __init__(self, *, default: str | None = None) -> None:
-        self.hang_s = 30.0
         self.script: list[str] = []
         self.default = default
         self.posts: list[str] = []  # the paths of the requests that reached the engine
@@ -82,11 +72,8 @@ class ScriptedEngine:
         self._server.shutdown()
         self._server.server_close()
 
-    def next_name(self) -> str | None:
-        return self.script.pop(0) if self.script else self.default
-
-    @staticmethod
-    def answer(name: str | None) -> tuple[int, dict[str, str], bytes]:
+    def next_answer(self) -> tuple[int, dict[str, str], bytes]:
+        name = self.script.pop(0) if self.script else self.default
         if name is None:
             return 500, {}, b'{"error": {"message": "the test scripted no answer"}}'
         return ANSWERS[name]
@@ -103,35 +90,10 @@ def _handler(engine: ScriptedEngine) -> type[http.server.BaseHTTPRequestHandler]
         def do_POST(self) -> None:
             self.rfile.read(int(self.headers.get("content-length", "0")))
             engine.posts.append(self.path)
-            name = engine.next_name()
-            if name in MISBEHAVIOURS:
-                self._misbehave(name)
-                return
-            status, headers, body = engine.answer(name)
+            status, headers, body = engine.next_answer()
             self._send(
                 status, headers, body, "text/event-stream" if status == 200 else "application/json"
             )
-
-        def _misbehave(self, name: str | None) -> None:
-            self.close_connection = True
-            if name == "reset":
-                self.connection.setsockopt(
-                    socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0)
-                )
-                self.connection.close()  # an RST, not a FIN
-                return
-            if name in ("stall", "cut"):
-                self.send_response(200)
-                self.send_header("content-type", "text/event-stream")
-                self.send_header("transfer-encoding", "chunked")
-                self.end_headers()
-                first = chunk([72])
-                self.wfile.write(b"%x\r\n%s\r\n" % (len(first), first))
-                self.wfile.flush()
-                if name == "cut":
-                    self.connection.shutdown(socket.SHUT_RDWR)
-                    return
-            time.sleep(engine.hang_s)
 
         def _send(self, status: int, headers: dict[str, str], body: bytes, kind: str) -> None:
             self.send_response(status)
@@ -146,20 +108,13 @@ def _handler(engine: ScriptedEngine) -> type[http.server.BaseHTTPRequestHandler]
 
 
 def sidecar_for(
-    procs: Any,
-    engine: ScriptedEngine,
-    *,
-    job: str,
-    rollout: str,
-    tokenizer: Path,
-    flags: tuple[str, ...] = (),
+    procs: Any, engine: ScriptedEngine, *, job: str, rollout: str, tokenizer: Path
 ) -> Any:
     """A real sidecar (with a collector and its store) generating from ``engine``."""
     collector = procs.collector()
     return procs.sidecar(
         "--engine", engine.url, "--engine-model", "m", "--tokenizer", str(tokenizer),
         "--collector", f"127.0.0.1:{collector.port}", "--job", job, "--rollout-id", rollout,
-        *flags,
     )  # fmt: skip
 
 
