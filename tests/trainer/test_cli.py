@@ -162,19 +162,13 @@ def db_path(tmp_path: Path) -> Path:
     return path
 
 
+LS_COLUMNS = ["rollout", "task", "sample", "status", "reward", "calls", "failed", "segments"]
+
+
 def test_ls(db_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.trajectories_main(["ls", "--store", str(db_path)]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0].split() == [
-        "rollout",
-        "task",
-        "sample",
-        "status",
-        "reward",
-        "calls",
-        "failed",
-        "segments",
-    ]
+    assert lines[0].split() == LS_COLUMNS
     assert lines[1].split() == ["r0", "fix-bug", "0", "succeeded", "1", "2/2", "0", "1"]
     assert lines[2].split() == ["r1", "fix-bug", "1", "running", "-", "1", "0", "1"]
     assert lines[3] == "2 rollouts (1 running, 1 succeeded), 3 calls, mean reward 1 over 1"
@@ -368,16 +362,7 @@ def test_ls_counts_the_failed_calls_by_kind(
 ) -> None:
     assert cli.trajectories_main(["ls", "--store", str(mixed_db_path)]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0].split() == [
-        "rollout",
-        "task",
-        "sample",
-        "status",
-        "reward",
-        "calls",
-        "failed",
-        "segments",
-    ]
+    assert lines[0].split() == LS_COLUMNS
     assert lines[1].split() == ["r0", "fix-bug", "0", "succeeded", "1", "2/2", "0", "1"]
     assert lines[2].split() == ["mixed", "fix-bug", "1", "succeeded", "1", "3/3", "2", "1"]
     assert lines[3] == (
