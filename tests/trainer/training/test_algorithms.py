@@ -69,7 +69,8 @@ def test_clipped_policy_loss_matches_a_hand_computation() -> None:
         batch_num_tokens=2,
         global_batch_size=1,
     )
-    # token 1: A=+1, ratio 1.5 clipped to 1.2 -> -1.2; token 2: A=-1, ratio 0.5 clipped to 0.8 -> 0.8
+    # token 1: A=+1, ratio 1.5 clipped to 1.2 -> -1.2;
+    # token 2: A=-1, ratio 0.5 clipped to 0.8 -> 0.8
     assert float(loss) == pytest.approx((-1.2 + 0.8) / 2)
     assert metrics["pg_clipfrac"] == pytest.approx(1.0)
     assert set(metrics) == {"pg_clipfrac", "ppo_kl", "pg_clipfrac_lower"}

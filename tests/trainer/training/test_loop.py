@@ -629,8 +629,10 @@ def test_two_batches_at_one_policy_version_are_two_groups_trained_a_batch_a_step
         )  # fmt: skip
         assert trainer_loop.select_groups(db, config, checkpoint.TrainerState(), limit=8).settled
         done = trainer_loop.select_groups(db, config, checkpoint.TrainerState(), limit=8)
-        state = checkpoint.TrainerState(trained_tasks={g.task_id: 1 for g in done.groups},
-                                        trained={r.rollout_id: 1 for g in done.groups for r in g.rollouts})  # fmt: skip
+        state = checkpoint.TrainerState(
+            trained_tasks={g.task_id: 1 for g in done.groups},
+            trained={r.rollout_id: 1 for g in done.groups for r in g.rollouts},
+        )
         second = trainer_loop.select_groups(db, config, state, limit=8)
         assert sorted(g.task_id for g in second.groups) == ["a@v0#1/4", "b@v0#1/4"]  # 1 before 10
         assert second.settled

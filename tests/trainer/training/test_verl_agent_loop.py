@@ -270,7 +270,8 @@ def test_failed_calls_never_become_verl_outputs(tmp_path: Path) -> None:
         ] == [([10, 11], [1, 1], 1)]
         with pytest.raises(
             verl_agent_loop.RolloutUnavailable,
-            match=r"rollout 'failed' has no completed token-level calls \(failed calls not trained: 1 aborted, 1 refused\)",
+            match=r"rollout 'failed' has no completed token-level calls "
+            r"\(failed calls not trained: 1 aborted, 1 refused\)",
         ):
             verl_agent_loop.captured_outputs(db, verl_agent_loop.SessionRef(rollout_id="failed"))
 

@@ -1,4 +1,5 @@
-"""The training loop: ready task groups -> veRL batch -> one update -> checkpoint -> marks -> publish.
+"""The training loop: ready task groups -> veRL batch -> one update -> checkpoint -> marks ->
+publish.
 
 One step, in order (the order is what makes a crash harmless):
 
@@ -140,7 +141,8 @@ def _untrained_by_task(
         if done or rollout.trained_at is not None or not rollout.started:
             continue
         if rollout.status == trajectory.STOPPED:
-            continue  # cut off: its sample is tried again as a new attempt, which the group waits for
+            # cut off: its sample is tried again as a new attempt, which the group waits for
+            continue
         by_task.setdefault(group_key(rollout), []).append(rollout)
     return by_task
 
@@ -416,7 +418,8 @@ class Trainer:
                 break
             if stop.is_set() and not selection.full:
                 self.log(
-                    "openforge train: stopped while waiting for groups; the partial step is not trained"
+                    "openforge train: stopped while waiting for groups; "
+                    "the partial step is not trained"
                 )
                 break
             self.train_step(selection)

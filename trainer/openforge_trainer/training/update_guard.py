@@ -70,7 +70,8 @@ def measure(
 
 
 def scales(backtracks: int) -> list[float]:
-    """The step lengths tried after the full step: 1/2, 1/4, ... (``backtracks`` of them), then 0."""
+    """The step lengths tried after the full step: 1/2, 1/4, ... (``backtracks`` of them),
+    then 0."""
     if backtracks < 0:
         raise ValueError(f"backtracks must be at least 0 (got {backtracks})")
     return [0.5**number for number in range(1, backtracks + 1)] + [0.0]

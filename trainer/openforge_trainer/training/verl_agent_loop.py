@@ -28,8 +28,9 @@ the first would fail to construct.
 
 Each dataset row gives ``agent_name: openforge`` and, in ``extra_info`` (or
 at top level), either ``openforge_task_id`` (and ``openforge_batch``, the
-``openforge.dev/batch`` label its rollouts were started with): session *k* is
-the latest attempt of sample *k* of that task in that batch; or
+``openforge.dev/batch`` label its rollouts were started with, where
+``{iteration}`` stands for veRL's step - 1): session *k* is the latest attempt
+of sample *k* of that task in that batch; or
 ``openforge_rollout_ids``, one rollout id per session. Something must start
 those rollouts' harness pods with the sidecar pointed at the policy's servers
 (the operator's RolloutJob, or ``openforge run``); this loop only waits for
@@ -56,9 +57,9 @@ own image tokens (Qwen2.5-VL: ``<|vision_start|><|image_pad|><|vision_end|>``);
 the sidecar's template rendering writes ``<image>`` today (one token in the
 tiny tokenizer), so only the trainer side of that path is tested here.
 
-What is tested on CPU: the conversion, and this class constructed by veRL's
-own base class and run against a real store, session by session. Not yet run:
-veRL's Ray trainer driving it (issue 12).
+What is tested on CPU: the conversion, this class constructed by veRL's own
+base class and run against a real store, session by session, and veRL's Ray
+trainer driving it (:mod:`verl_launch`, 2 FSDP2 workers over gloo).
 """
 
 from __future__ import annotations
@@ -169,11 +170,30 @@ def _field(sample: dict[str, Any], key: str) -> Any:
     return value
 
 
-def session_ref(sample: dict[str, Any], session_id: int) -> SessionRef:
+def batch_label(template: str, global_steps: int | None) -> str:
+    """The batch a step's rollouts carry: ``template`` with ``{iteration}`` = veRL step - 1."""
+    if "{" not in template:
+        return template
+    if global_steps is None:
+        raise RolloutUnavailable(
+            f"{BATCH_KEY} {template!r} names the iteration, and veRL gave no global_steps"
+        )
+    try:
+        return template.format(iteration=int(global_steps) - 1)
+    except (KeyError, IndexError, ValueError) as exc:
+        raise RolloutUnavailable(
+            f"{BATCH_KEY} {template!r}: not a template of {{iteration}} ({exc})"
+        ) from exc
+
+
+def session_ref(
+    sample: dict[str, Any], session_id: int, *, global_steps: int | None = None
+) -> SessionRef:
     """The rollout session ``session_id`` of a veRL dataset sample names.
 
     Session *k* is sample index *k*: a group of n sessions is n distinct
-    rollouts, never one rollout n times.
+    rollouts, never one rollout n times. A batch label with ``{iteration}``
+    names the rollouts of veRL's step ``global_steps`` (iteration = step - 1).
     """
     ids = _field(sample, ROLLOUT_IDS_KEY)
     if ids is not None:
@@ -188,7 +208,9 @@ def session_ref(sample: dict[str, Any], session_id: int) -> SessionRef:
     if task:
         batch = _field(sample, BATCH_KEY)
         return SessionRef(
-            task_id=str(task), batch="" if batch is None else str(batch), sample_index=session_id
+            task_id=str(task),
+            batch=batch_label("" if batch is None else str(batch), global_steps),
+            sample_index=session_id,
         )
     single = _field(sample, ROLLOUT_KEY)
     if single:
@@ -230,7 +252,8 @@ def captured_outputs(
     max_response_length: int | None = None,
     job: str = "",
 ) -> list[AgentLoopOutput] | None:
-    """The session's outputs, one per segment, if its rollout is complete in the store, else None."""
+    """The session's outputs, one per segment, if its rollout is complete in the store, else
+    None."""
     rollout = find_rollout(db, ref, job=job)
     if rollout is None or not rollout.complete:
         return None
@@ -273,13 +296,19 @@ class OpenForgeAgentLoop(AgentLoopBase):
         self.poll_interval = poll_interval
         self.timeout = timeout
 
-    # veRL's base class declares one output; its v1 (TransferQueue) worker, the default trainer,
-    # takes a list and stores each output as its own sample (AgentLoopWorkerTQ._agent_loop_postprocess)
+    # veRL's base class declares one output; its v1 (TransferQueue) worker, the default
+    # trainer, takes a list and stores each output as its own sample
+    # (AgentLoopWorkerTQ._agent_loop_postprocess)
     async def run(  # type: ignore[override]
         self, sampling_params: dict[str, Any], **kwargs: Any
     ) -> list[AgentLoopOutput]:
         del sampling_params  # the harness's requests carry their own, through the sidecar
-        ref = session_ref(kwargs, int(kwargs.get("session_id", 0)))
+        steps = kwargs.get("global_steps")
+        ref = session_ref(
+            kwargs,
+            int(kwargs.get("session_id", 0)),
+            global_steps=None if steps is None else int(steps),
+        )
         deadline = time.monotonic() + self.timeout
         while True:
             outputs = await asyncio.to_thread(self._read, ref)

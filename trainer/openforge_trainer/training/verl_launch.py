@@ -1,0 +1,379 @@
+"""Train on veRL's own Ray trainer (GRPO, FSDP2 workers) from rollouts OpenForge captured.
+
+A :class:`Plan` says what to train (model, store, job, tasks, group size,
+steps) and where; :func:`overrides` turns it into veRL's Hydra overrides,
+pure and testable; :func:`run` writes the dataset and the agent-loop config
+into the run directory, composes veRL's own ``ppo_trainer`` config with those
+overrides (and the user's, checked key by key), and runs veRL's
+``main_ppo`` in this process: a local Ray cluster, veRL's TaskRunner, its
+FSDP2 actor workers, TransferQueue, and our agent loop
+(:class:`~openforge_trainer.training.verl_agent_loop.OpenForgeAgentLoop`),
+which gives veRL session *k* of a task as sample *k* of that task from the
+store.
+
+Each dataset row is one task; veRL runs ``rollout.n`` sessions of it, so a
+GRPO group is the task's n samples. The rollouts of veRL step *s* are those
+whose batch label is ``batch.format(iteration=s - 1)`` (default
+``"{iteration}"``; a fixed label without ``{iteration}`` gives every step the
+same rollouts, which only a test wants).
+
+On a machine without GPUs (``device="cpu"``) the run uses
+:mod:`verl_platform`: Ray declares one logical GPU per worker and the
+workers' collectives run on gloo. Weights after each step go through the
+``external`` rollout (:mod:`verl_rollout`) to the OpenForge servers in
+``publish``, with ``policy_version`` = veRL's step.
+
+veRL's console metrics are also written, one JSON line per step, to
+``{run_dir}/metrics.jsonl`` (veRL's ``file`` logger), and what each step
+trained on to ``{run_dir}/rollouts/{step}.jsonl`` (veRL's rollout dump).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from openforge_trainer.training import verl_agent_loop, verl_platform, verl_rollout
+
+PLUGIN = "openforge_trainer.training.verl_plugin"
+AGENT = "openforge"
+DATASET = "tasks.parquet"
+AGENT_LOOPS = "agent_loops.yaml"
+METRICS = "metrics.jsonl"
+
+
+class LaunchError(ValueError):
+    """A setting of the veRL run is wrong (the message names it)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    model: Path
+    store: Path
+    job: str
+    tasks: tuple[str, ...]
+    run_dir: Path
+    group_size: int = 2  # rollout.n: a task's samples per step
+    groups_per_step: int | None = None  # tasks per step (default: all)
+    steps: int = 1
+    batch: str = "{iteration}"
+    workers: int = 2  # FSDP ranks (logical GPUs on CPU)
+    device: str = "cpu"  # cpu | cuda
+    lr: float = 1e-4
+    seed: int = 0
+    max_prompt_length: int = 4096
+    max_response_length: int = 4096
+    # rollout correction: recompute old log-probs (veRL's decoupled mode) instead of taking
+    # the captured ones, and weight by truncated importance sampling (rollout_is: token |
+    # sequence) when the engine's log-probs differ from the trainer's (vLLM on GPUs)
+    recompute_old_log_probs: bool = False
+    rollout_is: str | None = None
+    rollout_is_threshold: float = 2.0
+    publish: tuple[verl_rollout.Target, ...] = ()
+    poll_interval: float = 1.0
+    rollout_timeout: float = 3600.0
+    verl: tuple[str, ...] = ()  # the user's own veRL keys, KEY=VALUE
+
+    def tasks_per_step(self) -> int:
+        return self.groups_per_step or len(self.tasks)
+
+
+def check(plan: Plan) -> None:
+    """Refuse a plan veRL would choke on later, naming the setting."""
+    if not plan.tasks:
+        raise LaunchError("tasks: at least one task")
+    if len(set(plan.tasks)) != len(plan.tasks):
+        raise LaunchError("tasks: a task is named twice")
+    if plan.group_size < 2:
+        raise LaunchError("group_size: GRPO needs >= 2 samples per task")
+    if plan.device not in ("cpu", "cuda"):
+        raise LaunchError(f"device: cpu or cuda, got {plan.device!r}")
+    per_step = plan.tasks_per_step()
+    if not 1 <= per_step <= len(plan.tasks):
+        raise LaunchError(f"groups_per_step: 1..{len(plan.tasks)} (the tasks), got {per_step}")
+    if (per_step * plan.group_size) % plan.workers:
+        raise LaunchError(
+            f"workers: {plan.workers} must divide the samples of a step "
+            f"({per_step} tasks x {plan.group_size})"
+        )
+    if plan.rollout_is not in (None, "token", "sequence"):
+        raise LaunchError(f"rollout_is: token or sequence, got {plan.rollout_is!r}")
+    if not plan.rollout_is_threshold > 1:
+        raise LaunchError(f"rollout_is_threshold: > 1, got {plan.rollout_is_threshold}")
+    try:
+        plan.batch.format(iteration=0)
+    except (KeyError, IndexError, ValueError) as exc:
+        raise LaunchError(f"batch: {plan.batch!r} is not a template of {{iteration}}") from exc
+    for item in plan.verl:
+        if "=" not in item or item.startswith("="):
+            raise LaunchError(f"verl option {item!r}: expected KEY=VALUE")
+
+
+def dataset_rows(plan: Plan) -> list[dict[str, Any]]:
+    """veRL dataset rows, one per task; the prompt is only a label (the harness has the task)."""
+    return [
+        {
+            "data_source": "openforge",
+            "prompt": [{"role": "user", "content": f"OpenForge task {task}"}],
+            "agent_name": AGENT,
+            "reward_model": {"style": "openforge", "ground_truth": ""},
+            "extra_info": {
+                "index": index,
+                verl_agent_loop.TASK_KEY: task,
+                verl_agent_loop.BATCH_KEY: plan.batch,
+            },
+        }
+        for index, task in enumerate(plan.tasks)
+    ]
+
+
+def agent_loops(plan: Plan) -> list[dict[str, Any]]:
+    """veRL's agent-loop config: our loop, reading ``plan.store``."""
+    return [
+        {
+            "name": AGENT,
+            "_target_": f"{verl_agent_loop.__name__}.OpenForgeAgentLoop",
+            "store": str(plan.store.resolve()),
+            "job": plan.job,
+            "poll_interval": plan.poll_interval,
+            "timeout": plan.rollout_timeout,
+        }
+    ]
+
+
+def _hydra(value: Any) -> str:
+    """A value in Hydra's override grammar: bare dict keys, quoted strings."""
+    if isinstance(value, dict):
+        return "{" + ",".join(f"{key}:{_hydra(item)}" for key, item in value.items()) + "}"
+    if isinstance(value, list | tuple):
+        return "[" + ",".join(_hydra(item) for item in value) + "]"
+    if isinstance(value, str):
+        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    return json.dumps(value)  # numbers, true/false, null
+
+
+def rollout_custom(plan: Plan) -> dict[str, Any]:
+    """The ``external`` rollout's options (``actor_rollout_ref.rollout.custom``)."""
+    return {
+        "openforge": {
+            "weights_dir": str(plan.run_dir.resolve() / "weights"),
+            "publish": [dataclasses.asdict(t) for t in plan.publish],
+        }
+    }
+
+
+def overrides(plan: Plan) -> list[str]:
+    """veRL's ``ppo_trainer`` overrides for the plan, the user's ``verl`` keys last."""
+    run = plan.run_dir.resolve()
+    fp32 = {"param_dtype": "fp32", "reduce_dtype": "fp32", "buffer_dtype": "fp32"}
+    keys: list[str] = [
+        "algorithm.adv_estimator=grpo",
+        "algorithm.use_kl_in_reward=false",
+        # by default old_log_probs are the captured ones: the policy that sampled the tokens
+        f"algorithm.rollout_correction.bypass_mode={_hydra(not plan.recompute_old_log_probs)}",
+        f"data.train_files={_hydra(str(run / DATASET))}",
+        f"data.val_files={_hydra(str(run / DATASET))}",
+        f"data.train_batch_size={plan.tasks_per_step()}",
+        f"data.max_prompt_length={plan.max_prompt_length}",
+        f"data.max_response_length={plan.max_response_length}",
+        "data.dataloader_num_workers=0",
+        "data.shuffle=false",
+        "data.filter_overlong_prompts=false",
+        f"data.seed={plan.seed}",
+        f"actor_rollout_ref.model.path={_hydra(str(plan.model.resolve()))}",
+        "actor_rollout_ref.actor.strategy=fsdp2",
+        f"actor_rollout_ref.actor.ppo_mini_batch_size={plan.tasks_per_step()}",
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1",
+        "actor_rollout_ref.actor.use_kl_loss=false",
+        f"actor_rollout_ref.actor.optim.lr={plan.lr}",
+        "actor_rollout_ref.rollout.name=external",
+        f"actor_rollout_ref.rollout.n={plan.group_size}",
+        "actor_rollout_ref.rollout.calculate_log_probs=true",
+        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=1",
+        "actor_rollout_ref.rollout.agent.num_workers=1",
+        f"actor_rollout_ref.rollout.agent.agent_loop_config_path={_hydra(str(run / AGENT_LOOPS))}",
+        f"actor_rollout_ref.rollout.agent.default_agent_loop={AGENT}",
+        f"+actor_rollout_ref.rollout.custom={_hydra(rollout_custom(plan))}",
+        f"trainer.n_gpus_per_node={plan.workers}",
+        "trainer.nnodes=1",
+        f"trainer.device={plan.device}",
+        "trainer.logger=[console,file]",
+        f"trainer.total_training_steps={plan.steps}",
+        "trainer.total_epochs=1000000",
+        "trainer.val_before_train=false",
+        "trainer.test_freq=-1",
+        "trainer.save_freq=-1",
+        "trainer.project_name=openforge",
+        f"trainer.experiment_name={_hydra(plan.job)}",
+        f"trainer.default_local_dir={_hydra(str(run / 'checkpoints'))}",
+        f"trainer.rollout_data_dir={_hydra(str(run / 'rollouts'))}",
+        "transfer_queue.backend.SimpleStorage.num_data_storage_units=1",
+    ]
+    if plan.rollout_is:
+        keys += [
+            f"algorithm.rollout_correction.rollout_is={plan.rollout_is}",
+            f"algorithm.rollout_correction.rollout_is_threshold={plan.rollout_is_threshold}",
+        ]
+    if plan.device == "cpu":
+        keys += [
+            # no flash-attn on CPU: padded batches, torch's SDPA, fp32 for exact log-probs
+            "actor_rollout_ref.model.use_remove_padding=false",
+            "+actor_rollout_ref.model.override_config.attn_implementation=sdpa",
+            "actor_rollout_ref.actor.fsdp_config.dtype=float32",
+            f"+actor_rollout_ref.actor.fsdp_config.mixed_precision={_hydra(fp32)}",
+            "actor_rollout_ref.actor.fsdp_config.use_torch_compile=false",
+            # one logical GPU per worker, and CPUs for Ray's TaskRunner, TransferQueue, loops
+            f"+ray_kwargs.ray_init.num_gpus={plan.workers}",
+            f"+ray_kwargs.ray_init.num_cpus={plan.workers + 8}",
+            "+ray_kwargs.ray_init.include_dashboard=false",
+        ]
+    return keys + list(plan.verl)
+
+
+def environment(plan: Plan) -> dict[str, str]:
+    """What every veRL process (driver and Ray workers) needs in its environment."""
+    env = {
+        "VERL_USE_EXTERNAL_MODULES": PLUGIN,
+        "VERL_FILE_LOGGER_PATH": str((plan.run_dir / METRICS).resolve()),
+        "TOKENIZERS_PARALLELISM": "false",
+        "RAY_DEDUP_LOGS": "0",
+    }
+    if plan.device == "cpu":
+        env[verl_platform.ENV] = verl_platform.PLATFORM
+    return env
+
+
+def compose(keys: Sequence[str]) -> Any:
+    """veRL's ``ppo_trainer`` config with the overrides; a bad key is named."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+    from verl.trainer import main_ppo
+
+    config_dir = str(Path(main_ppo.__file__).parent / "config")
+    try:
+        with initialize_config_dir(config_dir=config_dir, version_base=None):
+            return hydra_compose("ppo_trainer", overrides=list(keys))
+    except (HydraException, OmegaConfBaseException) as exc:
+        raise LaunchError(f"veRL config: {exc}".splitlines()[0]) from exc
+
+
+def prepare(plan: Plan) -> None:
+    """The run directory: the dataset of tasks and the agent-loop config."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    import yaml
+
+    plan.run_dir.mkdir(parents=True, exist_ok=True)
+    pq.write_table(pa.Table.from_pylist(dataset_rows(plan)), plan.run_dir / DATASET)
+    (plan.run_dir / AGENT_LOOPS).write_text(yaml.safe_dump(agent_loops(plan)))
+
+
+def run(plan: Plan) -> None:
+    """Train ``plan.steps`` steps with veRL's Ray trainer, in this process and a local Ray."""
+    check(plan)
+    prepare(plan)
+    os.environ.update(environment(plan))
+    # this process imported veRL before the environment named the plugin: install it here too
+    verl_platform.install()
+    verl_rollout.install()
+    import ray
+    from verl.trainer import main_ppo
+    from verl.trainer.ppo.utils import need_critic, need_reference_policy
+    from verl.utils.config import validate_config
+
+    verl_rollout.options(rollout_custom(plan))  # checked before Ray starts
+    config = compose(overrides(plan))
+    validate_config(
+        config=config,
+        use_reference_policy=need_reference_policy(config),
+        use_critic=need_critic(config),
+    )
+    try:
+        main_ppo.run_ppo(config, task_runner_class=main_ppo.TaskRunnerV1)
+    finally:
+        ray.shutdown()
+
+
+def metrics(run_dir: Path) -> list[dict[str, Any]]:
+    """veRL's metrics, one dict per step (``{"step": s, "data": {...}}``)."""
+    path = run_dir / METRICS
+    if not path.is_file():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def _parser() -> argparse.ArgumentParser:
+    cli = argparse.ArgumentParser(
+        prog="python -m openforge_trainer.training.verl_launch",
+        description="Train with veRL's Ray trainer (GRPO, FSDP2) on a job's captured rollouts.",
+    )
+    cli.add_argument("--model", type=Path, required=True)
+    cli.add_argument("--store", type=Path, required=True)
+    cli.add_argument("--job", required=True)
+    cli.add_argument("--task", dest="tasks", action="append", required=True)
+    cli.add_argument("--run-dir", type=Path, required=True)
+    cli.add_argument("--group-size", type=int, default=2)
+    cli.add_argument("--groups-per-step", type=int)
+    cli.add_argument("--steps", type=int, default=1)
+    cli.add_argument("--batch", default="{iteration}")
+    cli.add_argument("--workers", type=int, default=2)
+    cli.add_argument("--device", default="cpu")
+    cli.add_argument("--lr", type=float, default=1e-4)
+    cli.add_argument(
+        "--recompute-old-log-probs",
+        action="store_true",
+        help="recompute old log-probs with the trainer (veRL's decoupled mode) instead of "
+        "taking the captured ones",
+    )
+    cli.add_argument(
+        "--rollout-is",
+        choices=("token", "sequence"),
+        help="truncated importance sampling for engine/trainer log-prob mismatch",
+    )
+    cli.add_argument("--rollout-is-threshold", type=float, default=2.0)
+    cli.add_argument("--serve", action="append", default=[], metavar="URL")
+    cli.add_argument("--vllm", action="append", default=[], metavar="URL")
+    cli.add_argument("--verl", action="append", default=[], metavar="KEY=VALUE")
+    return cli
+
+
+def main(argv: Sequence[str]) -> int:
+    args = _parser().parse_args(list(argv))
+    plan = Plan(
+        model=args.model,
+        store=args.store,
+        job=args.job,
+        tasks=tuple(args.tasks),
+        run_dir=args.run_dir,
+        group_size=args.group_size,
+        groups_per_step=args.groups_per_step,
+        steps=args.steps,
+        batch=args.batch,
+        workers=args.workers,
+        device=args.device,
+        lr=args.lr,
+        recompute_old_log_probs=args.recompute_old_log_probs,
+        rollout_is=args.rollout_is,
+        rollout_is_threshold=args.rollout_is_threshold,
+        publish=tuple(verl_rollout.Target(url=u) for u in args.serve)
+        + tuple(verl_rollout.Target(url=u, kind="vllm") for u in args.vllm),
+        verl=tuple(args.verl),
+    )
+    try:
+        run(plan)
+    except (LaunchError, verl_rollout.OptionsError) as exc:
+        print(f"openforge veRL: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,16 @@
+"""What veRL imports to train on OpenForge: set ``VERL_USE_EXTERNAL_MODULES`` to this module.
+
+veRL imports the modules named there whenever ``verl`` is imported, in the
+driver and in every Ray worker, so each process registers the ``external``
+rollout (:mod:`verl_rollout`) and, when ``VERL_PLATFORM=openforge-cpu``, the
+CPU platform (:mod:`verl_platform`). :mod:`verl_launch` sets both.
+"""
+
+from __future__ import annotations
+
+from openforge_trainer.training import verl_platform, verl_rollout
+
+MODULE = __name__
+
+verl_platform.install()
+verl_rollout.install()
