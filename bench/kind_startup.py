@@ -315,7 +315,8 @@ def run_side(
     while not watch.done(count):
         if time.monotonic() > deadline:
             raise RuntimeError(
-                f"{namespace}: {sum(1 for t in watch.pods.values() if t.succeeded)} of {count} pods succeeded in {timeout:.0f} s; failed: {watch.failed}"
+                f"{namespace}: {sum(1 for t in watch.pods.values() if t.succeeded)} of {count} "
+                f"pods succeeded in {timeout:.0f} s; failed: {watch.failed}"
             )
         if watch.failed:
             raise RuntimeError(f"{namespace}: pods failed: {watch.failed}")
@@ -551,7 +552,8 @@ def main(argv: list[str] | None = None) -> int:
 
     s = results["startup"]
     print(
-        f"start-up, {s['rollouts']} rollouts per side at parallelism {s['parallelism']} (seconds, p50 / p99)"
+        f"start-up, {s['rollouts']} rollouts per side at parallelism {s['parallelism']} (seconds, "
+        "p50 / p99)"
     )
     print(row("", ["op p50", "op p99", "job p50", "job p99"]))
     for key in ("scheduled_to_answered", "created_to_answered", "scheduled_to_harness_running"):
@@ -565,7 +567,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"the sidecar adds {s['sidecar_adds_p50_s']} s at p50 (ratio {s['ratio_p50']})")
     m = results["memory"]
     print(
-        f"sidecar memory over {m['pods']} pods (MiB, p50 / max): usage {m['usage_mib']}, peak {m['peak_mib']}, rss {m['rss_mib']}"
+        f"sidecar memory over {m['pods']} pods (MiB, p50 / max): usage {m['usage_mib']}, peak "
+        f"{m['peak_mib']}, rss {m['rss_mib']}"
     )
     for t in results["throughput"]:
         print(f"throughput at parallelism {t['parallelism']}: operator {t['operator']['per_minute']}/min ({t['operator']['wall_s']} s),"

@@ -54,7 +54,8 @@ class Server:
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
                 raise RuntimeError(
-                    f"{self.name} exited with {self.process.returncode}; see {self.log}:\n{self.tail()}"
+                    f"{self.name} exited with {self.process.returncode}; see {self.log}:\n"
+                    f"{self.tail()}"
                 )
             try:
                 with socket.create_connection(("127.0.0.1", self.port), timeout=0.2):

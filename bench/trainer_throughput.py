@@ -313,8 +313,8 @@ def table(result: dict[str, Any]) -> str:
             "pipeline",
             f"{result['pipeline_tokens_per_s']:.0f}",
             f"{b['total_s']:.3f}",
-            f"select+export {b['select_export_s'] * 1e3:.1f} ms, batch {b['batch_s'] * 1e3:.1f} ms, "
-            f"update {b['update_s']:.3f} s",
+            f"select+export {b['select_export_s'] * 1e3:.1f} ms, batch {b['batch_s'] * 1e3:.1f} "
+            f"ms, update {b['update_s']:.3f} s",
         ),
         (
             "bare",

@@ -190,7 +190,10 @@ def main(argv: list[str]) -> int:
     parser.add_argument(
         "--line-search",
         action="store_true",
-        help="halve an update while it lowers the likelihood of its batch's positive-advantage tokens",
+        help=(
+            "halve an update while it lowers the likelihood of its batch's positive-advantage "
+            "tokens"
+        ),
     )
     parser.add_argument(
         "--mean-over-all", action="store_true", help="token mean over all episodes (the trainer's)"
@@ -222,8 +225,8 @@ def main(argv: list[str]) -> int:
             {"step": step, "eval": result, "seconds": round(time.monotonic() - started, 1)}
         )
         print(
-            f"step {step:3d}  EVAL pass {result['pass_rate']:.3f}  lookup {result['lookup_rate']:.3f}  "
-            f"pass|lookup {result['pass_rate_with_lookup']:.3f}",
+            f"step {step:3d}  EVAL pass {result['pass_rate']:.3f}  lookup "
+            f"{result['lookup_rate']:.3f}  pass|lookup {result['pass_rate_with_lookup']:.3f}",
             flush=True,
         )
 
@@ -275,8 +278,8 @@ def main(argv: list[str]) -> int:
         curve.append({"step": step, "train": summary, "update": moved})
         sizes = "  ".join(f"{key} {value:.4f}" for key, value in moved.items())
         print(
-            f"step {step:3d}  reward {summary['pass_rate']:.3f}  lookup {summary['lookup_rate']:.3f}  "
-            f"t {time.monotonic() - started:.0f}s  {sizes}",
+            f"step {step:3d}  reward {summary['pass_rate']:.3f}  lookup "
+            f"{summary['lookup_rate']:.3f}  t {time.monotonic() - started:.0f}s  {sizes}",
             flush=True,
         )
         if args.show:

@@ -258,7 +258,8 @@ def _failed_message(indexes: list[int], states: Sequence[RolloutState], shown: i
             f"exit code {last.exit_code}" if last.exit_code is not None else "failed"
         )
         details.append(
-            f"{index} after attempt {last.attempt} ({why}{': ' + last.message if last.message else ''})"
+            f"{index} after attempt {last.attempt} "
+            f"({why}{': ' + last.message if last.message else ''})"
         )
     more = f"; {len(indexes) - shown} more" if len(indexes) > shown else ""
     return f"rollouts {rollouts.format_indexes(indexes)} failed: " + "; ".join(details) + more

@@ -216,7 +216,10 @@ def _harness(
 ) -> dict[str, Any]:
     env, rollout, config = inputs.env, inputs.rollout, inputs.config
     spec = env.spec
-    where = f"HarnessEnv {env.metadata.name}: spec.template.spec.containers[{v1alpha1.HARNESS_CONTAINER}]"
+    where = (
+        f"HarnessEnv {env.metadata.name}: spec.template.spec."
+        f"containers[{v1alpha1.HARNESS_CONTAINER}]"
+    )
     if not container.get("command"):
         raise PodError(
             f"{where}.command is required in a cluster (the operator runs it under its entrypoint)"
@@ -570,8 +573,8 @@ def _expanded(argv: Sequence[str], base: Mapping[str, str], where: str) -> list[
         missing = rollout_env.unexpanded(arg, base)
         if missing:
             raise PodError(
-                f"{where}: {arg!r} names ${{{missing[0]}}}, a folder of the machine that runs openforge run; "
-                "a pod has none (put the file in the image and name its path there)"
+                f"{where}: {arg!r} names ${{{missing[0]}}}, a folder of the machine that runs "
+                "openforge run; a pod has none (put the file in the image and name its path there)"
             )
     return [rollout_env.expand(arg, base) for arg in argv]
 

@@ -49,7 +49,8 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "serve": (
         "openforge_trainer.serving.server",
         "main",
-        "serve a Hugging Face causal LM over vLLM's /v1/completions (continuous batching, live weight updates)",
+        "serve a Hugging Face causal LM over vLLM's /v1/completions (continuous batching, live "
+        "weight updates)",
     ),
     "train": (
         "openforge_trainer.training.cli",

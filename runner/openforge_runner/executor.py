@@ -107,7 +107,8 @@ def run_rollout(
             str(SIDECAR_FLUSH_SECONDS),
             "--finish-on-stop",
             "--label",
-            f"{trajectory.BATCH_LABEL}={rollout.iteration}/{len(bundle.tasks) * bundle.job.spec.samples_per_task}",
+            f"{trajectory.BATCH_LABEL}={rollout.iteration}/"
+            f"{len(bundle.tasks) * bundle.job.spec.samples_per_task}",
         ),
         home / "sidecar.log",
         port=port,

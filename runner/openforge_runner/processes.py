@@ -84,7 +84,8 @@ class Service:
                 time.sleep(0.05)
         self.stop()
         raise ServiceError(
-            f"{self.name} did not listen on 127.0.0.1:{self.port} within {timeout:.0f} s:\n{self.tail()}"
+            f"{self.name} did not listen on 127.0.0.1:{self.port} within {timeout:.0f} s:\n"
+            f"{self.tail()}"
         )
 
     def wait_for_line(self, text: str | tuple[str, ...], *, timeout: float = 300.0) -> None:
@@ -254,7 +255,10 @@ class Supervisor:
         service = watched.service
         code = service.process.returncode if service.process is not None else None
         if watched.restarts >= self.restarts:
-            self.failure = f"{service.name} exited with {code} {watched.restarts + 1} times; giving up (see {service.log.name}):\n{service.tail()}"
+            self.failure = (
+                f"{service.name} exited with {code} {watched.restarts + 1} times; giving up (see "
+                f"{service.log.name}):\n{service.tail()}"
+            )
             self._event(
                 {
                     "event": "service",
@@ -269,7 +273,8 @@ class Supervisor:
         delay = self.backoff * 2**watched.restarts
         watched.restarts += 1
         self.log(
-            f"openforge run: {service.name} exited with {code}; restarting it in {delay:g} s ({watched.restarts}/{self.restarts})"
+            f"openforge run: {service.name} exited with {code}; restarting it in {delay:g} s "
+            f"({watched.restarts}/{self.restarts})"
         )
         self._event(
             {"event": "service", "service": service.name, "exit_code": code, "action": "restarted"}

@@ -211,7 +211,8 @@ def inherited(fd: int, listen: str) -> socket.socket | None:
     if sock.type != socket.SOCK_STREAM or not listening or bound != (host.strip("[]"), int(port)):
         sock.detach()
         raise SystemExit(
-            f"openforge sidecar: --listen-fd {fd} is not a TCP socket listening on --listen {listen} (it is bound to {bound})"
+            f"openforge sidecar: --listen-fd {fd} is not a TCP socket listening on --listen "
+            f"{listen} (it is bound to {bound})"
         )
     return sock
 

@@ -207,21 +207,24 @@ class Agent:
         if await_fence(target, wait=self.options.fence_wait, poll=self.options.fence_poll):
             (self.run_dir / podrun.SIDECAR_READY).touch()
             print(
-                f"podagent: fenced after {time.monotonic() - started:.2f} s ({target} unreachable); the harness may start",
+                f"podagent: fenced after {time.monotonic() - started:.2f} s ({target} "
+                "unreachable); the harness may start",
                 file=sys.stderr,
                 flush=True,
             )
             return
         print(
-            f"podagent: still not fenced after {self.options.fence_wait:g} s ({target} reachable); failing the attempt",
+            f"podagent: still not fenced after {self.options.fence_wait:g} s ({target} reachable); "
+            "failing the attempt",
             file=sys.stderr,
             flush=True,
         )
         message = (
-            f"the pod could still reach the API server ({target}) after {self.options.fence_wait:g} s: "
-            "the cluster did not enforce the job's NetworkPolicy (its network plugin has no NetworkPolicy "
-            "support, or is that far behind), so the harness never ran; an operator run with "
-            "--fence-wait-seconds 0 starts harnesses without waiting for the fence"
+            f"the pod could still reach the API server ({target}) after "
+            f"{self.options.fence_wait:g} s: the cluster did not enforce the job's NetworkPolicy "
+            "(its network plugin has no NetworkPolicy support, or is that far behind), so the "
+            "harness never ran; an operator run with --fence-wait-seconds 0 starts harnesses "
+            "without waiting for the fence"
         )
         self._report(
             Verdict(
@@ -331,7 +334,10 @@ def _create(path: Path, text: str) -> None:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m openforge_sidecar.podagent",
-        description="Run the capture sidecar in a rollout pod and report the rollout when the harness is done.",
+        description=(
+            "Run the capture sidecar in a rollout pod and report the rollout when the harness is "
+            "done."
+        ),
     )
     parser.add_argument(
         "--run-dir", default=podrun.RUN_DIR, help="directory shared with the harness container"

@@ -303,7 +303,9 @@ CASES = [
     ),
     (
         "no task source",
-        "  tasks:\n    inline:\n    - id: add-1\n      prompt: What is 1+1?\n      answer: 2\n    - id: add-2\n      prompt: What is 2+2?\n      answer: 4\n      meta: {difficulty: easy, tags: [math]}",
+        "  tasks:\n    inline:\n    - id: add-1\n      prompt: What is 1+1?\n      answer: 2\n"
+        "    - id: add-2\n      prompt: What is 2+2?\n      answer: 4\n"
+        "      meta: {difficulty: easy, tags: [math]}",
         "  tasks: {}" + MARK,
         "spec.tasks",
         "got none",
@@ -324,7 +326,8 @@ CASES = [
     ),
     (
         "no harness container",
-        "      containers:\n      - name: tools\n        image: ghcr.io/example/tools:1\n      - name: harness\n",
+        "      containers:\n      - name: tools\n        image: ghcr.io/example/tools:1\n"
+        "      - name: harness\n",
         "      containers:"
         + MARK
         + "\n      - name: tools\n        image: ghcr.io/example/tools:1\n      - name: agent\n",
@@ -333,7 +336,8 @@ CASES = [
     ),
     (
         "harness without image or command",
-        "      - name: harness\n        image: ghcr.io/example/react:1\n        command: [python, -m, react_agent]\n",
+        "      - name: harness\n        image: ghcr.io/example/react:1\n"
+        "        command: [python, -m, react_agent]\n",
         "      - name: harness" + MARK + "\n",
         "spec.template.spec.containers[1]",
         "needs an image, a command, or both",
@@ -440,7 +444,8 @@ CASES = [
     ),
     (
         "learning rate 0",
-        "  training: {iterations: 10, groupsPerStep: 2, learningRate: 1.0e-6, seed: 7, options: {clipRatioHigh: 0.28}}",
+        "  training: {iterations: 10, groupsPerStep: 2, learningRate: 1.0e-6, seed: 7, options: "
+        "{clipRatioHigh: 0.28}}",
         "  training:\n    iterations: 10\n    learningRate: 0.0" + MARK,
         "spec.training.learningRate",
         "greater than 0, got 0.0 (expected a number > 0)",
@@ -581,5 +586,6 @@ def test_two_objects_of_one_kind_with_one_name() -> None:
 def _minimal_job() -> str:
     return (
         "apiVersion: openforge.dev/v1alpha1\nkind: RolloutJob\nmetadata: {name: mini}\n"
-        "spec:\n  harnessEnvRef: {name: react}\n  tasks:\n    inline: [{id: a}]\n  policy: {model: tiny}\n"
+        "spec:\n  harnessEnvRef: {name: react}\n  tasks:\n    inline: [{id: a}]\n"
+        "  policy: {model: tiny}\n"
     )

@@ -650,7 +650,10 @@ def test_a_job_without_a_token_secret_gets_its_own_collector_token_in_the_sideca
 def test_the_operators_service_account_has_no_more_than_its_rules(
     kube: kube_cluster.Kube, operator: Operator
 ) -> None:
-    sa = f"system:serviceaccount:openforge-system-{operator.namespaces['modes'].rsplit('-', 1)[1]}:openforge-operator"
+    sa = (
+        f"system:serviceaccount:openforge-system-{operator.namespaces['modes'].rsplit('-', 1)[1]}:"
+        "openforge-operator"
+    )
     namespace = operator.namespaces["modes"]
     assert (
         kube.kubectl(

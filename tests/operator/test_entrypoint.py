@@ -81,7 +81,8 @@ def test_exits_with_the_harness_code_after_grading_and_reporting(tmp_path: Path)
         [
             PY,
             "-c",
-            "import os; print('noise'); print('{\"reward\": 0.5, \"exit\": %s}' % os.environ['OPENFORGE_HARNESS_EXIT_CODE'])",
+            "import os; print('noise'); print('{\"reward\": 0.5, \"exit\": %s}' % "
+            "os.environ['OPENFORGE_HARNESS_EXIT_CODE'])",
         ],
         verdict='{"status": "succeeded", "reward": 0.5}',
     )

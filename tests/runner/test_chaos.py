@@ -222,7 +222,8 @@ def check_exactly_once(run_dir: Path) -> dict[str, int]:
     with sqlite3.connect(run_dir / "store.db") as raw:
         keys = {key for (key,) in raw.execute("SELECT idempotency_key FROM records")}
         twice = raw.execute(
-            "SELECT rollout_id, call_index, COUNT(*) FROM records WHERE kind = 'call' GROUP BY rollout_id, call_index HAVING COUNT(*) > 1"
+            "SELECT rollout_id, call_index, COUNT(*) FROM records WHERE kind = 'call' GROUP BY "
+            "rollout_id, call_index HAVING COUNT(*) > 1"
         ).fetchall()
     assert twice == [], f"calls stored twice: {twice}"
     counts = {"spools": 0, "records": 0, "missing": 0}
@@ -246,7 +247,8 @@ def check_exactly_once(run_dir: Path) -> dict[str, int]:
                     kind == "call" and (rollout_id, record.call.call_index) in lost_calls
                 )
                 assert covered, (
-                    f"{rollout_id}: a spooled {kind} record ({record.idempotency_key}) is neither stored nor listed lost"
+                    f"{rollout_id}: a spooled {kind} record ({record.idempotency_key}) is neither "
+                    "stored nor listed lost"
                 )
     assert counts["spools"] == len(rollouts), "every attempt has its spool"
     retried = _retried_attempts(run_dir)

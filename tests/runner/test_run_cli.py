@@ -290,9 +290,9 @@ def test_a_killed_run_s_unfinished_attempt_is_closed_when_the_run_starts_again(
     )
     assert done.returncode == 0, done.stdout + done.stderr
     assert (
-        "spools left by an earlier run: 3 records delivered, 1 unfinished attempts recorded lost and failed"
-        in done.stderr
-    )
+        "spools left by an earlier run: 3 records delivered, 1 unfinished attempts recorded "
+        "lost and failed"
+    ) in done.stderr
     with store.Store(run_dir / "store.db") as db:
         old = db.rollout(abandoned)
         assert old is not None and old.finished and old.status == "stopped"

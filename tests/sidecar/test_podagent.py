@@ -259,7 +259,11 @@ def test_the_harness_cannot_report_its_own_rollout(tmp_path: Path) -> None:
     try:
         agent.wait_serving()
         assert token_file.stat().st_mode & 0o777 == 0o600
-        forge = f"import urllib.request as u; u.urlopen(u.Request('http://127.0.0.1:{agent.port}/openforge/v1/rollout/finish', data=b'{{\"exit_code\": 0, \"reward\": 1.0}}'))"
+        forge = (
+            "import urllib.request as u; "
+            f"u.urlopen(u.Request('http://127.0.0.1:{agent.port}/openforge/v1/rollout/finish', "
+            f'data=b\'{{"exit_code": 0, "reward": 1.0}}\'))'
+        )
         done = entrypoint_run(
             agent.run_dir,
             tmp_path / "term",

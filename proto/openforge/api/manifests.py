@@ -96,7 +96,8 @@ def load_manifests(source: str | os.PathLike[str]) -> list[v1alpha1.Resource]:
                 [
                     Problem(
                         "",
-                        f"the manifests are {len(text.encode())} bytes; at most {MAX_BYTES} are read",
+                        f"the manifests are {len(text.encode())} bytes; at most {MAX_BYTES} are "
+                        "read",
                         None,
                         name,
                     )
@@ -251,7 +252,10 @@ def _documents(name: str, text: str, problems: list[Problem]) -> Iterator[tuple[
                 continue
             if _expanded_size(node) > MAX_NODES:
                 line = node.start_mark.line + 1
-                message = f"the document's aliases expand it to more than {MAX_NODES} nodes (a billion laughs?): write it out"
+                message = (
+                    f"the document's aliases expand it to more than {MAX_NODES} nodes (a billion "
+                    "laughs?): write it out"
+                )
                 problems.append(Problem("", message, None, name, line))
                 return
             yield node, loader.construct_document(node)

@@ -294,8 +294,10 @@ class TaskFile(Model):
     )
     format: Literal["json", "text"] = pydantic.Field(
         default="json",
-        description="json: placeholders render as JSON values; no template writes the whole record. "
-        "text: placeholders render as text; a template is required.",
+        description=(
+            "json: placeholders render as JSON values; no template writes the whole record. "
+            "text: placeholders render as text; a template is required."
+        ),
     )
     template: str | None = pydantic.Field(
         default=None, description="File contents, with {{ task.<field> }} placeholders."
@@ -404,7 +406,9 @@ class HarnessEnvSpec(Model):
     """A harness, packaged to run rollouts: its pod, its task input, its model API, its grader."""
 
     template: PodTemplate = pydantic.Field(
-        description=f"Pod template; spec.containers must hold one container named {HARNESS_CONTAINER!r}.",
+        description=(
+            f"Pod template; spec.containers must hold one container named {HARNESS_CONTAINER!r}."
+        ),
         json_schema_extra={"x-openforge-opaque": True},
     )
     local: LocalOverrides | None = None
@@ -442,7 +446,8 @@ class HarnessEnvSpec(Model):
         if not command:
             raise ValueError(
                 "HarnessEnv needs a command to run locally: set spec.local.command or the "
-                f"{HARNESS_CONTAINER!r} container's command (a container image's entrypoint is not known locally)"
+                f"{HARNESS_CONTAINER!r} container's command (a container image's entrypoint is not "
+                "known locally)"
             )
         env: dict[str, str] = {}
         for var in container.env or []:
@@ -524,7 +529,10 @@ class TaskSource(Model):
         json_schema_extra={
             "x-kubernetes-validations": [
                 {
-                    "rule": "[has(self.inline), has(self.configMapRef), has(self.file)].exists_one(x, x)",
+                    "rule": (
+                        "[has(self.inline), has(self.configMapRef), has(self.file)]"
+                        ".exists_one(x, x)"
+                    ),
                     "message": "set exactly one of tasks.inline, tasks.configMapRef, tasks.file",
                 }
             ]
@@ -774,7 +782,9 @@ class RolloutJob(Model):
             "x-kubernetes-validations": [
                 {
                     "rule": "size(self.metadata.name) <= 63",
-                    "message": "a RolloutJob name has at most 63 characters (it labels the rollout pods)",
+                    "message": (
+                        "a RolloutJob name has at most 63 characters (it labels the rollout pods)"
+                    ),
                 }
             ]
         }
@@ -809,7 +819,8 @@ def cluster_problems(job: RolloutJob) -> list[str]:
     problems = []
     if job.spec.tasks.file is not None:
         problems.append(
-            "spec.tasks.file names a local file; in a cluster use tasks.inline or tasks.configMapRef"
+            "spec.tasks.file names a local file; in a cluster use tasks.inline or "
+            "tasks.configMapRef"
         )
     if job.spec.policy.endpoint is None:
         problems.append(

@@ -138,7 +138,10 @@ def record_problem(
             " (<job>-<index>-<attempt>, the job's pod names)"
         )
     if not idempotency_key.startswith(rollout_id + "/"):
-        return f"idempotency_key {idempotency_key!r} does not start with its rollout_id {rollout_id!r} + '/'"
+        return (
+            f"idempotency_key {idempotency_key!r} does not start with its rollout_id "
+            f"{rollout_id!r} + '/'"
+        )
     return None
 
 

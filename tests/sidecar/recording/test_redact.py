@@ -66,7 +66,10 @@ def test_headers_are_an_allow_list_a_credential_under_any_name_is_redacted() -> 
 
 
 def test_top_level_credential_fields_of_a_body_are_redacted_and_the_conversation_kept() -> None:
-    raw = b'{"model": "m", "api_key": "sk-1", "accessToken": "t-2", "messages": [{"role": "user", "content": "my password is p", "api_key": "in-content"}]}'
+    raw = (
+        b'{"model": "m", "api_key": "sk-1", "accessToken": "t-2", "messages": [{"role": "user", '
+        b'"content": "my password is p", "api_key": "in-content"}]}'
+    )
     out = redact.body(raw, ["api_key", "accessToken"])
     assert b"sk-1" not in out and b"t-2" not in out
     assert b'"api_key":"[redacted]"' in out and b"in-content" in out and b"my password is p" in out

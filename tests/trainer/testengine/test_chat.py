@@ -145,7 +145,8 @@ def test_the_openai_sdk_reads_both_forms(engine: str) -> None:
             "stream must be a boolean",
         ),
         (
-            b'{"model": "tiny", "messages": [{"role": "user", "content": "x"}], "max_completion_tokens": -1}',
+            b'{"model": "tiny", "messages": [{"role": "user", "content": "x"}], '
+            b'"max_completion_tokens": -1}',
             400,
             "max_completion_tokens must be a positive integer",
         ),
