@@ -185,7 +185,9 @@ def main(argv: list[str]) -> int:
         "--max-kl",
         type=float,
         default=0.0,
-        help="trust region: halve an update (5 times, then drop it) while its batch KL exceeds this",
+        help=(
+            "trust region: halve an update (5 times, then drop it) while its batch KL exceeds this"
+        ),
     )
     parser.add_argument(
         "--line-search",

@@ -24,7 +24,8 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "drain": (
         "openforge_sidecar.recording.drain",
         "main",
-        "deliver what stopped sidecars left in their spools; close the rollouts they never finished",
+        "deliver what stopped sidecars left in their spools; "
+        "close the rollouts they never finished",
     ),
     "collector": (
         "openforge_trainer.cli",

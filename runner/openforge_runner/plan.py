@@ -162,8 +162,8 @@ def missing_env(job: v1alpha1.RolloutJob, path: Path, ref: str, names: list[str]
         hint = f"the files define {', '.join(repr(n) for n in names)}"
     else:
         hint = (
-            "the files define none: give the HarnessEnv's file too (openforge run JOB.yaml "
-            "ENV.yaml)"
+            "the files define none: give the HarnessEnv's file too "
+            "(openforge run JOB.yaml ENV.yaml)"
         )
     return (
         f"{where}: spec.harnessEnvRef.name: no HarnessEnv named {ref!r} in the given files; {hint}"

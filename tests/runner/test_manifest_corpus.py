@@ -164,7 +164,9 @@ def test_a_manifest_file_over_four_mib_is_refused_before_it_is_parsed(tmp_path: 
     path.write_text(ENV + "---\n" + JOB + "# " + "x" * manifests.MAX_BYTES + "\n")
     with pytest.raises(
         manifests.ManifestError,
-        match=rf"^{tmp_path}/job.yaml: the file is \d+ bytes; a manifest file holds at most 4194304",
+        match=(
+            rf"^{tmp_path}/job.yaml: the file is \d+ bytes; a manifest file holds at most 4194304"
+        ),
     ):
         plan.load([path])
 

@@ -244,7 +244,9 @@ def _cell(metric: analysis.Metric, summary: analysis.Summary) -> str:
 
 
 def _tools(summary: analysis.Summary) -> str:
-    return f"{len(summary.tools_used)}/{len(summary.tools_offered)} {','.join(summary.tools_used)}".strip()
+    return (
+        f"{len(summary.tools_used)}/{len(summary.tools_offered)} {','.join(summary.tools_used)}"
+    ).strip()
 
 
 def _plans(summary: analysis.Summary) -> str:

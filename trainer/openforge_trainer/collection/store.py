@@ -443,7 +443,8 @@ class Store:
 
     def lost(self, job: str) -> list[LostRecord]:
         rows = self._query(
-            "SELECT body FROM records WHERE job = ? AND kind = 'lost' ORDER BY rollout_id, sequence",
+            "SELECT body FROM records WHERE job = ? AND kind = 'lost' "
+            "ORDER BY rollout_id, sequence",
             (job,),
         )
         result = []
