@@ -292,7 +292,8 @@ def bare_job(name: str, count: int, parallelism: int) -> dict[str, Any]:
 
 
 def fresh_namespace(cluster: Cluster, prefix: str) -> str:
-    name = f"{prefix}-{uuid.uuid4().hex[:6]}"  # the collector binds a job's name to its first RolloutJob
+    # the collector binds a job's name to its first RolloutJob
+    name = f"{prefix}-{uuid.uuid4().hex[:6]}"
     cluster.kubectl("create", "namespace", name)
     return name
 
@@ -300,7 +301,8 @@ def fresh_namespace(cluster: Cluster, prefix: str) -> str:
 def run_side(
     cluster: Cluster, kind: str, count: int, parallelism: int, *, timeout: float = 1800
 ) -> tuple[str, Watch, float, float]:
-    """One RolloutJob (kind "operator") or Indexed Job ("job") run to its end: (namespace, watch, t0, t_end)."""
+    """One RolloutJob (kind "operator") or Indexed Job ("job") run to its end: (namespace, watch,
+    t0, t_end)."""
     namespace = fresh_namespace(cluster, f"bench-{kind}")
     watch = Watch(cluster, namespace)
     time.sleep(1)  # the watch is open before the first pod
@@ -385,7 +387,8 @@ def cgroup_memory(node: str, uid: str) -> dict[str, int]:
         "--name",
         f"^{SIDECAR}$",
     ).split()
-    # the kubelet's systemd driver nests the container as .../kubelet-kubepods-...-pod<uid>.slice/cri-containerd-<id>.scope
+    # the kubelet's systemd driver nests the container as
+    # .../kubelet-kubepods-...-pod<uid>.slice/cri-containerd-<id>.scope
     found = node_exec(
         "find", "/sys/fs/cgroup/memory", "-maxdepth", "6", "-type", "d", "-name", f"*{cid}*"
     ).split()

@@ -98,7 +98,8 @@ def policy_loss(
 def response_log_probs(
     model: Any, episodes: list[policy_eval.Episode], pad_id: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Each episode's model-token log-probs under ``model`` and their mask, [episodes, length - 1]."""
+    """Each episode's model-token log-probs under ``model`` and their mask,
+    [episodes, length - 1]."""
     encoded = []
     for episode in episodes:
         ids, mask, _ = episode.sequence()

@@ -154,7 +154,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def options(argv: list[str]) -> tuple[argparse.Namespace, settings.Settings]:
-    """Parsed flags and the settings they give (pure: the master key is read by ``with_master_key``)."""
+    """Parsed flags and the settings they give (pure: the master key is read by
+    ``with_master_key``)."""
     parser = build_parser()
     ns = parser.parse_args(argv)
     if ns.standalone and ns.peering:

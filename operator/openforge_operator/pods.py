@@ -1,4 +1,5 @@
-"""The rollout pod: one attempt of one rollout, built from the job, its HarnessEnv and settings (pure).
+"""The rollout pod: one attempt of one rollout, built from the job, its HarnessEnv and settings
+(pure).
 
 Anatomy of ``<job>-<index>-<attempt>``:
 
@@ -155,7 +156,8 @@ def build_pod(
     attempt: int,
     config: settings.Settings,
 ) -> dict[str, Any]:
-    """The pod of attempt ``attempt`` of ``rollout``; raises PodError naming a field it cannot use."""
+    """The pod of attempt ``attempt`` of ``rollout``; raises PodError naming a field it cannot
+    use."""
     if job.spec.policy.endpoint is None:
         raise PodError("spec.policy.endpoint is required in a cluster")
     inputs = PodInputs(job=job, env=env, rollout=rollout, attempt=attempt, config=config)
@@ -548,7 +550,8 @@ def _harness_security(
 
 
 def _hardened(container: Mapping[str, Any]) -> dict[str, Any]:
-    """A template container with privilege escalation off and capabilities dropped, unless it says otherwise."""
+    """A template container with privilege escalation off and capabilities dropped, unless it says
+    otherwise."""
     hardened = dict(container)
     security = dict(hardened.get("securityContext") or {})
     security.setdefault("allowPrivilegeEscalation", False)

@@ -150,7 +150,8 @@ def run_rollout(
             reason="its sidecar stopped with the rollout unfinished",
         )
         if "error" not in finish and drained.spools and not drained.kept and not drained.error:
-            final = judged  # the sidecar recorded the finish, and every record reached the store after all
+            # the sidecar recorded the finish, and every record reached the store after all
+            final = judged
         else:
             final = dataclasses.replace(final, message=f"{final.message}; {drained.summary()}")
     return Outcome(

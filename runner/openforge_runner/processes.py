@@ -44,7 +44,8 @@ class Service:
     port: int | None = None
     env: dict[str, str] | None = None
     stopping: threading.Event | None = None
-    """Set: the run is stopping, and a wait for this service to start gives up at once (:class:`Stopped`)."""
+    """Set: the run is stopping, and a wait for this service to start gives up at once
+    (:class:`Stopped`)."""
     process: subprocess.Popen[bytes] | None = field(default=None, init=False)
     _log_start: int = field(default=0, init=False)  # the log's size when this process started
 
@@ -174,8 +175,8 @@ class _Watched:
 
 
 class Supervisor:
-    """Restarts a run's services when they die (exit other than 0): each at most ``restarts`` times, after a
-    backoff that doubles (``backoff`` s first). A service that keeps dying ends the run:
+    """Restarts a run's services when they die (exit other than 0): each at most ``restarts`` times,
+    after a backoff that doubles (``backoff`` s first). A service that keeps dying ends the run:
     :attr:`failure` says which and why, and ``stop`` is set.
 
     ``up`` is set while every watched service runs: the runner starts no rollout while a

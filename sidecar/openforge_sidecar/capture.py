@@ -649,7 +649,8 @@ class Capture:
             call, 200, (result.error if result else None) or "; ".join(call.notes), None
         )
         if recorded and self._history is not None:
-            self._history.prerender()  # the next call's first rendering (see TokenHistory.prerender)
+            # the next call's first rendering (see TokenHistory.prerender)
+            self._history.prerender()
 
     def _record_rejected(
         self, flow: http.HTTPFlow, codec: Codec, body: bytes, exc: CodecError

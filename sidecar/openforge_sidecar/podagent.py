@@ -34,8 +34,8 @@ imports, not two) it
 - in a second thread, when the harness container's entrypoint
   (``openforge_operator.entrypoint``) writes ``harness-done`` into the run
   directory, turns the harness's exit code and the grader's output into a
-  reward and a verdict by the rule ``openforge run`` follows too (``openforge.api.verdict``), reports the rollout
-  to the sidecar (``POST /openforge/v1/rollout/finish``, which records it and
+  reward and a verdict by the rule ``openforge run`` follows too (``openforge.api.verdict``),
+  reports the rollout to the sidecar (``POST /openforge/v1/rollout/finish``, which records it and
   waits for the collector's acknowledgement) and writes the verdict to
   ``finished``, which the entrypoint copies into its termination message for
   the operator.
@@ -149,7 +149,8 @@ def termination_message(judged: Verdict, result: dict[str, Any]) -> dict[str, An
 
 
 class Agent:
-    """The sidecar, in this process, and the thread that reports the rollout when the harness is done."""
+    """The sidecar, in this process, and the thread that reports the rollout when the harness is
+    done."""
 
     def __init__(self, options: argparse.Namespace, sidecar_args: list[str]) -> None:
         self.options = options

@@ -211,7 +211,8 @@ def test_empty_documents_are_skipped() -> None:
 
 
 def test_plain_pydantic_errors_still_name_the_field() -> None:
-    """The operator may validate with the models directly; the message must still say which field."""
+    """The operator may validate with the models directly; the message must still say which
+    field."""
     with pytest.raises(
         pydantic.ValidationError, match=r"baseUrl: required when capture.mode is BaseURL"
     ):
@@ -229,7 +230,8 @@ MARK = "  # <-"
 
 
 def mutate(old: str, new: str) -> tuple[str, int]:
-    """VALID with ``old`` replaced by ``new``; the line marked ``# <-`` in ``new`` is where the error must point."""
+    """VALID with ``old`` replaced by ``new``; the line marked ``# <-`` in ``new`` is where the
+    error must point."""
     assert VALID.count(old) == 1, old
     text = VALID.replace(old, new)
     (line,) = [i + 1 for i, content in enumerate(text.splitlines()) if content.endswith(MARK)]

@@ -94,7 +94,8 @@ def other_namespace(kube: kube_cluster.Kube) -> Iterator[str]:
 def allowed(
     kube: kube_cluster.Kube, user: str, checks: list[tuple[str, str, str]], namespace: str
 ) -> dict[tuple[str, str, str], bool]:
-    """The API server's authorizer's answer for each (group, resource[/subresource], verb), as ``user``."""
+    """The API server's authorizer's answer for each (group, resource[/subresource], verb), as
+    ``user``."""
     reviews = []
     for group, resource, verb in checks:
         name, _, subresource = resource.partition("/")
@@ -265,7 +266,8 @@ def test_webhook_and_trainer_render_is_admitted(
 def test_the_webhook_the_operator_registers_is_admitted(
     kube: kube_cluster.Kube, helm: Helm, namespace: str
 ) -> None:
-    """What kopf writes into the chart's configuration (named as the chart names it) passes validation."""
+    """What kopf writes into the chart's configuration (named as the chart names it) passes
+    validation."""
     rendered = helm(
         "template",
         "of",
@@ -320,7 +322,8 @@ def test_the_cluster_examples_are_admitted(kube: kube_cluster.Kube, namespace: s
 
 
 def test_rbac_scopes_the_chart_assumes_are_the_api_servers(kube: kube_cluster.Kube) -> None:
-    """scripts/sync_deploy_files.py splits rules by scope from its own table; the API server agrees."""
+    """scripts/sync_deploy_files.py splits rules by scope from its own table; the API server
+    agrees."""
     import importlib.util
 
     spec = importlib.util.spec_from_file_location(
@@ -340,7 +343,8 @@ def test_rbac_scopes_the_chart_assumes_are_the_api_servers(kube: kube_cluster.Ku
     for table, namespaced in ((script.CLUSTER_SCOPED, False), (script.NAMESPACED, True)):
         for group, resource in table:
             if "/" in resource or (group, resource) not in served:
-                continue  # subresources share their resource's scope; kopf.dev and our CRDs may be absent
+                # subresources share their resource's scope; kopf.dev and our CRDs may be absent
+                continue
             assert served[(group, resource)] == namespaced, (group, resource)
             checked += 1
     assert checked >= 15

@@ -158,7 +158,8 @@ def test_gui_agent_completes_a_task_token_exact_with_lossless_screenshots(
     image_positions = [i for i, t in enumerate(row.response_ids) if t == image_token]
     assert all(row.response_mask[i] == 0 for i in image_positions)
 
-    # Decodable, and veRL's agent loop gets the same pixels (tests/trainer/training/test_verl_agent_loop.py).
+    # Decodable, and veRL's agent loop gets the same pixels
+    # (tests/trainer/training/test_verl_agent_loop.py).
     with Image.open(io.BytesIO(request_images.image_bytes(row.images[-1]))) as last:
         assert last.size == (800, 600)
 

@@ -96,7 +96,8 @@ def started_at(status: dict[str, Any]) -> str:
 
 
 def check_sidecar_first(pod: dict[str, Any]) -> None:
-    """The native sidecar started before the harness (which waited for it to listen), and never restarted."""
+    """The native sidecar started before the harness (which waited for it to listen), and never
+    restarted."""
     name = pod["metadata"]["name"]
     init = {s["name"]: s for s in pod["status"].get("initContainerStatuses", [])}
     main = {s["name"]: s for s in pod["status"].get("containerStatuses", [])}
@@ -310,7 +311,8 @@ def start(
 ) -> str:
     """A new namespace and job (named alike) of ``rollouts`` stepped rollouts; ``spec``
     adds to or overrides the job's spec."""
-    name = f"{prefix}-{uuid.uuid4().hex[:6]}"  # the collector binds a job's name to its first RolloutJob
+    # the collector binds a job's name to its first RolloutJob
+    name = f"{prefix}-{uuid.uuid4().hex[:6]}"
     ensure_namespace(kind, name)
     tasks = [{"id": f"t{i}"} for i in range(rollouts)]
     job = rollout_job(
@@ -360,7 +362,8 @@ def release(kind: kube_cluster.Kube, namespace: str, name: str, step: int) -> No
 def wait_restarted(
     kind: kube_cluster.Kube, namespace: str, name: str, container: str, restarts: int
 ) -> dict[str, Any]:
-    """Until ``container`` of pod ``name`` restarted ``restarts`` times and is running (started) again."""
+    """Until ``container`` of pod ``name`` restarted ``restarts`` times and is running (started)
+    again."""
 
     def back() -> bool:
         status = container_status(pod(kind, namespace, name), container)
@@ -380,7 +383,8 @@ for harnesses whose own prompt does not fit the tiny policy's 4,096 tokens."""
 
 
 def ensure_engine(kind: kube_cluster.Kube) -> None:
-    """The test engine as Deployment and Service ``engine`` in namespace rl, from the trainer image."""
+    """The test engine as Deployment and Service ``engine`` in namespace rl, from the trainer
+    image."""
     labels = {"app.kubernetes.io/name": "engine"}
     service = {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "engine", "labels": labels},
                "spec": {"selector": labels, "ports": [{"name": "http", "port": 8000, "targetPort": 8000}]}}  # fmt: skip

@@ -41,7 +41,8 @@ def harness_env(
     cpu: str = "20m",
     priority_class: str = "",
 ) -> dict[str, Any]:
-    """A harness that makes one call, then (``fill_mb``) overfills its 2 MiB scratch volume, then waits."""
+    """A harness that makes one call, then (``fill_mb``) overfills its 2 MiB scratch volume, then
+    waits."""
     env: dict[str, Any] = {
         "apiVersion": "openforge.dev/v1alpha1", "kind": "HarnessEnv", "metadata": {"name": name},
         "spec": {
@@ -185,7 +186,8 @@ def millicores(quantity: str) -> int:
 
 
 def free_cpu(kind: kube_cluster.Kube, node: str) -> int:
-    """Millicores of the node's allocatable CPU that no live pod requests (as the scheduler counts)."""
+    """Millicores of the node's allocatable CPU that no live pod requests (as the scheduler
+    counts)."""
     allocatable = millicores(kind.get_json("node", node)["status"]["allocatable"]["cpu"])
     described = kind.kubectl("describe", "node", node).stdout
     allocated = described.split("Allocated resources:", 1)[1]

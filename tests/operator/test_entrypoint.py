@@ -147,7 +147,8 @@ def test_without_a_verdict_it_gives_up_after_the_finish_wait(tmp_path: Path) -> 
 
 
 def test_the_script_survives_the_kubelets_variable_expansion() -> None:
-    """The kubelet rewrites ``$$`` to ``$`` and ``$(NAME)`` to NAME's value in a container's command."""
+    """The kubelet rewrites ``$$`` to ``$`` and ``$(NAME)`` to NAME's value in a container's
+    command."""
     assert "$$" not in entrypoint.SCRIPT
     assert not re.search(r"\$\([A-Za-z_]", entrypoint.SCRIPT)
 

@@ -189,11 +189,12 @@ def test_the_sidecar_is_a_native_sidecar_the_harness_waits_for() -> None:
 def test_containers_of_the_templates_own_are_held_back_by_a_startup_probe(
     own: dict[str, Any],
 ) -> None:
-    """Those do not run under the entrypoint: only the kubelet can hold them back until the sidecar listens."""
+    """Those do not run under the entrypoint: only the kubelet can hold them back until the sidecar
+    listens."""
     template = {"containers": [{"name": "harness", "image": "i", "command": ["c"]}], **own}
     sidecar = container(build(env_spec={"template": {"spec": template}}), "openforge-sidecar")
-    # the kubelet dials tcpSocket/httpGet probes from the node, where 127.0.0.1 is not the pod's loopback
-    # ... and it passes only once the agent made sidecar-ready, i.e. the pod is fenced
+    # the kubelet dials tcpSocket/httpGet probes from the node, where 127.0.0.1 is not the pod's
+    # loopback ... and it passes only once the agent made sidecar-ready, i.e. the pod is fenced
     assert sidecar["startupProbe"]["exec"]["command"] == [
         "python", "-m", "openforge_operator.probe", str(CONFIG.sidecar_port), "/openforge/run/sidecar-ready",
     ]  # fmt: skip
@@ -296,7 +297,8 @@ def test_with_a_master_key_the_sidecar_mounts_the_token_the_operator_issued_the_
 def test_the_harness_runs_under_the_entrypoint_then_the_grader() -> None:
     harness = container(build(index=5), "harness")
     assert harness["command"] == entrypoint.COMMAND
-    # the grader's 4 args first, then the harness command, its args, with ${OPENFORGE_TASK_ID} expanded
+    # the grader's 4 args first, then the harness command, its args, with ${OPENFORGE_TASK_ID}
+    # expanded
     assert harness["args"] == [
         "4",
         "python",

@@ -1,4 +1,5 @@
-"""A HarnessEnv's Ready condition: valid objects that cannot run in a cluster are not ready, with why."""
+"""A HarnessEnv's Ready condition: valid objects that cannot run in a cluster are not ready, with
+why."""
 
 from __future__ import annotations
 

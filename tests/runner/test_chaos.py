@@ -112,7 +112,8 @@ def kill(pattern: str) -> bool:
 
 @dataclass
 class Kill:
-    """One planned kill: when the run has finished ``after`` rollouts (and ``delay`` seconds more)."""
+    """One planned kill: when the run has finished ``after`` rollouts (and ``delay`` seconds
+    more)."""
 
     what: str
     after: int
@@ -190,7 +191,8 @@ def run_until(
 
 
 def trained_steps(run_dir: Path) -> dict[str, list[tuple[str, str, int]]]:
-    """Each step (its checkpoint's name): the groups it trained, (task, batch, policy version) per rollout."""
+    """Each step (its checkpoint's name): the groups it trained, (task, batch, policy version) per
+    rollout."""
     steps: dict[str, list[tuple[str, str, int]]] = {}
     with store.Store(run_dir / "store.db") as db:
         for rollout in db.rollouts(JOB):
@@ -212,7 +214,8 @@ def _retried_attempts(run_dir: Path) -> set[str]:
 
 
 def check_exactly_once(run_dir: Path) -> dict[str, int]:
-    """Every spooled record stored, or its rollout or call listed lost; no call twice; nothing left open."""
+    """Every spooled record stored, or its rollout or call listed lost; no call twice; nothing left
+    open."""
     with store.Store(run_dir / "store.db") as db:
         lost = db.lost(JOB)
         rollouts = {r.rollout_id: r for r in db.rollouts(JOB)}

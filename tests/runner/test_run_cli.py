@@ -183,7 +183,8 @@ def test_a_bad_manifest_fails_before_anything_starts(tmp_path: Path) -> None:
 
 
 def test_bad_trainer_options_stop_the_run_before_any_rollout(tmp_path: Path) -> None:
-    """spec.training.options reach `openforge train --check`, which names a bad one before anything starts."""
+    """spec.training.options reach `openforge train --check`, which names a bad one before anything
+    starts."""
     text = (EXAMPLES / "react-toy.yaml").read_text()
     text = text.replace(
         "    model: models/tiny-react", f"    model: {EXAMPLES / 'models' / 'tiny-react'}"

@@ -1,4 +1,5 @@
-"""A spooled call lets go of its bulk (mitmproxy's flows outlive their calls); an answered call is spooled after its answer's end.
+"""A spooled call lets go of its bulk (mitmproxy's flows outlive their calls); an answered call is
+spooled after its answer's end.
 
 The record has everything; what the flow still refers to (the call in its
 metadata, the relay through the stream callable) is freed at once instead of

@@ -1,9 +1,10 @@
-"""Hostile input through the real sidecar: it stays up, answers in the API's shape, records every call.
+"""Hostile input through the real sidecar: it stays up, answers in the API's shape, records every
+call.
 
 Hypothesis mutates a valid request of each wire API (a value anywhere replaced
 by one of another type or an absurd number; a lone surrogate put into any of
-its strings; keys added; the JSON cut short; bytes that are no JSON) and sends each to a real sidecar whose
-engine is scripted (scripted_engine) to answer well. For every request:
+its strings; keys added; the JSON cut short; bytes that are no JSON) and sends each to a real
+sidecar whose engine is scripted (scripted_engine) to answer well. For every request:
 
 * the answer is 200, or a 4xx whose body is the API's own error object;
 * nothing but the sidecar's rewritten ``/v1/completions`` reaches the engine

@@ -4,7 +4,8 @@
 each document with the API models, and reports every problem at once, one
 line each::
 
-    jobs.yaml:14: spec.samplesPerTask: input should be greater than or equal to 1, got 0 (expected an integer >= 1)
+    jobs.yaml:14: spec.samplesPerTask: input should be greater than or equal to 1, got 0
+        (expected an integer >= 1)
 
 The YAML is composed into nodes first (``yaml.compose``), which keep their
 positions, so a pydantic error location such as ``spec.tasks.inline[2].id``
@@ -38,7 +39,8 @@ _PLAIN_KEY = re.compile(r"^[A-Za-z0-9_-]+$")
 
 @dataclasses.dataclass(frozen=True)
 class Problem:
-    """One thing wrong with a manifest; ``str()`` gives ``file:line: path: message (expected ...)``."""
+    """One thing wrong with a manifest; ``str()`` gives
+    ``file:line: path: message (expected ...)``."""
 
     path: str
     message: str

@@ -184,7 +184,8 @@ class Condition(Model):
 
 
 def set_condition(conditions: list[Condition], condition: Condition) -> list[Condition]:
-    """Conditions with ``condition`` in place of its type's; keep the transition time if status held.
+    """Conditions with ``condition`` in place of its type's; keep the transition time if status
+    held.
 
     Like apimachinery's ``meta.SetStatusCondition``: ``lastTransitionTime``
     moves only when the status changes.
@@ -263,7 +264,9 @@ class PodTemplate(OpenModel):
 
 
 class LocalOverrides(Model):
-    """How openforge run starts the harness as a local process instead of a container: each field set here replaces the harness container's (env is merged over it), a field left out falls back to the container's."""
+    """How openforge run starts the harness as a local process instead of a container: each field
+    set here replaces the harness container's (env is merged over it), a field left out falls back
+    to the container's."""
 
     command: list[str] | None = pydantic.Field(
         default=None, min_length=1, description="Executable and leading arguments."
@@ -482,7 +485,8 @@ class HarnessEnvStatus(Model):
 
 
 class HarnessEnv(Model):
-    """A harness packaged for rollouts: what runs, how tasks and the model reach it, how it is graded."""
+    """A harness packaged for rollouts: what runs, how tasks and the model reach it, how it is
+    graded."""
 
     KIND: ClassVar[str] = "HarnessEnv"
     PLURAL: ClassVar[str] = "harnessenvs"
@@ -660,7 +664,8 @@ class Trainer(Model):
 
 
 class Training(Model):
-    """Trainer settings for `openforge run` and the trainer Deployment; unset ones keep the trainer's defaults."""
+    """Trainer settings for `openforge run` and the trainer Deployment; unset ones keep the
+    trainer's defaults."""
 
     iterations: int | None = pydantic.Field(
         default=None, ge=1, description="Optimiser steps in total."
@@ -815,7 +820,8 @@ class RolloutJob(Model):
 
 
 def cluster_problems(job: RolloutJob) -> list[str]:
-    """What keeps a valid RolloutJob from running in a cluster (fields only `openforge run` can fill)."""
+    """What keeps a valid RolloutJob from running in a cluster (fields only `openforge run` can
+    fill)."""
     problems = []
     if job.spec.tasks.file is not None:
         problems.append(

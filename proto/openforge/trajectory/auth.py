@@ -4,7 +4,8 @@ The operator gives every RolloutJob its own token and the collector checks it,
 both from one master key and this module, so the collector keeps no list of
 tokens and learns of no job in advance::
 
-    token    = "ofj1." + b64url(identity) + "." + b64url(HMAC-SHA256(key, "ofj1." + b64url(identity)))
+    token    = "ofj1." + b64url(identity) + "."
+               + b64url(HMAC-SHA256(key, "ofj1." + b64url(identity)))
     identity = "<namespace>/<name>/<uid>"       (the RolloutJob's)
 
 (b64url: URL-safe base64 without padding.) A stream that presents such a token

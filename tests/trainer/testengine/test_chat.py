@@ -1,4 +1,5 @@
-"""The test engine's Chat Completions endpoint: what a harness gets from an engine without the sidecar."""
+"""The test engine's Chat Completions endpoint: what a harness gets from an engine without the
+sidecar."""
 
 from __future__ import annotations
 

@@ -95,7 +95,8 @@ def test_first_prompt_is_the_rendered_harness_request(random_player: policy_eval
 
 
 def test_the_committed_warm_start_leaves_room_for_rl() -> None:
-    """Sampled, it looks the color up only sometimes and copies it when it does; greedy, it guesses."""
+    """Sampled, it looks the color up only sometimes and copies it when it does; greedy, it
+    guesses."""
     model = model_build.load_model(COMMITTED)
     player = policy_eval.Player(
         model, warmstart.load_tokenizer(COMMITTED), warmstart.HarnessSpec.load()
