@@ -71,11 +71,15 @@ ids = os.environ.get("PROMPT_IDS")  # the bare Job: the engine's own token-ID co
 if ids:
     path, body = "/completions", {"model": "tiny-react", "max_tokens": 8, "prompt": json.loads(ids)}
 else:
-    path, body = "/chat/completions", {"model": "tiny-react", "max_tokens": 8, "messages": [{"role": "user", "content": "Say hello."}]}
+    path, body = "/chat/completions", {
+        "model": "tiny-react", "max_tokens": 8, "messages": [{"role": "user", "content": "Say hello."}]
+    }
 body = json.dumps(body).encode()
 for attempt in range(120):
     try:
-        request = urllib.request.Request(os.environ["OPENAI_BASE_URL"] + path, body, {"Content-Type": "application/json"})
+        request = urllib.request.Request(
+            os.environ["OPENAI_BASE_URL"] + path, body, {"Content-Type": "application/json"}
+        )
         with urllib.request.urlopen(request, timeout=120) as response:
             json.load(response)
         break

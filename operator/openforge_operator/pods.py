@@ -90,7 +90,8 @@ iptables -t nat -A OPENFORGE_OUTPUT -m owner --uid-owner "$OPENFORGE_SIDECAR_UID
 iptables -t nat -A OPENFORGE_OUTPUT -d 127.0.0.0/8 -j RETURN
 iptables -t nat -A OPENFORGE_OUTPUT -p tcp --dport 53 -j RETURN
 for host in $OPENFORGE_REDIRECT_EXCLUDE; do
-  iptables -t nat -A OPENFORGE_OUTPUT -d "$host" -j RETURN || echo "openforge-redirect: cannot exclude $host" >&2
+  iptables -t nat -A OPENFORGE_OUTPUT -d "$host" -j RETURN ||
+    echo "openforge-redirect: cannot exclude $host" >&2
 done
 iptables -t nat -A OPENFORGE_OUTPUT -p tcp -j REDIRECT --to-ports "$OPENFORGE_SIDECAR_PORT"
 """

@@ -235,7 +235,8 @@ HARNESS_IMAGE = "ghcr.io/openforge/react-harness:0.1.0"
 STEPPED = """
 import json, os, sys, time, urllib.request
 base, calls = os.environ["OPENAI_BASE_URL"], int(os.environ["STEP_CALLS"])
-hog = bytearray(int(os.environ.get("STEP_ALLOCATE_MB", "0")) * 1024 * 1024)  # touched: counted by the cgroup
+# touched: counted by the cgroup
+hog = bytearray(int(os.environ.get("STEP_ALLOCATE_MB", "0")) * 1024 * 1024)
 for offset in range(0, len(hog), 4096):
     hog[offset] = 1
 for step in range(calls):
@@ -244,11 +245,15 @@ for step in range(calls):
         if time.monotonic() > deadline:
             sys.exit(3)
         time.sleep(0.2)
-    body = json.dumps({"model": "tiny-react", "max_tokens": 8,
-                       "messages": [{"role": "user", "content": f"Step {step}: say hello."}]}).encode()
+    body = json.dumps({
+        "model": "tiny-react", "max_tokens": 8,
+        "messages": [{"role": "user", "content": f"Step {step}: say hello."}],
+    }).encode()
     for attempt in range(60):  # the sidecar may be restarting: connection refused until it is back
         try:
-            request = urllib.request.Request(base + "/chat/completions", body, {"Content-Type": "application/json"})
+            request = urllib.request.Request(
+                base + "/chat/completions", body, {"Content-Type": "application/json"}
+            )
             with urllib.request.urlopen(request, timeout=120) as response:
                 json.load(response)
             break
@@ -263,8 +268,12 @@ for step in range(calls):
 
 ONE_CALL = """
 import json, os, urllib.request
-body = json.dumps({"model": "tiny-react", "max_tokens": 8, "messages": [{"role": "user", "content": "Say hello."}]}).encode()
-request = urllib.request.Request(os.environ["OPENAI_BASE_URL"] + "/chat/completions", body, {"Content-Type": "application/json"})
+body = json.dumps({
+    "model": "tiny-react", "max_tokens": 8, "messages": [{"role": "user", "content": "Say hello."}]
+}).encode()
+request = urllib.request.Request(
+    os.environ["OPENAI_BASE_URL"] + "/chat/completions", body, {"Content-Type": "application/json"}
+)
 with urllib.request.urlopen(request, timeout=120) as response:
     json.load(response)
 print("answered 0", flush=True)

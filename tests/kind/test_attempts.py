@@ -25,7 +25,8 @@ FILLER = (
     + """
 import os, time
 if os.environ.get("FILL_MB"):
-    with open("/scratch/fill", "wb") as out:  # past the volume's sizeLimit: the kubelet evicts the pod
+    # past the volume's sizeLimit: the kubelet evicts the pod
+    with open("/scratch/fill", "wb") as out:
         out.write(b"x" * int(os.environ["FILL_MB"]) * 1024 * 1024)
 time.sleep(600)
 """

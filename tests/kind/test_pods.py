@@ -17,7 +17,9 @@ pytestmark = [pytest.mark.kind, pytest.mark.slow]
 
 CLIENT = (
     """
-assert open("/work/prepared").read() == "prepared\\n", "the template's init container did not run first"
+assert open("/work/prepared").read() == "prepared\\n", (
+    "the template's init container did not run first"
+)
 """
     + realpods.ONE_CALL
 )

@@ -87,7 +87,8 @@ ELEMENTS_JS = r"""
       || el.getAttribute('title') || el.name);
   };
   const out = [];
-  const selector = 'a[href], button, input, select, textarea, [role=button], [role=link], [role=checkbox]';
+  const selector = 'a[href], button, input, select, textarea, '
+    + '[role=button], [role=link], [role=checkbox]';
   for (const el of document.querySelectorAll(selector)) {
     if (el.type === 'hidden' || el.disabled) continue;
     const box = el.getBoundingClientRect(), style = getComputedStyle(el);

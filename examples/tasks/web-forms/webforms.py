@@ -45,7 +45,8 @@ STYLE = """
 body { font-family: "DejaVu Sans", sans-serif; margin: 24px; font-size: 18px; }
 nav a { margin-right: 18px; }
 label { display: block; margin-top: 14px; }
-input[type=text], input[type=email], input[type=search], textarea { width: 320px; font-size: 18px; padding: 4px; }
+input[type=text], input[type=email], input[type=search], textarea { width: 320px; \
+font-size: 18px; padding: 4px; }
 input[type=checkbox] { width: 20px; height: 20px; }
 button { display: block; margin-top: 18px; font-size: 18px; padding: 6px 18px; }
 """
