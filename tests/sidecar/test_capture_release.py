@@ -79,9 +79,8 @@ def test_the_tee_stream_passes_bytes_through_before_and_after_release() -> None:
     assert stream(b"two") == b"two" and seen == [b"one"]
 
 
-def test_a_call_answered_is_spooled_in_the_loops_next_round_and_one_not_spooled_is_reported_lost() -> (
-    None
-):
+def test_a_call_answered_is_spooled_in_the_loops_next_round_and_one_not_spooled_is_reported_lost(
+) -> None:  # fmt: skip
     import asyncio
 
     addon = capture.Capture()
