@@ -72,7 +72,8 @@ if ids:
     path, body = "/completions", {"model": "tiny-react", "max_tokens": 8, "prompt": json.loads(ids)}
 else:
     path, body = "/chat/completions", {
-        "model": "tiny-react", "max_tokens": 8, "messages": [{"role": "user", "content": "Say hello."}]
+        "model": "tiny-react", "max_tokens": 8,
+        "messages": [{"role": "user", "content": "Say hello."}],
     }
 body = json.dumps(body).encode()
 for attempt in range(120):
@@ -260,7 +261,8 @@ def harness_env(name: str, hold: float) -> dict[str, Any]:
             "baseUrl": {"env": ["OPENAI_BASE_URL"], "suffix": "/v1"},
             "template": {"spec": {"containers": [{
                 "name": "harness", "image": IMAGE, "command": ["python3", "-c", CLIENT],
-                "env": [{"name": "HOLD_SECONDS", "value": str(hold)}], "resources": HARNESS_RESOURCES,
+                "env": [{"name": "HOLD_SECONDS", "value": str(hold)}],
+                "resources": HARNESS_RESOURCES,
             }]}},
             "timeoutSeconds": 600,
         },
@@ -271,9 +273,11 @@ def rollout_job(name: str, count: int, parallelism: int) -> dict[str, Any]:
     return {
         "apiVersion": "openforge.dev/v1alpha1", "kind": "RolloutJob", "metadata": {"name": name},
         "spec": {
-            "harnessEnvRef": {"name": name}, "tasks": {"inline": [{"id": f"t{i}"} for i in range(count)]},
+            "harnessEnvRef": {"name": name},
+            "tasks": {"inline": [{"id": f"t{i}"} for i in range(count)]},
             "samplesPerTask": 1, "maxAttemptsPerRollout": 1, "parallelism": parallelism,
-            "policy": {"endpoint": POLICY, "model": "tiny-react"}, "trainer": {"endpoint": COLLECTOR},
+            "policy": {"endpoint": POLICY, "model": "tiny-react"},
+            "trainer": {"endpoint": COLLECTOR},
         },
     }  # fmt: skip
 
@@ -282,12 +286,15 @@ def bare_job(name: str, count: int, parallelism: int) -> dict[str, Any]:
     return {
         "apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": name},
         "spec": {
-            "completionMode": "Indexed", "completions": count, "parallelism": parallelism, "backoffLimit": 0,
+            "completionMode": "Indexed", "completions": count, "parallelism": parallelism,
+            "backoffLimit": 0,
             "template": {"spec": {
-                "restartPolicy": "Never", "enableServiceLinks": False, "automountServiceAccountToken": False,
+                "restartPolicy": "Never", "enableServiceLinks": False,
+                "automountServiceAccountToken": False,
                 "containers": [{
                     "name": "harness", "image": IMAGE, "command": ["python3", "-c", CLIENT],
-                    "env": [{"name": "OPENAI_BASE_URL", "value": f"{POLICY}/v1"}, {"name": "PROMPT_IDS", "value": json.dumps(BARE_PROMPT)}],
+                    "env": [{"name": "OPENAI_BASE_URL", "value": f"{POLICY}/v1"},
+                            {"name": "PROMPT_IDS", "value": json.dumps(BARE_PROMPT)}],
                     "resources": HARNESS_RESOURCES,
                 }],
             }},
@@ -465,8 +472,10 @@ def throughput(cluster: Cluster, count: int, parallelism: int) -> dict[str, Any]
 
 def platform_up(cluster: Cluster, sidecar_resources: str) -> None:
     subprocess.run(
-        [cluster.helm, "--kubeconfig", cluster.kubeconfig, "upgrade", "--install", "openforge", str(CHART), "--namespace", "openforge",
-         "--create-namespace", "-f", str(EXAMPLES / "helm" / "values.yaml"), "--set-json", f"operator.sidecarResources={sidecar_resources}",
+        [cluster.helm, "--kubeconfig", cluster.kubeconfig,
+         "upgrade", "--install", "openforge", str(CHART), "--namespace", "openforge",
+         "--create-namespace", "-f", str(EXAMPLES / "helm" / "values.yaml"),
+         "--set-json", f"operator.sidecarResources={sidecar_resources}",
          "--wait", "--timeout", "10m"],
         check=True, capture_output=True, text=True, timeout=900,
     )  # fmt: skip
@@ -578,8 +587,10 @@ def main(argv: list[str] | None = None) -> int:
         f"{m['peak_mib']}, rss {m['rss_mib']}"
     )
     for t in results["throughput"]:
-        print(f"throughput at parallelism {t['parallelism']}: operator {t['operator']['per_minute']}/min ({t['operator']['wall_s']} s),"
-              f" Job {t['job']['per_minute']}/min ({t['job']['wall_s']} s), ratio {t['ratio']}")  # fmt: skip
+        print(f"throughput at parallelism {t['parallelism']}:"
+              f" operator {t['operator']['per_minute']}/min ({t['operator']['wall_s']} s),"
+              f" Job {t['job']['per_minute']}/min ({t['job']['wall_s']} s),"
+              f" ratio {t['ratio']}")  # fmt: skip
     print("--- json ---")
     print(json.dumps(results, indent=2))
     return 0

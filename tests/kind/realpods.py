@@ -158,8 +158,10 @@ def ensure_platform(kind: kube_cluster.Kube, *values: str) -> None:
     more ``--set`` settings of the chart (none: back to the demo's own)."""
     sets = [arg for value in values for arg in ("--set", value)]
     result = subprocess.run(
-        [helm_path(), "--kubeconfig", str(kind.kubeconfig), "upgrade", "--install", "openforge", str(ROOT / "charts" / "openforge"),
-         "--namespace", "openforge", "--create-namespace", "-f", str(EXAMPLES / "helm" / "values.yaml"), *sets, "--wait", "--timeout", "10m"],
+        [helm_path(), "--kubeconfig", str(kind.kubeconfig),
+         "upgrade", "--install", "openforge", str(ROOT / "charts" / "openforge"),
+         "--namespace", "openforge", "--create-namespace",
+         "-f", str(EXAMPLES / "helm" / "values.yaml"), *sets, "--wait", "--timeout", "10m"],
         capture_output=True, text=True, timeout=900, check=False,
     )  # fmt: skip
     assert result.returncode == 0, f"helm upgrade --install: {result.stderr[-4000:]}"
@@ -295,14 +297,18 @@ def stepped_env(
             "baseUrl": {"env": ["OPENAI_BASE_URL"], "suffix": "/v1"},
             "template": {"spec": {
                 "containers": [{
-                    "name": "harness", "image": HARNESS_IMAGE, "command": ["python3", "-c", STEPPED],
-                    "env": [{"name": "STEP_CALLS", "value": str(calls)}, {"name": "STEP_ALLOCATE_MB", "value": str(allocate_mb)}],
-                    "resources": {"requests": {"cpu": "20m", "memory": "64Mi"}, "limits": {"memory": memory_limit}},
+                    "name": "harness", "image": HARNESS_IMAGE,
+                    "command": ["python3", "-c", STEPPED],
+                    "env": [{"name": "STEP_CALLS", "value": str(calls)},
+                            {"name": "STEP_ALLOCATE_MB", "value": str(allocate_mb)}],
+                    "resources": {"requests": {"cpu": "20m", "memory": "64Mi"},
+                                  "limits": {"memory": memory_limit}},
                     "volumeMounts": [{"name": "work", "mountPath": "/work"}],
                 }],
                 "volumes": [{"name": "work", "emptyDir": {}}],
             }},
-            "grader": {"command": ["sh", "-c", 'echo \'{"reward": 1.0}\''], "rewardFrom": "stdout-json", "timeoutSeconds": 30},
+            "grader": {"command": ["sh", "-c", 'echo \'{"reward": 1.0}\''],
+                       "rewardFrom": "stdout-json", "timeoutSeconds": 30},
             "timeoutSeconds": 600,
         },
     }  # fmt: skip
@@ -395,20 +401,27 @@ def ensure_engine(kind: kube_cluster.Kube) -> None:
     """The test engine as Deployment and Service ``engine`` in namespace rl, from the trainer
     image."""
     labels = {"app.kubernetes.io/name": "engine"}
-    service = {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "engine", "labels": labels},
-               "spec": {"selector": labels, "ports": [{"name": "http", "port": 8000, "targetPort": 8000}]}}  # fmt: skip
+    service = {
+        "apiVersion": "v1", "kind": "Service", "metadata": {"name": "engine", "labels": labels},
+        "spec": {"selector": labels, "ports": [{"name": "http", "port": 8000, "targetPort": 8000}]},
+    }  # fmt: skip
     deployment = {
-        "apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "engine", "labels": labels},
-        "spec": {"replicas": 1, "selector": {"matchLabels": labels}, "template": {"metadata": {"labels": labels}, "spec": {
+        "apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"name": "engine", "labels": labels},
+        "spec": {"replicas": 1, "selector": {"matchLabels": labels},
+                 "template": {"metadata": {"labels": labels}, "spec": {
             "automountServiceAccountToken": False,
             "securityContext": {"runAsNonRoot": True, "runAsUser": 65532, "runAsGroup": 65532},
             "containers": [{
                 "name": "engine", "image": "ghcr.io/openforge/trainer:0.1.0",
-                "command": ["openforge", "test-engine", "--host=0.0.0.0", "--port=8000", "--model=tiny-react",
-                            "--tokenizer=/opt/openforge/models/tiny-react", "--max-model-len=32768"],
+                "command": ["openforge", "test-engine", "--host=0.0.0.0", "--port=8000",
+                            "--model=tiny-react", "--tokenizer=/opt/openforge/models/tiny-react",
+                            "--max-model-len=32768"],
                 "env": [{"name": "HOME", "value": "/tmp"}],
-                "readinessProbe": {"httpGet": {"path": "/health", "port": 8000}, "periodSeconds": 2},
-                "resources": {"requests": {"cpu": "50m", "memory": "256Mi"}, "limits": {"memory": "1Gi"}},
+                "readinessProbe": {"httpGet": {"path": "/health", "port": 8000},
+                                   "periodSeconds": 2},
+                "resources": {"requests": {"cpu": "50m", "memory": "256Mi"},
+                              "limits": {"memory": "1Gi"}},
             }],
         }}},
     }  # fmt: skip

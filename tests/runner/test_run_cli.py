@@ -357,7 +357,8 @@ def test_a_runner_killed_outright_takes_its_services_and_sidecars_with_it(
     path.write_text(
         path.read_text().replace(agent, 'exec python -c "import time; time.sleep(600)"')
     )
-    process = subprocess.Popen([sys.executable, "-m", "openforge.cli", "run", str(path), "--no-train", "--quiet", "--run-dir", str(run_dir)],
+    process = subprocess.Popen([sys.executable, "-m", "openforge.cli", "run", str(path),
+                                "--no-train", "--quiet", "--run-dir", str(run_dir)],
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
 
     def children() -> list[str]:
@@ -404,7 +405,8 @@ def test_a_stop_while_the_services_start_ends_the_run_there(tmp_path: Path) -> N
     starts nothing after it (no trainer) and leaves nothing running."""
     run_dir = tmp_path / "run"
     process = subprocess.Popen(
-        [sys.executable, "-m", "openforge.cli", "run", str(EXAMPLES / "react-toy.yaml"), "--run-dir", str(run_dir), "--quiet"],
+        [sys.executable, "-m", "openforge.cli", "run", str(EXAMPLES / "react-toy.yaml"),
+         "--run-dir", str(run_dir), "--quiet"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     deadline = time.monotonic() + 300  # the collector starts and drains first
