@@ -40,14 +40,17 @@ APIS: dict[str, tuple[str, dict[str, Any], Callable[[Any], bool]]] = {
     "openai_chat": (
         "/v1/chat/completions",
         {"model": "p", "max_tokens": 5, "temperature": 0.5, "stream": False,
-         "messages": [{"role": "system", "content": "s"}, {"role": "user", "content": [{"type": "text", "text": "hi"}]}],
-         "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]},
+         "messages": [{"role": "system", "content": "s"},
+                      {"role": "user", "content": [{"type": "text", "text": "hi"}]}],
+         "tools": [{"type": "function",
+                    "function": {"name": "f", "parameters": {"type": "object"}}}]},
         lambda b: isinstance(b.get("error"), dict) and isinstance(b["error"].get("message"), str),
     ),
     "openai_responses": (
         "/v1/responses",
         {"model": "p", "max_output_tokens": 5, "top_p": 0.9, "instructions": "s",
-         "input": [{"type": "message", "role": "user", "content": [{"type": "input_text", "text": "hi"}]}],
+         "input": [{"type": "message", "role": "user",
+                    "content": [{"type": "input_text", "text": "hi"}]}],
          "tools": [{"type": "function", "name": "f", "parameters": {"type": "object"}}]},
         lambda b: isinstance(b.get("error"), dict) and isinstance(b["error"].get("message"), str),
     ),
@@ -152,7 +155,8 @@ def test_mutated_requests_get_the_apis_answer_and_are_each_recorded_once(
         statuses.append(200)
 
         @settings(max_examples=80, deadline=None, derandomize=True, database=None,
-                  suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])  # fmt: skip
+                  suppress_health_check=[HealthCheck.too_slow,
+                                         HealthCheck.data_too_large])  # fmt: skip
         @given(body=hostile_bodies(base))
         def one(body: bytes) -> None:
             response = client.post(path, content=body, headers={"content-type": "application/json"})

@@ -56,11 +56,13 @@ def test_headers_are_an_allow_list_a_credential_under_any_name_is_redacted() -> 
     kept = redact.headers(
         [
             ("openai-api-key", "sk-1"), ("X-Auth-Token", "t-2"), ("x-my-gateway-credential", "g-3"),
-            ("User-Agent", "codex/1.0"), ("x-stainless-lang", "js"), ("Accept", "text/event-stream"),
+            ("User-Agent", "codex/1.0"), ("x-stainless-lang", "js"),
+            ("Accept", "text/event-stream"),
         ]
     )  # fmt: skip
     assert kept == {
-        "openai-api-key": redact.REDACTED, "x-auth-token": redact.REDACTED, "x-my-gateway-credential": redact.REDACTED,
+        "openai-api-key": redact.REDACTED, "x-auth-token": redact.REDACTED,
+        "x-my-gateway-credential": redact.REDACTED,
         "user-agent": "codex/1.0", "x-stainless-lang": "js", "accept": "text/event-stream",
     }  # fmt: skip
 
