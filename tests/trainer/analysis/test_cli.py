@@ -64,7 +64,8 @@ def episodes_of_a_run() -> list[trajectory_pb2.Record]:
         tools=("shell", "apply_patch", "update_plan"), steps=[
         Step("", [plan("pending", "pending")]),
         Step("", [Call("apply_patch", {"input": PATCH}, "Success.")]),
-        Step("", [Call("shell", {"command": ["bash", "-lc", "pytest -q"]}, "Exit code: 0\n1 passed")]),
+        Step("", [Call("shell", {"command": ["bash", "-lc", "pytest -q"]},
+                       "Exit code: 0\n1 passed")]),
         Step("", [plan("completed", "completed")]),
         Step("All done."),
     ])  # fmt: skip
