@@ -59,8 +59,9 @@ class Helm:
             *args,
             *(["-f", "-"] if values is not None else []),
         ]
-        result = subprocess.run(argv, input=yaml.safe_dump(values) if values is not None else None, env=self.env,
-                                capture_output=True, text=True, timeout=180, check=False)  # fmt: skip
+        result = subprocess.run(argv, input=yaml.safe_dump(values) if values is not None else None,
+                                env=self.env, capture_output=True, text=True, timeout=180,
+                                check=False)  # fmt: skip
         assert result.returncode == 0, (
             f"helm {' '.join(args)} exited {result.returncode}: {result.stderr}"
         )
@@ -108,7 +109,8 @@ def allowed(
         }
         reviews.append({
             "apiVersion": "authorization.k8s.io/v1", "kind": "SubjectAccessReview",
-            "spec": {"user": user, "groups": ["system:serviceaccounts", "system:authenticated"], "resourceAttributes": attributes},
+            "spec": {"user": user, "groups": ["system:serviceaccounts", "system:authenticated"],
+                     "resourceAttributes": attributes},
         })  # fmt: skip
     out = kube.kubectl(
         "create",
@@ -290,8 +292,10 @@ def test_the_webhook_the_operator_registers_is_admitted(
         "sideEffects": "None",
         "failurePolicy": "Ignore",
         "matchPolicy": "Equivalent",
-        "rules": [{"apiGroups": [""], "apiVersions": ["v1"], "resources": ["pods"], "operations": ["CREATE"], "scope": "*"}],
-        "objectSelector": {"matchExpressions": [{"key": webhook.CAPTURE_LABEL, "operator": "In", "values": ["true"]}]},
+        "rules": [{"apiGroups": [""], "apiVersions": ["v1"], "resources": ["pods"],
+                   "operations": ["CREATE"], "scope": "*"}],
+        "objectSelector": {"matchExpressions": [{"key": webhook.CAPTURE_LABEL, "operator": "In",
+                                                 "values": ["true"]}]},
         "clientConfig": {"url": f"https://of-openforge-operator-webhook.{namespace}.svc:9443/{webhook.HANDLER_ID}"},
         "timeoutSeconds": 30,
         "admissionReviewVersions": ["v1", "v1beta1"],

@@ -53,7 +53,8 @@ def harness_env(
                 "containers": [{
                     "name": "harness", "image": image, "command": ["python3", "-c", FILLER],
                     "env": [{"name": "FILL_MB", "value": str(fill_mb or "")}],
-                    "resources": {"requests": {"cpu": cpu, "memory": "64Mi"}, "limits": {"memory": "256Mi"}},
+                    "resources": {"requests": {"cpu": cpu, "memory": "64Mi"},
+                                  "limits": {"memory": "256Mi"}},
                     "volumeMounts": [{"name": "scratch", "mountPath": "/scratch"}],
                 }],
                 "volumes": [{"name": "scratch", "emptyDir": {"sizeLimit": "2Mi"}}],
@@ -230,9 +231,11 @@ def test_a_pod_the_scheduler_preempts_is_judged_preempted(platform: kube_cluster
         preemptor = {
             "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "preemptor"},
             "spec": {
-                "priorityClassName": high, "restartPolicy": "Never", "automountServiceAccountToken": False,
-                "containers": [{"name": "c", "image": realpods.HARNESS_IMAGE, "imagePullPolicy": "Never",
-                                "command": ["sleep", "60"], "resources": {"requests": {"cpu": f"{wanted}m"}}}],
+                "priorityClassName": high, "restartPolicy": "Never",
+                "automountServiceAccountToken": False,
+                "containers": [{"name": "c", "image": realpods.HARNESS_IMAGE,
+                                "imagePullPolicy": "Never", "command": ["sleep", "60"],
+                                "resources": {"requests": {"cpu": f"{wanted}m"}}}],
             },
         }  # fmt: skip
         kind.kubectl("-n", name, "apply", "-f", "-", stdin=yaml.safe_dump(preemptor))

@@ -210,14 +210,16 @@ def store_on_a_volume(kind: kube_cluster.Kube) -> Iterator[None]:
     realpods.node_exec(node, "sh", "-c", f"mkdir -p {path} && chown 65532:65532 {path}")
     volume = {
         "apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": f"openforge-{name}"},
-        "spec": {"capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteOnce"], "storageClassName": "",
-                 "persistentVolumeReclaimPolicy": "Retain", "hostPath": {"path": path, "type": "Directory"},
+        "spec": {"capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteOnce"],
+                 "storageClassName": "", "persistentVolumeReclaimPolicy": "Retain",
+                 "hostPath": {"path": path, "type": "Directory"},
                  "claimRef": {"namespace": "openforge", "name": name}},
     }  # fmt: skip
     claim = {
-        "apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": name, "namespace": "openforge"},
-        "spec": {"accessModes": ["ReadWriteOnce"], "storageClassName": "", "volumeName": f"openforge-{name}",
-                 "resources": {"requests": {"storage": "1Gi"}}},
+        "apiVersion": "v1", "kind": "PersistentVolumeClaim",
+        "metadata": {"name": name, "namespace": "openforge"},
+        "spec": {"accessModes": ["ReadWriteOnce"], "storageClassName": "",
+                 "volumeName": f"openforge-{name}", "resources": {"requests": {"storage": "1Gi"}}},
     }  # fmt: skip
     kind.kubectl("apply", "-f", "-", stdin=yaml.safe_dump_all([volume, claim]))
     try:
