@@ -101,7 +101,8 @@ def judge(run_dir: Path, *, reward_from: str, failing_exit_codes: frozenset[int]
                 stdout=stdout, exit_code=grader_exit, timed_out=grader_exit == GRADER_TIMED_OUT
             )
     return verdict.judge(
-        exit_code=exit_code, grader=graded, reward_from=None if reward_from == "none" else reward_from,
+        exit_code=exit_code, grader=graded,
+        reward_from=None if reward_from == "none" else reward_from,
         failing_exit_codes=failing_exit_codes,
         sidecar_start_failed=(run_dir / podrun.SIDECAR_START_FAILED).exists(),
     )  # fmt: skip
@@ -364,15 +365,18 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--control-token-file", default="",
-        help="the sidecar's --control-token-file (in its own volume): the token the rollout is reported with",
+        help="the sidecar's --control-token-file (in its own volume):"
+        " the token the rollout is reported with",
     )  # fmt: skip
     parser.add_argument(
         "--fence-wait", type=float, default=0.0,
-        help="seconds to wait for the job's NetworkPolicy to fence the pod before the harness starts (0: do not wait)",
+        help="seconds to wait for the job's NetworkPolicy to fence the pod before the harness"
+        " starts (0: do not wait)",
     )  # fmt: skip
     parser.add_argument(
         "--fence-target", default="",
-        help="host:port the fence makes unreachable (default: the API server, $KUBERNETES_SERVICE_HOST:$KUBERNETES_SERVICE_PORT)",
+        help="host:port the fence makes unreachable"
+        " (default: the API server, $KUBERNETES_SERVICE_HOST:$KUBERNETES_SERVICE_PORT)",
     )  # fmt: skip
     parser.add_argument(
         "--fence-poll", type=float, default=0.2, help="seconds between tries of the fence"
