@@ -82,11 +82,13 @@ class Settings:
 def settings(quick: bool, delay_ms: float) -> Settings:
     if quick:
         return Settings(
-            phases=(Phase(0.0, 10, PATHS + TOKEN_PATHS, workload.SCENARIOS), Phase(delay_ms, 6, STREAMED, (TTFT_SCENARIO,))),
+            phases=(Phase(0.0, 10, PATHS + TOKEN_PATHS, workload.SCENARIOS),
+                    Phase(delay_ms, 6, STREAMED, (TTFT_SCENARIO,))),
             warmup=2, clients=50, throughput_calls=100, throughput_seconds=2.0,
         )  # fmt: skip
     return Settings(
-        phases=(Phase(0.0, 300, PATHS + TOKEN_PATHS, workload.SCENARIOS), Phase(delay_ms, 200, STREAMED, (TTFT_SCENARIO,))),
+        phases=(Phase(0.0, 300, PATHS + TOKEN_PATHS, workload.SCENARIOS),
+                Phase(delay_ms, 200, STREAMED, (TTFT_SCENARIO,))),
         warmup=20, clients=50, throughput_calls=3000, throughput_seconds=10.0,
     )  # fmt: skip
 

@@ -83,7 +83,9 @@ def rollout_state(
     live = next((a for a in ordered if a.live), None)
     ended = {a.attempt: a for a in ordered if live is None or a.attempt < live.attempt}
     decision = retries.decide(
-        spec, [retries.Tried(a.attempt, a.state == "succeeded", a.exit_code, a.reason) for a in ended.values()]
+        spec,
+        [retries.Tried(a.attempt, a.state == "succeeded", a.exit_code, a.reason)
+         for a in ended.values()],
     )  # fmt: skip
     last = ended[decision.last.attempt] if decision.last is not None else None
     if live is not None and decision.state in ("new", "retry"):

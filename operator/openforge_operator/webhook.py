@@ -169,8 +169,8 @@ def inject(pod: dict[str, Any], config: settings.Settings) -> dict[str, Any]:
     args = [
         "--listen", listen, "--mode", "reverse", "--engine", endpoint, "--engine-model", model,
         "--spool", f"{pods.SIDECAR_DIR}/spool", "--confdir", f"{pods.SIDECAR_DIR}/confdir",
-        "--job", annotations.get(PREFIX + "job", "webhook"), "--rollout-id", "$(OPENFORGE_POD_NAME)",
-        "--policy-version", version,
+        "--job", annotations.get(PREFIX + "job", "webhook"),
+        "--rollout-id", "$(OPENFORGE_POD_NAME)", "--policy-version", version,
         # capture only: nobody reports these rollouts, and the pod's containers cannot
         "--control-token-file", pods.CONTROL_TOKEN,
     ]  # fmt: skip

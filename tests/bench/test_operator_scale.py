@@ -49,8 +49,10 @@ def kube(tmp_path_factory: pytest.TempPathFactory) -> Iterator[kube_cluster.Kube
 
 def test_a_small_run_reports_both_sides(kube: kube_cluster.Kube) -> None:
     done = subprocess.run(
-        [sys.executable, str(SCRIPT), "--rollouts", "8", "--parallelism", "4", "--duration", "200ms", "--kubeconfig", str(kube.kubeconfig)],
-        capture_output=True, text=True, timeout=240, cwd=ROOT, env={**os.environ, "KUBECTL": kube.kubectl_path}, check=False,
+        [sys.executable, str(SCRIPT), "--rollouts", "8", "--parallelism", "4",
+         "--duration", "200ms", "--kubeconfig", str(kube.kubeconfig)],
+        capture_output=True, text=True, timeout=240, cwd=ROOT,
+        env={**os.environ, "KUBECTL": kube.kubectl_path}, check=False,
     )  # fmt: skip
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     table, marker, summary = done.stdout.partition("--- json ---\n")

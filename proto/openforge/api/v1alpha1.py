@@ -519,7 +519,8 @@ class TaskRecord(OpenModel):
 
     id: str = pydantic.Field(
         min_length=1, max_length=MAX_TASK_ID, pattern=TASK_ID_PATTERN,
-        description="Unique within the job: letters, digits, '.', '_' and '-', a letter or digit first.",
+        description="Unique within the job: letters, digits, '.', '_' and '-',"
+        " a letter or digit first.",
     )  # fmt: skip
 
 
