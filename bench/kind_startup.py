@@ -568,8 +568,8 @@ def main(argv: list[str] | None = None) -> int:
 
     s = results["startup"]
     print(
-        f"start-up, {s['rollouts']} rollouts per side at parallelism {s['parallelism']} (seconds, "
-        "p50 / p99)"
+        f"start-up, {s['rollouts']} rollouts per side at parallelism {s['parallelism']} "
+        "(seconds, p50 / p99)"
     )
     print(row("", ["op p50", "op p99", "job p50", "job p99"]))
     for key in ("scheduled_to_answered", "created_to_answered", "scheduled_to_harness_running"):

@@ -372,8 +372,8 @@ def table(result: dict[str, Any]) -> str:
         ("operator peak RSS (MiB)", ours["operator_peak_rss_mib"], "", ""),
     ]
     head = (
-        f"{result['rollouts']} rollouts, parallelism {result['parallelism']}, {result['duration']} "
-        "per pod"
+        f"{result['rollouts']} rollouts, parallelism {result['parallelism']}, "
+        f"{result['duration']} per pod"
     )
     lines = [head, f"{'':34}{'RolloutJob':>12}{'Indexed Job':>13}{'ratio':>8}"]
     lines += [f"{name:34}{a!s:>12}{b!s:>13}{c!s:>8}" for name, a, b, c in rows]

@@ -194,8 +194,8 @@ def main(argv: list[str]) -> int:
         "--line-search",
         action="store_true",
         help=(
-            "halve an update while it lowers the likelihood of its batch's positive-advantage "
-            "tokens"
+            "halve an update while it lowers the likelihood of "
+            "its batch's positive-advantage tokens"
         ),
     )
     parser.add_argument(

@@ -272,8 +272,8 @@ def _drain_leftovers(run_dir: Path, *, collector: str, when: str) -> executor.Dr
         )
         if drained.kept or drained.error:
             line += (
-                f"; {drained.kept} records still unacknowledged ({drained.error}), kept for the "
-                "next run"
+                f"; {drained.kept} records still unacknowledged ({drained.error}), "
+                "kept for the next run"
             )
         print(line, file=sys.stderr, flush=True)
     return drained

@@ -324,8 +324,8 @@ def policy_model(bundle: Bundle) -> Path | None:
     if not (path / "config.json").is_file():
         raise PlanError(
             f"{bundle.manifest_dir}: spec.policy.model: {policy.model!r} is not a model directory "
-            f"(no config.json in {path}); without spec.policy.endpoint it must name the local "
-            "model to serve"
+            f"(no config.json in {path}); "
+            "without spec.policy.endpoint it must name the local model to serve"
         )
     return path
 

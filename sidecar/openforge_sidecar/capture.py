@@ -180,8 +180,8 @@ class Capture:
             "openforge_tokenizer",
             str,
             "",
-            "Directory or engine URL holding tokenizer.json and tokenizer_config.json (default: "
-            "the engine).",
+            "Directory or engine URL holding tokenizer.json and tokenizer_config.json "
+            "(default: the engine).",
         )
         loader.add_option(
             "openforge_max_model_len",

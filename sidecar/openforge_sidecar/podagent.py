@@ -337,8 +337,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m openforge_sidecar.podagent",
         description=(
-            "Run the capture sidecar in a rollout pod and report the rollout when the harness is "
-            "done."
+            "Run the capture sidecar in a rollout pod "
+            "and report the rollout when the harness is done."
         ),
     )
     parser.add_argument(

@@ -37,8 +37,8 @@ def kube(tmp_path_factory: pytest.TempPathFactory) -> Iterator[kube_cluster.Kube
     bin_dir = kube_cluster.built_binaries()
     if bin_dir is None:
         pytest.skip(
-            "cluster binaries are not built (scripts/build_cluster_binaries.sh) and KUBECONFIG is "
-            "unset"
+            "cluster binaries are not built (scripts/build_cluster_binaries.sh) "
+            "and KUBECONFIG is unset"
         )
     directory = tmp_path_factory.mktemp("bench-cluster")
     try:

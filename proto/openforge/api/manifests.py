@@ -98,8 +98,8 @@ def load_manifests(source: str | os.PathLike[str]) -> list[v1alpha1.Resource]:
                 [
                     Problem(
                         "",
-                        f"the manifests are {len(text.encode())} bytes; at most {MAX_BYTES} are "
-                        "read",
+                        f"the manifests are {len(text.encode())} bytes; "
+                        f"at most {MAX_BYTES} are read",
                         None,
                         name,
                     )

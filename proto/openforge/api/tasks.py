@@ -70,8 +70,8 @@ def _check_size(
     if size > MAX_TASK_BYTES:
         raise TaskError(
             f"{at}: the task is {size} bytes as JSON; a task holds at most {MAX_TASK_BYTES} "
-            "(it reaches the harness in OPENFORGE_TASK_JSON): put large inputs in files the "
-            "harness reads",
+            "(it reaches the harness in OPENFORGE_TASK_JSON): "
+            "put large inputs in files the harness reads",
             loc=loc,
         )
 

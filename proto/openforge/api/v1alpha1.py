@@ -449,8 +449,8 @@ class HarnessEnvSpec(Model):
         if not command:
             raise ValueError(
                 "HarnessEnv needs a command to run locally: set spec.local.command or the "
-                f"{HARNESS_CONTAINER!r} container's command (a container image's entrypoint is not "
-                "known locally)"
+                f"{HARNESS_CONTAINER!r} container's command "
+                "(a container image's entrypoint is not known locally)"
             )
         env: dict[str, str] = {}
         for var in container.env or []:

@@ -150,8 +150,8 @@ def judge(
     (``reward_from`` is then None too) or when it did not run."""
     if sidecar_start_failed:
         message = (
-            "the sidecar failed before it served: the harness's first calls may have been refused "
-            "unrecorded"
+            "the sidecar failed before it served: "
+            "the harness's first calls may have been refused unrecorded"
         )
         return Verdict(exit_code, None, "", "failed", "SidecarFailed", message)
     if timed_out:

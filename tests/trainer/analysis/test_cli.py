@@ -263,8 +263,8 @@ def test_undecodable_calls_are_counted_and_reported(
     assert table_rows(out)["undecodable"] == ["1"]
     assert err == (
         "openforge analyze: 1 episode(s) have calls that did not decode and were measured"
-        " without them; first: rollout r call 0 request_json: messages: expected an array, got "
-        "string\n"
+        " without them; first: rollout r call 0 request_json:"
+        " messages: expected an array, got string\n"
     )
     code, out, _ = run(["--store", str(path), "--json"], capsys)
     assert json.loads(out)["problems"] == [

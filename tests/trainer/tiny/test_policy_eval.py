@@ -140,8 +140,8 @@ def test_a_codex_player_renders_codex_requests_and_counts_its_lookup(
     task = policy_eval.load_tasks(split="eval")[0]
     messages, prompt = player.first_prompt(task)
     assert messages[1]["content"] == task["prompt"] + (
-        "\nThe lookup tool here is your shell: the database is colors.json in the working "
-        "directory."
+        "\nThe lookup tool here is your shell: "
+        "the database is colors.json in the working directory."
     )
     assert 1500 < len(prompt) < 1600  # Codex's four tool schemas are most of it
     episode = policy_eval.Episode(task["id"], task["answer"], messages=messages)
