@@ -182,8 +182,8 @@ def options(argv: list[str]) -> tuple[argparse.Namespace, settings.Settings]:
     if not 0 <= ns.fence_wait_seconds < pods.SIDECAR_START_SECONDS:
         parser.error(
             f"--fence-wait-seconds: {ns.fence_wait_seconds} is not from 0 to "
-            f"{pods.SIDECAR_START_SECONDS - 1} (the harness waits {pods.SIDECAR_START_SECONDS} s "
-            "for its sidecar)"
+            f"{pods.SIDECAR_START_SECONDS - 1} "
+            f"(the harness waits {pods.SIDECAR_START_SECONDS} s for its sidecar)"
         )
     resources = DEFAULTS.sidecar_resources
     if ns.sidecar_resources is not None:

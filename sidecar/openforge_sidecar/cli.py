@@ -200,8 +200,8 @@ def run(ns: argparse.Namespace, *, extra_addons: Sequence[Any] = ()) -> int:
 
 
 def inherited(fd: int, listen: str) -> socket.socket | None:
-    """The listening TCP socket ``--listen-fd`` names (checked against ``--listen``), or None for
-    -1."""
+    """The listening TCP socket ``--listen-fd`` names (checked against ``--listen``),
+    or None for -1."""
     if fd < 0:
         return None
     try:
