@@ -264,9 +264,9 @@ class PodTemplate(OpenModel):
 
 
 class LocalOverrides(Model):
-    """How openforge run starts the harness as a local process instead of a container: each field
-    set here replaces the harness container's (env is merged over it), a field left out falls back
-    to the container's."""
+    """How openforge run starts the harness as a local process instead of a container: \
+each field set here replaces the harness container's (env is merged over it), a field left out \
+falls back to the container's."""
 
     command: list[str] | None = pydantic.Field(
         default=None, min_length=1, description="Executable and leading arguments."
@@ -485,8 +485,8 @@ class HarnessEnvStatus(Model):
 
 
 class HarnessEnv(Model):
-    """A harness packaged for rollouts: what runs, how tasks and the model reach it, how it is
-    graded."""
+    """A harness packaged for rollouts: what runs, how tasks and the model reach it, \
+how it is graded."""
 
     KIND: ClassVar[str] = "HarnessEnv"
     PLURAL: ClassVar[str] = "harnessenvs"
@@ -665,8 +665,8 @@ class Trainer(Model):
 
 
 class Training(Model):
-    """Trainer settings for `openforge run` and the trainer Deployment; unset ones keep the
-    trainer's defaults."""
+    """Trainer settings for `openforge run` and the trainer Deployment; \
+unset ones keep the trainer's defaults."""
 
     iterations: int | None = pydantic.Field(
         default=None, ge=1, description="Optimiser steps in total."
