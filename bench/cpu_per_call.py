@@ -190,7 +190,8 @@ def main(argv: list[str]) -> int:
     with tempfile.TemporaryDirectory(prefix="openforge-cpu-") as tmp:
         found = run(args, Path(tmp))
     print(
-        f"{'proxy':<28} {'cpu ms/call':>11} {'lat p50':>8} {'lat p99':>8} {'ttft p50':>8} {'peak MB':>8}"
+        f"{'proxy':<28} {'cpu ms/call':>11} {'lat p50':>8} {'lat p99':>8} {'ttft p50':>8} "
+        f"{'peak MB':>8}"
     )
     for name, row in found.items():
         ttft = f"{row['text_ttft_ms']['p50']:8.2f}" if row["text_ttft_ms"] else f"{'-':>8}"

@@ -71,11 +71,16 @@ ids = os.environ.get("PROMPT_IDS")  # the bare Job: the engine's own token-ID co
 if ids:
     path, body = "/completions", {"model": "tiny-react", "max_tokens": 8, "prompt": json.loads(ids)}
 else:
-    path, body = "/chat/completions", {"model": "tiny-react", "max_tokens": 8, "messages": [{"role": "user", "content": "Say hello."}]}
+    path, body = "/chat/completions", {
+        "model": "tiny-react", "max_tokens": 8,
+        "messages": [{"role": "user", "content": "Say hello."}],
+    }
 body = json.dumps(body).encode()
 for attempt in range(120):
     try:
-        request = urllib.request.Request(os.environ["OPENAI_BASE_URL"] + path, body, {"Content-Type": "application/json"})
+        request = urllib.request.Request(
+            os.environ["OPENAI_BASE_URL"] + path, body, {"Content-Type": "application/json"}
+        )
         with urllib.request.urlopen(request, timeout=120) as response:
             json.load(response)
         break
@@ -256,7 +261,8 @@ def harness_env(name: str, hold: float) -> dict[str, Any]:
             "baseUrl": {"env": ["OPENAI_BASE_URL"], "suffix": "/v1"},
             "template": {"spec": {"containers": [{
                 "name": "harness", "image": IMAGE, "command": ["python3", "-c", CLIENT],
-                "env": [{"name": "HOLD_SECONDS", "value": str(hold)}], "resources": HARNESS_RESOURCES,
+                "env": [{"name": "HOLD_SECONDS", "value": str(hold)}],
+                "resources": HARNESS_RESOURCES,
             }]}},
             "timeoutSeconds": 600,
         },
@@ -267,9 +273,11 @@ def rollout_job(name: str, count: int, parallelism: int) -> dict[str, Any]:
     return {
         "apiVersion": "openforge.dev/v1alpha1", "kind": "RolloutJob", "metadata": {"name": name},
         "spec": {
-            "harnessEnvRef": {"name": name}, "tasks": {"inline": [{"id": f"t{i}"} for i in range(count)]},
+            "harnessEnvRef": {"name": name},
+            "tasks": {"inline": [{"id": f"t{i}"} for i in range(count)]},
             "samplesPerTask": 1, "maxAttemptsPerRollout": 1, "parallelism": parallelism,
-            "policy": {"endpoint": POLICY, "model": "tiny-react"}, "trainer": {"endpoint": COLLECTOR},
+            "policy": {"endpoint": POLICY, "model": "tiny-react"},
+            "trainer": {"endpoint": COLLECTOR},
         },
     }  # fmt: skip
 
@@ -278,12 +286,15 @@ def bare_job(name: str, count: int, parallelism: int) -> dict[str, Any]:
     return {
         "apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": name},
         "spec": {
-            "completionMode": "Indexed", "completions": count, "parallelism": parallelism, "backoffLimit": 0,
+            "completionMode": "Indexed", "completions": count, "parallelism": parallelism,
+            "backoffLimit": 0,
             "template": {"spec": {
-                "restartPolicy": "Never", "enableServiceLinks": False, "automountServiceAccountToken": False,
+                "restartPolicy": "Never", "enableServiceLinks": False,
+                "automountServiceAccountToken": False,
                 "containers": [{
                     "name": "harness", "image": IMAGE, "command": ["python3", "-c", CLIENT],
-                    "env": [{"name": "OPENAI_BASE_URL", "value": f"{POLICY}/v1"}, {"name": "PROMPT_IDS", "value": json.dumps(BARE_PROMPT)}],
+                    "env": [{"name": "OPENAI_BASE_URL", "value": f"{POLICY}/v1"},
+                            {"name": "PROMPT_IDS", "value": json.dumps(BARE_PROMPT)}],
                     "resources": HARNESS_RESOURCES,
                 }],
             }},
@@ -292,7 +303,8 @@ def bare_job(name: str, count: int, parallelism: int) -> dict[str, Any]:
 
 
 def fresh_namespace(cluster: Cluster, prefix: str) -> str:
-    name = f"{prefix}-{uuid.uuid4().hex[:6]}"  # the collector binds a job's name to its first RolloutJob
+    # the collector binds a job's name to its first RolloutJob
+    name = f"{prefix}-{uuid.uuid4().hex[:6]}"
     cluster.kubectl("create", "namespace", name)
     return name
 
@@ -300,7 +312,8 @@ def fresh_namespace(cluster: Cluster, prefix: str) -> str:
 def run_side(
     cluster: Cluster, kind: str, count: int, parallelism: int, *, timeout: float = 1800
 ) -> tuple[str, Watch, float, float]:
-    """One RolloutJob (kind "operator") or Indexed Job ("job") run to its end: (namespace, watch, t0, t_end)."""
+    """One RolloutJob (kind "operator") or Indexed Job ("job") run to its end: (namespace, watch,
+    t0, t_end)."""
     namespace = fresh_namespace(cluster, f"bench-{kind}")
     watch = Watch(cluster, namespace)
     time.sleep(1)  # the watch is open before the first pod
@@ -315,7 +328,8 @@ def run_side(
     while not watch.done(count):
         if time.monotonic() > deadline:
             raise RuntimeError(
-                f"{namespace}: {sum(1 for t in watch.pods.values() if t.succeeded)} of {count} pods succeeded in {timeout:.0f} s; failed: {watch.failed}"
+                f"{namespace}: {sum(1 for t in watch.pods.values() if t.succeeded)} of {count} "
+                f"pods succeeded in {timeout:.0f} s; failed: {watch.failed}"
             )
         if watch.failed:
             raise RuntimeError(f"{namespace}: pods failed: {watch.failed}")
@@ -384,7 +398,8 @@ def cgroup_memory(node: str, uid: str) -> dict[str, int]:
         "--name",
         f"^{SIDECAR}$",
     ).split()
-    # the kubelet's systemd driver nests the container as .../kubelet-kubepods-...-pod<uid>.slice/cri-containerd-<id>.scope
+    # the kubelet's systemd driver nests the container as
+    # .../kubelet-kubepods-...-pod<uid>.slice/cri-containerd-<id>.scope
     found = node_exec(
         "find", "/sys/fs/cgroup/memory", "-maxdepth", "6", "-type", "d", "-name", f"*{cid}*"
     ).split()
@@ -457,8 +472,10 @@ def throughput(cluster: Cluster, count: int, parallelism: int) -> dict[str, Any]
 
 def platform_up(cluster: Cluster, sidecar_resources: str) -> None:
     subprocess.run(
-        [cluster.helm, "--kubeconfig", cluster.kubeconfig, "upgrade", "--install", "openforge", str(CHART), "--namespace", "openforge",
-         "--create-namespace", "-f", str(EXAMPLES / "helm" / "values.yaml"), "--set-json", f"operator.sidecarResources={sidecar_resources}",
+        [cluster.helm, "--kubeconfig", cluster.kubeconfig,
+         "upgrade", "--install", "openforge", str(CHART), "--namespace", "openforge",
+         "--create-namespace", "-f", str(EXAMPLES / "helm" / "values.yaml"),
+         "--set-json", f"operator.sidecarResources={sidecar_resources}",
          "--wait", "--timeout", "10m"],
         check=True, capture_output=True, text=True, timeout=900,
     )  # fmt: skip
@@ -551,7 +568,8 @@ def main(argv: list[str] | None = None) -> int:
 
     s = results["startup"]
     print(
-        f"start-up, {s['rollouts']} rollouts per side at parallelism {s['parallelism']} (seconds, p50 / p99)"
+        f"start-up, {s['rollouts']} rollouts per side at parallelism {s['parallelism']} "
+        "(seconds, p50 / p99)"
     )
     print(row("", ["op p50", "op p99", "job p50", "job p99"]))
     for key in ("scheduled_to_answered", "created_to_answered", "scheduled_to_harness_running"):
@@ -565,11 +583,14 @@ def main(argv: list[str] | None = None) -> int:
     print(f"the sidecar adds {s['sidecar_adds_p50_s']} s at p50 (ratio {s['ratio_p50']})")
     m = results["memory"]
     print(
-        f"sidecar memory over {m['pods']} pods (MiB, p50 / max): usage {m['usage_mib']}, peak {m['peak_mib']}, rss {m['rss_mib']}"
+        f"sidecar memory over {m['pods']} pods (MiB, p50 / max): usage {m['usage_mib']}, peak "
+        f"{m['peak_mib']}, rss {m['rss_mib']}"
     )
     for t in results["throughput"]:
-        print(f"throughput at parallelism {t['parallelism']}: operator {t['operator']['per_minute']}/min ({t['operator']['wall_s']} s),"
-              f" Job {t['job']['per_minute']}/min ({t['job']['wall_s']} s), ratio {t['ratio']}")  # fmt: skip
+        print(f"throughput at parallelism {t['parallelism']}:"
+              f" operator {t['operator']['per_minute']}/min ({t['operator']['wall_s']} s),"
+              f" Job {t['job']['per_minute']}/min ({t['job']['wall_s']} s),"
+              f" ratio {t['ratio']}")  # fmt: skip
     print("--- json ---")
     print(json.dumps(results, indent=2))
     return 0

@@ -107,7 +107,8 @@ def main(argv: list[str]) -> int:
         print(json.dumps(results, indent=1))
         return 0
     print(
-        f"{'sidecar':<32} {'size':>6} {'s':>6} {'idle':>6} {'peak':>6} {'after':>6} {'peak-idle/body':>15} {'kept':>6}"
+        f"{'sidecar':<32} {'size':>6} {'s':>6} {'idle':>6} {'peak':>6} {'after':>6} "
+        f"{'peak-idle/body':>15} {'kept':>6}"
     )
     for name, rows in results.items():
         for size, row in rows.items():

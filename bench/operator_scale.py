@@ -155,7 +155,8 @@ def objects(
     env = {
         "apiVersion": "openforge.dev/v1alpha1", "kind": "HarnessEnv", "metadata": {"name": name},
         "spec": {"api": "openai-chat", "baseUrl": {"env": ["OPENAI_BASE_URL"]},
-                 "template": {"metadata": {"annotations": annotations}, "spec": {"containers": [container]}}},
+                 "template": {"metadata": {"annotations": annotations},
+                              "spec": {"containers": [container]}}},
     }  # fmt: skip
     job = {
         "apiVersion": "openforge.dev/v1alpha1", "kind": "RolloutJob", "metadata": {"name": name},
@@ -170,9 +171,11 @@ def objects(
     batch = {
         "apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": f"{name}-indexed"},
         "spec": {
-            "completionMode": "Indexed", "completions": rollouts, "parallelism": parallelism, "backoffLimit": 0,
+            "completionMode": "Indexed", "completions": rollouts, "parallelism": parallelism,
+            "backoffLimit": 0,
             "template": {"metadata": {"annotations": annotations},
-                         "spec": {"restartPolicy": "Never", "containers": [{**container, "name": "work"}]}},
+                         "spec": {"restartPolicy": "Never",
+                                  "containers": [{**container, "name": "work"}]}},
         },
     }  # fmt: skip
     return env, job, batch
@@ -259,8 +262,10 @@ async def run(
     kubectl(kubeconfig, "create", "namespace", namespace)
     env, job, batch = objects("scale", rollouts, parallelism, duration)
     operator = subprocess.Popen(
-        [sys.executable, "-m", "openforge.cli", "operator", "--namespace", namespace, "--standalone", "--kubeconfig", kubeconfig],
-        stdout=log.open("wb"), stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        [sys.executable, "-m", "openforge.cli", "operator", "--namespace", namespace,
+         "--standalone", "--kubeconfig", kubeconfig],
+        stdout=log.open("wb"), stderr=subprocess.STDOUT,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
     )  # fmt: skip
     api = await k8s.Api.connect(kubeconfig)
     try:
@@ -303,7 +308,8 @@ async def run(
             "rolloutjob": ours, "job": theirs,
             "ratio_all_created": _ratio(ours["all_created_s"], theirs["all_created_s"]),
             "ratio_all_complete": _ratio(ours["all_complete_s"], theirs["all_complete_s"]),
-            "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "load_average": [round(x, 2) for x in os.getloadavg()]},
+            "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
+                        "load_average": [round(x, 2) for x in os.getloadavg()]},
         }  # fmt: skip
     finally:
         operator.terminate()
@@ -365,7 +371,10 @@ def table(result: dict[str, Any]) -> str:
         ("operator CPU during the run (s)", ours["operator_cpu_s"], "", ""),
         ("operator peak RSS (MiB)", ours["operator_peak_rss_mib"], "", ""),
     ]
-    head = f"{result['rollouts']} rollouts, parallelism {result['parallelism']}, {result['duration']} per pod"
+    head = (
+        f"{result['rollouts']} rollouts, parallelism {result['parallelism']}, "
+        f"{result['duration']} per pod"
+    )
     lines = [head, f"{'':34}{'RolloutJob':>12}{'Indexed Job':>13}{'ratio':>8}"]
     lines += [f"{name:34}{a!s:>12}{b!s:>13}{c!s:>8}" for name, a, b, c in rows]
     return "\n".join(lines)

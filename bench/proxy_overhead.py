@@ -82,11 +82,13 @@ class Settings:
 def settings(quick: bool, delay_ms: float) -> Settings:
     if quick:
         return Settings(
-            phases=(Phase(0.0, 10, PATHS + TOKEN_PATHS, workload.SCENARIOS), Phase(delay_ms, 6, STREAMED, (TTFT_SCENARIO,))),
+            phases=(Phase(0.0, 10, PATHS + TOKEN_PATHS, workload.SCENARIOS),
+                    Phase(delay_ms, 6, STREAMED, (TTFT_SCENARIO,))),
             warmup=2, clients=50, throughput_calls=100, throughput_seconds=2.0,
         )  # fmt: skip
     return Settings(
-        phases=(Phase(0.0, 300, PATHS + TOKEN_PATHS, workload.SCENARIOS), Phase(delay_ms, 200, STREAMED, (TTFT_SCENARIO,))),
+        phases=(Phase(0.0, 300, PATHS + TOKEN_PATHS, workload.SCENARIOS),
+                Phase(delay_ms, 200, STREAMED, (TTFT_SCENARIO,))),
         warmup=20, clients=50, throughput_calls=3000, throughput_seconds=10.0,
     )  # fmt: skip
 
@@ -328,7 +330,8 @@ def check_targets(phases: list[dict[str, Any]]) -> dict[str, Any]:
                 for q in ("p50", "p99"):
                     if figure in row and figure in stock and row[figure][q] > stock[figure][q]:
                         worse.append(
-                            f"{tag} {row['scenario']} {row['path']} {figure} {q}: {row[figure][q]} > {stock[figure][q]}"
+                            f"{tag} {row['scenario']} {row['path']} {figure} {q}: {row[figure][q]} "
+                            f"> {stock[figure][q]}"
                         )
         rates = phase["throughput_calls_per_s"]
         if rates["sidecar_stream"] < rates["mitmdump"]:
@@ -338,7 +341,8 @@ def check_targets(phases: list[dict[str, Any]]) -> dict[str, Any]:
         memory = phase["memory"]
         if memory["sidecar"]["peak_rss_mb"] > memory["mitmdump"]["peak_rss_mb"]:
             worse.append(
-                f"{tag} peak RSS: {memory['sidecar']['peak_rss_mb']} > {memory['mitmdump']['peak_rss_mb']} MB"
+                f"{tag} peak RSS: {memory['sidecar']['peak_rss_mb']} > "
+                f"{memory['mitmdump']['peak_rss_mb']} MB"
             )
         rss.append(memory["sidecar"]["peak_rss_mb"])
     return {
@@ -358,13 +362,16 @@ def _pair(values: dict[str, float] | None) -> str:
 def table(phase: dict[str, Any]) -> str:
     prompts = ", ".join(f"{k} {v}" for k, v in phase["prompt_tokens"].items())
     lines = [
-        f"engine token delay {phase['token_delay_ms']:g} ms  (prompt tokens: {prompts}; {phase['seconds']} s)",
-        f"{'scenario':<10} {'path':<15} {'n':>4} {'lat p50':>8} {'lat p99':>8} {'+p50':>8} {'+p99':>8} {'ttft p50':>8} {'ttft p99':>8} {'+p50':>8} {'+p99':>8}",
+        f"engine token delay {phase['token_delay_ms']:g} ms  (prompt tokens: {prompts}; "
+        f"{phase['seconds']} s)",
+        f"{'scenario':<10} {'path':<15} {'n':>4} {'lat p50':>8} {'lat p99':>8} {'+p50':>8} "
+        f"{'+p99':>8} {'ttft p50':>8} {'ttft p99':>8} {'+p50':>8} {'+p99':>8}",
     ]
     for row in phase["latency"]:
         lines.append(
-            f"{row['scenario']:<10} {row['path']:<15} {row['samples']:>4} {_pair(row['latency_ms'])} {_pair(row['added_latency_ms'])}"
-            f" {_pair(row.get('ttft_ms'))} {_pair(row.get('added_ttft_ms'))}"
+            f"{row['scenario']:<10} {row['path']:<15} {row['samples']:>4} "
+            f"{_pair(row['latency_ms'])} {_pair(row['added_latency_ms'])} "
+            f"{_pair(row.get('ttft_ms'))} {_pair(row.get('added_ttft_ms'))}"
         )
     lines.append("(+: over direct; the *_tokens rows over direct_tokens)")
     rates = phase["throughput_calls_per_s"]
@@ -421,7 +428,8 @@ def main(argv: list[str]) -> int:
     summary["quick"] = args.quick
     for name, target in summary["targets"].items():
         print(
-            f"target {name}: {'met' if target['met'] else 'MISSED'} {json.dumps({k: v for k, v in target.items() if k != 'met'})}"
+            f"target {name}: {'met' if target['met'] else 'MISSED'} "
+            f"{json.dumps({k: v for k, v in target.items() if k != 'met'})}"
         )
     print("--- json ---")
     print(json.dumps(summary, indent=2))

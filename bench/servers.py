@@ -54,7 +54,8 @@ class Server:
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
                 raise RuntimeError(
-                    f"{self.name} exited with {self.process.returncode}; see {self.log}:\n{self.tail()}"
+                    f"{self.name} exited with {self.process.returncode}; see {self.log}:\n"
+                    f"{self.tail()}"
                 )
             try:
                 with socket.create_connection(("127.0.0.1", self.port), timeout=0.2):
@@ -158,7 +159,8 @@ class Servers:
         return self.start(f"sidecar-{tag}", [sys.executable, "-c", main, *flags], port)
 
     def profiled_sidecar(self, engine: Server, profile_flags: list[str]) -> Server:
-        """The sidecar as ``openforge sidecar`` runs it, plus ``profile_addon.py`` given ``profile_flags``."""
+        """The sidecar as ``openforge sidecar`` runs it, plus ``profile_addon.py`` given
+        ``profile_flags``."""
         port = free_port()
         flags = [
             "--listen",
@@ -172,7 +174,8 @@ class Servers:
         return self.start("sidecar", argv, port)
 
     def mitmdump(self, engine: Server) -> Server:
-        """Stock mitmdump in reverse mode with only the trivial tee addon, quiet like the sidecar."""
+        """Stock mitmdump in reverse mode with only the trivial tee addon, quiet like the
+        sidecar."""
         port = free_port()
         argv = [
             str(Path(sys.executable).with_name("mitmdump")),

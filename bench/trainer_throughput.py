@@ -19,8 +19,8 @@ are real (non-padding) tokens through the forward pass. Overhead is the
 median over the measured steps (after one warm-up step each) of pipeline
 step time / bare step time - 1: each step's two runs are back to back on
 the same batch, so the ratio of a pair is robust to load from elsewhere on
-a shared machine; the ratio of the totals is reported too. Rollouts are synthetic (random tokens, log-probs from the
-policy's own forward pass), written to a real store as the collector would.
+a shared machine; the ratio of the totals is reported too. Rollouts are synthetic (random tokens,
+log-probs from the policy's own forward pass), written to a real store as the collector would.
 
     python bench/trainer_throughput.py           # full run, a few minutes
     python bench/trainer_throughput.py --quick   # smoke run, seconds
@@ -313,8 +313,8 @@ def table(result: dict[str, Any]) -> str:
             "pipeline",
             f"{result['pipeline_tokens_per_s']:.0f}",
             f"{b['total_s']:.3f}",
-            f"select+export {b['select_export_s'] * 1e3:.1f} ms, batch {b['batch_s'] * 1e3:.1f} ms, "
-            f"update {b['update_s']:.3f} s",
+            f"select+export {b['select_export_s'] * 1e3:.1f} ms, batch {b['batch_s'] * 1e3:.1f} "
+            f"ms, update {b['update_s']:.3f} s",
         ),
         (
             "bare",

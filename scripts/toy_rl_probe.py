@@ -98,7 +98,8 @@ def policy_loss(
 def response_log_probs(
     model: Any, episodes: list[policy_eval.Episode], pad_id: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Each episode's model-token log-probs under ``model`` and their mask, [episodes, length - 1]."""
+    """Each episode's model-token log-probs under ``model`` and their mask,
+    [episodes, length - 1]."""
     encoded = []
     for episode in episodes:
         ids, mask, _ = episode.sequence()
@@ -185,12 +186,17 @@ def main(argv: list[str]) -> int:
         "--max-kl",
         type=float,
         default=0.0,
-        help="trust region: halve an update (5 times, then drop it) while its batch KL exceeds this",
+        help=(
+            "trust region: halve an update (5 times, then drop it) while its batch KL exceeds this"
+        ),
     )
     parser.add_argument(
         "--line-search",
         action="store_true",
-        help="halve an update while it lowers the likelihood of its batch's positive-advantage tokens",
+        help=(
+            "halve an update while it lowers the likelihood of "
+            "its batch's positive-advantage tokens"
+        ),
     )
     parser.add_argument(
         "--mean-over-all", action="store_true", help="token mean over all episodes (the trainer's)"
@@ -222,8 +228,8 @@ def main(argv: list[str]) -> int:
             {"step": step, "eval": result, "seconds": round(time.monotonic() - started, 1)}
         )
         print(
-            f"step {step:3d}  EVAL pass {result['pass_rate']:.3f}  lookup {result['lookup_rate']:.3f}  "
-            f"pass|lookup {result['pass_rate_with_lookup']:.3f}",
+            f"step {step:3d}  EVAL pass {result['pass_rate']:.3f}  lookup "
+            f"{result['lookup_rate']:.3f}  pass|lookup {result['pass_rate_with_lookup']:.3f}",
             flush=True,
         )
 
@@ -275,8 +281,8 @@ def main(argv: list[str]) -> int:
         curve.append({"step": step, "train": summary, "update": moved})
         sizes = "  ".join(f"{key} {value:.4f}" for key, value in moved.items())
         print(
-            f"step {step:3d}  reward {summary['pass_rate']:.3f}  lookup {summary['lookup_rate']:.3f}  "
-            f"t {time.monotonic() - started:.0f}s  {sizes}",
+            f"step {step:3d}  reward {summary['pass_rate']:.3f}  lookup "
+            f"{summary['lookup_rate']:.3f}  t {time.monotonic() - started:.0f}s  {sizes}",
             flush=True,
         )
         if args.show:

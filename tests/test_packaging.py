@@ -99,7 +99,8 @@ def test_wheel_imports_cleanly_outside_the_checkout(wheel: Path, tmp_path: Path)
         "import openforge_sidecar, openforge_trainer, openforge_runner, openforge, sys;"
         "top = (openforge, openforge_sidecar, openforge_trainer, openforge_runner);"
         f"assert all(m.__file__.startswith({str(site)!r}) for m in top), [m.__file__ for m in top];"
-        "from openforge_trainer.tiny import tokenizer_build; assert tokenizer_build.committed_assets().is_dir()"
+        "from openforge_trainer.tiny import tokenizer_build; assert "
+        "tokenizer_build.committed_assets().is_dir()"
     )
     result = subprocess.run(
         [sys.executable, "-c", script],

@@ -56,7 +56,10 @@ CI = Exercise(
 HERE = "tests/test_readme.py::test_cheap_commands_run_as_written"
 
 REGISTRY: dict[str, tuple[Exercise, ...]] = {
-    "bash scripts/setup.sh >/dev/null && ~/.cache/openforge/venv/bin/openforge run examples/react-toy.yaml": (
+    (
+        "bash scripts/setup.sh >/dev/null && ~/.cache/openforge/venv/bin/openforge run "
+        "examples/react-toy.yaml"
+    ): (
         Exercise(
             "tests/runner/test_learning.py::test_reward_rises_inside_the_react_harness",
             ('"openforge.cli", "run"', '"react-toy.yaml"'),
@@ -64,7 +67,10 @@ REGISTRY: dict[str, tuple[Exercise, ...]] = {
         CI,
     ),
     "bash scripts/test.sh": (CI,),
-    "bash scripts/install_harnesses.sh >/dev/null && ~/.cache/openforge/venv/bin/openforge run examples/codex-toy.yaml --iterations 1 --no-train": (
+    (
+        "bash scripts/install_harnesses.sh >/dev/null && ~/.cache/openforge/venv/bin/openforge run "
+        "examples/codex-toy.yaml --iterations 1 --no-train"
+    ): (
         Exercise(
             "tests/examples/test_codex_toy.py::test_openforge_run_captures_graded_codex_rollouts",
             ('"openforge.cli", "run"', '"codex-toy.yaml"', '"--iterations", "1", "--no-train"'),

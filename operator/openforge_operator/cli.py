@@ -94,7 +94,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--fence-wait-seconds", type=int, default=DEFAULTS.fence_wait_seconds,
-        help="how long a pod waits for its NetworkPolicy to be enforced before the harness starts; 0: do not wait (default %(default)s)",
+        help="how long a pod waits for its NetworkPolicy to be enforced before the harness starts;"
+        " 0: do not wait (default %(default)s)",
     )  # fmt: skip
     parser.add_argument(
         "--finish-wait-seconds",
@@ -105,7 +106,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--collector-master-key-file", metavar="FILE",
         help="issue each RolloutJob without spec.trainer.tokenSecretRef its own collector token"
-        " (Secret <job>-collector-token), derived from this master key (the collector's --master-key-file)",
+        " (Secret <job>-collector-token), derived from this master key"
+        " (the collector's --master-key-file)",
     )  # fmt: skip
     parser.add_argument(
         "--dns-namespace",
@@ -137,8 +139,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     webhook.add_argument(
         "--webhook-service", metavar="NAMESPACE/NAME",
-        help="the Service in front of the webhook (port --webhook-port): the API server calls it through the Service,"
-        " not a URL (its resolver knows no cluster DNS names); --webhook-host is then NAME.NAMESPACE.svc",
+        help="the Service in front of the webhook (port --webhook-port): the API server calls it"
+        " through the Service, not a URL (its resolver knows no cluster DNS names);"
+        " --webhook-host is then NAME.NAMESPACE.svc",
     )  # fmt: skip
     webhook.add_argument(
         "--webhook-cert", help="TLS certificate file (default: self-signed for --webhook-host)"
@@ -154,7 +157,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def options(argv: list[str]) -> tuple[argparse.Namespace, settings.Settings]:
-    """Parsed flags and the settings they give (pure: the master key is read by ``with_master_key``)."""
+    """Parsed flags and the settings they give (pure: the master key is read by
+    ``with_master_key``)."""
     parser = build_parser()
     ns = parser.parse_args(argv)
     if ns.standalone and ns.peering:
@@ -177,7 +181,9 @@ def options(argv: list[str]) -> tuple[argparse.Namespace, settings.Settings]:
             labels[key] = value
     if not 0 <= ns.fence_wait_seconds < pods.SIDECAR_START_SECONDS:
         parser.error(
-            f"--fence-wait-seconds: {ns.fence_wait_seconds} is not from 0 to {pods.SIDECAR_START_SECONDS - 1} (the harness waits {pods.SIDECAR_START_SECONDS} s for its sidecar)"
+            f"--fence-wait-seconds: {ns.fence_wait_seconds} is not from 0 to "
+            f"{pods.SIDECAR_START_SECONDS - 1} "
+            f"(the harness waits {pods.SIDECAR_START_SECONDS} s for its sidecar)"
         )
     resources = DEFAULTS.sidecar_resources
     if ns.sidecar_resources is not None:
@@ -237,8 +243,8 @@ def main(argv: list[str] | None = None) -> int:
     if ns.webhook:
         hook = webhook.WebhookOptions(
             addr=ns.webhook_addr, port=ns.webhook_port, host=ns.webhook_host,
-            certfile=ns.webhook_cert, pkeyfile=ns.webhook_key, configuration_name=ns.webhook_configuration,
-            service=ns.webhook_service,
+            certfile=ns.webhook_cert, pkeyfile=ns.webhook_key,
+            configuration_name=ns.webhook_configuration, service=ns.webhook_service,
         )  # fmt: skip
     namespaces = None if ns.all_namespaces else list(ns.namespace)
     runtime = handlers.Runtime(

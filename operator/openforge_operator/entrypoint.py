@@ -23,8 +23,8 @@ script
    under ``timeout`` when the image has it, its stdout and exit code to files;
 3. writes ``harness-done`` into the run directory, an ``emptyDir`` it shares
    with the sidecar container, where the in-pod agent
-   (:mod:`openforge_sidecar.podagent`; the files are :mod:`openforge.podrun`'s) turns those files into the reward,
-   reports the rollout to the sidecar (``/openforge/v1/rollout/finish``) and
+   (:mod:`openforge_sidecar.podagent`; the files are :mod:`openforge.podrun`'s) turns those files
+   into the reward, reports the rollout to the sidecar (``/openforge/v1/rollout/finish``) and
    waits for the collector's acknowledgement;
 4. waits (at most ``OPENFORGE_FINISH_WAIT`` seconds) for the agent's verdict
    (``finished``, a small JSON object), copies it to the container's
@@ -32,8 +32,8 @@ script
    exits with the harness's exit code.
 
 Waits look every 50 ms where ``sleep`` takes fractions of a second (GNU,
-busybox), else every second. The harness and grader argv are passed as arguments, never spliced into the
-script: ``sh -c SCRIPT openforge-rollout N GRADER... HARNESS...`` with ``N``
+busybox), else every second. The harness and grader argv are passed as arguments, never spliced into
+the script: ``sh -c SCRIPT openforge-rollout N GRADER... HARNESS...`` with ``N``
 the grader's argument count. The script avoids ``$$`` and ``$(NAME)``, which
 the kubelet would expand in a container's command.
 """
@@ -131,7 +131,7 @@ if [ -e "$run/finished" ]; then
   cat "$run/finished" > "$termination" 2> /dev/null
 fi
 exit "$code"
-"""
+"""  # noqa: E501, RUF100 (the printf's JSON is one single-quoted shell word)
 
 COMMAND = ["/bin/sh", "-c", SCRIPT, ARGV0]
 

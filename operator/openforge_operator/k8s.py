@@ -125,7 +125,8 @@ class Api:
     async def delete(
         self, path: str, *, uid: str | None = None, propagation: str = "Background"
     ) -> bool:
-        """Delete an object (only if its uid is still ``uid``, when given); False when it is gone."""
+        """Delete an object (only if its uid is still ``uid``, when given); False when it is
+        gone."""
         options: dict[str, Any] = {"propagationPolicy": propagation}
         if uid is not None:
             options["preconditions"] = {"uid": uid}
@@ -247,7 +248,8 @@ def pods_path(namespace: str | None) -> str:
 def namespaced(
     namespace: str, resource: str, name: str | None = None, *, api_version: str = "v1"
 ) -> str:
-    """The path of a namespaced collection or object of ``api_version`` (``v1``, ``group/version``)."""
+    """The path of a namespaced collection or object of ``api_version`` (``v1``,
+    ``group/version``)."""
     prefix = "/api/v1" if api_version == "v1" else f"/apis/{api_version}"
     path = f"{prefix}/namespaces/{namespace}/{resource}"
     return f"{path}/{name}" if name else path

@@ -83,7 +83,9 @@ def rollout_state(
     live = next((a for a in ordered if a.live), None)
     ended = {a.attempt: a for a in ordered if live is None or a.attempt < live.attempt}
     decision = retries.decide(
-        spec, [retries.Tried(a.attempt, a.state == "succeeded", a.exit_code, a.reason) for a in ended.values()]
+        spec,
+        [retries.Tried(a.attempt, a.state == "succeeded", a.exit_code, a.reason)
+         for a in ended.values()],
     )  # fmt: skip
     last = ended[decision.last.attempt] if decision.last is not None else None
     if live is not None and decision.state in ("new", "retry"):
@@ -258,7 +260,8 @@ def _failed_message(indexes: list[int], states: Sequence[RolloutState], shown: i
             f"exit code {last.exit_code}" if last.exit_code is not None else "failed"
         )
         details.append(
-            f"{index} after attempt {last.attempt} ({why}{': ' + last.message if last.message else ''})"
+            f"{index} after attempt {last.attempt} "
+            f"({why}{': ' + last.message if last.message else ''})"
         )
     more = f"; {len(indexes) - shown} more" if len(indexes) > shown else ""
     return f"rollouts {rollouts.format_indexes(indexes)} failed: " + "; ".join(details) + more

@@ -1,4 +1,5 @@
-"""The rollout pod: one attempt of one rollout, built from the job, its HarnessEnv and settings (pure).
+"""The rollout pod: one attempt of one rollout, built from the job, its HarnessEnv and settings
+(pure).
 
 Anatomy of ``<job>-<index>-<attempt>``:
 
@@ -89,7 +90,8 @@ iptables -t nat -A OPENFORGE_OUTPUT -m owner --uid-owner "$OPENFORGE_SIDECAR_UID
 iptables -t nat -A OPENFORGE_OUTPUT -d 127.0.0.0/8 -j RETURN
 iptables -t nat -A OPENFORGE_OUTPUT -p tcp --dport 53 -j RETURN
 for host in $OPENFORGE_REDIRECT_EXCLUDE; do
-  iptables -t nat -A OPENFORGE_OUTPUT -d "$host" -j RETURN || echo "openforge-redirect: cannot exclude $host" >&2
+  iptables -t nat -A OPENFORGE_OUTPUT -d "$host" -j RETURN ||
+    echo "openforge-redirect: cannot exclude $host" >&2
 done
 iptables -t nat -A OPENFORGE_OUTPUT -p tcp -j REDIRECT --to-ports "$OPENFORGE_SIDECAR_PORT"
 """
@@ -155,7 +157,8 @@ def build_pod(
     attempt: int,
     config: settings.Settings,
 ) -> dict[str, Any]:
-    """The pod of attempt ``attempt`` of ``rollout``; raises PodError naming a field it cannot use."""
+    """The pod of attempt ``attempt`` of ``rollout``; raises PodError naming a field it cannot
+    use."""
     if job.spec.policy.endpoint is None:
         raise PodError("spec.policy.endpoint is required in a cluster")
     inputs = PodInputs(job=job, env=env, rollout=rollout, attempt=attempt, config=config)
@@ -216,7 +219,10 @@ def _harness(
 ) -> dict[str, Any]:
     env, rollout, config = inputs.env, inputs.rollout, inputs.config
     spec = env.spec
-    where = f"HarnessEnv {env.metadata.name}: spec.template.spec.containers[{v1alpha1.HARNESS_CONTAINER}]"
+    where = (
+        f"HarnessEnv {env.metadata.name}: spec.template.spec."
+        f"containers[{v1alpha1.HARNESS_CONTAINER}]"
+    )
     if not container.get("command"):
         raise PodError(
             f"{where}.command is required in a cluster (the operator runs it under its entrypoint)"
@@ -545,7 +551,8 @@ def _harness_security(
 
 
 def _hardened(container: Mapping[str, Any]) -> dict[str, Any]:
-    """A template container with privilege escalation off and capabilities dropped, unless it says otherwise."""
+    """A template container with privilege escalation off and capabilities dropped, unless it says
+    otherwise."""
     hardened = dict(container)
     security = dict(hardened.get("securityContext") or {})
     security.setdefault("allowPrivilegeEscalation", False)
@@ -570,8 +577,8 @@ def _expanded(argv: Sequence[str], base: Mapping[str, str], where: str) -> list[
         missing = rollout_env.unexpanded(arg, base)
         if missing:
             raise PodError(
-                f"{where}: {arg!r} names ${{{missing[0]}}}, a folder of the machine that runs openforge run; "
-                "a pod has none (put the file in the image and name its path there)"
+                f"{where}: {arg!r} names ${{{missing[0]}}}, a folder of the machine that runs "
+                "openforge run; a pod has none (put the file in the image and name its path there)"
             )
     return [rollout_env.expand(arg, base) for arg in argv]
 

@@ -2,8 +2,8 @@
 
 Records come from ``spec.tasks.inline`` or from a ConfigMap key holding JSON
 Lines (``spec.tasks.configMapRef``), which the reconciler fetches and reads
-with ``openforge.api.tasks``, as ``openforge run`` reads a task file. Rollout ``i`` is sample ``i % samplesPerTask`` of task
-``i // samplesPerTask`` (:mod:`openforge.api.rollouts`).
+with ``openforge.api.tasks``, as ``openforge run`` reads a task file. Rollout ``i`` is sample
+``i % samplesPerTask`` of task ``i // samplesPerTask`` (:mod:`openforge.api.rollouts`).
 
 A task file (``HarnessEnv.spec.task.file``) depends only on the task record,
 so every sample and attempt of a task reads the same file: the operator

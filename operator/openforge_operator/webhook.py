@@ -24,9 +24,9 @@ and reports no finish record; each call the harness makes is recorded with
 the pod's name as the rollout id. The operator issues no per-job collector token
 for them (they belong to no RolloutJob, and their names are not rollout pod
 names a per-job token may write): the Secret they name holds a shared token,
-which the collector accepts with ``--token-file`` beside ``--master-key-file``. A pod that asks for capture with missing or
-malformed annotations is refused with a message naming the annotation, rather
-than let through unrecorded. The webhook itself is registered with
+which the collector accepts with ``--token-file`` beside ``--master-key-file``. A pod that asks for
+capture with missing or malformed annotations is refused with a message naming the annotation,
+rather than let through unrecorded. The webhook itself is registered with
 ``failurePolicy: Ignore``, so an operator that is down blocks no pod creation
 (such pods then run without capture).
 """
@@ -169,8 +169,8 @@ def inject(pod: dict[str, Any], config: settings.Settings) -> dict[str, Any]:
     args = [
         "--listen", listen, "--mode", "reverse", "--engine", endpoint, "--engine-model", model,
         "--spool", f"{pods.SIDECAR_DIR}/spool", "--confdir", f"{pods.SIDECAR_DIR}/confdir",
-        "--job", annotations.get(PREFIX + "job", "webhook"), "--rollout-id", "$(OPENFORGE_POD_NAME)",
-        "--policy-version", version,
+        "--job", annotations.get(PREFIX + "job", "webhook"),
+        "--rollout-id", "$(OPENFORGE_POD_NAME)", "--policy-version", version,
         # capture only: nobody reports these rollouts, and the pod's containers cannot
         "--control-token-file", pods.CONTROL_TOKEN,
     ]  # fmt: skip

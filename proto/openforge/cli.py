@@ -24,7 +24,8 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "drain": (
         "openforge_sidecar.recording.drain",
         "main",
-        "deliver what stopped sidecars left in their spools; close the rollouts they never finished",
+        "deliver what stopped sidecars left in their spools; "
+        "close the rollouts they never finished",
     ),
     "collector": (
         "openforge_trainer.cli",
@@ -49,7 +50,8 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "serve": (
         "openforge_trainer.serving.server",
         "main",
-        "serve a Hugging Face causal LM over vLLM's /v1/completions (continuous batching, live weight updates)",
+        "serve a Hugging Face causal LM over vLLM's /v1/completions (continuous batching, live "
+        "weight updates)",
     ),
     "train": (
         "openforge_trainer.training.cli",

@@ -58,8 +58,8 @@ def main(argv: list[str]) -> int:
         return 2
     if model is None and not args.no_train:
         print(
-            f"openforge run: {bundle.manifest_dir}: spec.policy.endpoint: training locally needs the "
-            "policy's weights, so spec.policy.model must be the local model directory that "
+            f"openforge run: {bundle.manifest_dir}: spec.policy.endpoint: training locally needs "
+            "the policy's weights, so spec.policy.model must be the local model directory that "
             "`openforge serve` loads (leave endpoint unset), or run with --no-train",
             file=sys.stderr,
         )
@@ -198,7 +198,8 @@ def main(argv: list[str]) -> int:
                 history.append(stats)
                 if args.quiet:
                     print(
-                        f"iteration {iteration + 1}/{iterations}: {stats.done}/{stats.total} done, {stats.failed} failed, mean reward {stats.mean_reward}",
+                        f"iteration {iteration + 1}/{iterations}: {stats.done}/{stats.total} done, "
+                        f"{stats.failed} failed, mean reward {stats.mean_reward}",
                         flush=True,
                     )
                 if stop.is_set():
@@ -265,9 +266,15 @@ def _drain_leftovers(run_dir: Path, *, collector: str, when: str) -> executor.Dr
         runner.Journal(run_dir / "journal.jsonl").write(
             {"event": "drained", **dataclasses.asdict(drained)}
         )
-        line = f"openforge run: spools {when}: {drained.delivered} records delivered, {drained.closed} unfinished attempts recorded lost and failed"
+        line = (
+            f"openforge run: spools {when}: {drained.delivered} records delivered, "
+            f"{drained.closed} unfinished attempts recorded lost and failed"
+        )
         if drained.kept or drained.error:
-            line += f"; {drained.kept} records still unacknowledged ({drained.error}), kept for the next run"
+            line += (
+                f"; {drained.kept} records still unacknowledged ({drained.error}), "
+                "kept for the next run"
+            )
         print(line, file=sys.stderr, flush=True)
     return drained
 

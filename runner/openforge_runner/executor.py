@@ -107,7 +107,8 @@ def run_rollout(
             str(SIDECAR_FLUSH_SECONDS),
             "--finish-on-stop",
             "--label",
-            f"{trajectory.BATCH_LABEL}={rollout.iteration}/{len(bundle.tasks) * bundle.job.spec.samples_per_task}",
+            f"{trajectory.BATCH_LABEL}={rollout.iteration}/"
+            f"{len(bundle.tasks) * bundle.job.spec.samples_per_task}",
         ),
         home / "sidecar.log",
         port=port,
@@ -149,7 +150,8 @@ def run_rollout(
             reason="its sidecar stopped with the rollout unfinished",
         )
         if "error" not in finish and drained.spools and not drained.kept and not drained.error:
-            final = judged  # the sidecar recorded the finish, and every record reached the store after all
+            # the sidecar recorded the finish, and every record reached the store after all
+            final = judged
         else:
             final = dataclasses.replace(final, message=f"{final.message}; {drained.summary()}")
     return Outcome(
@@ -255,7 +257,8 @@ def attempt(
         else _grade(bundle, rollout, sidecar_url, workdir, exit_code, home / "grader.log")
     )
     return verdict.judge(
-        exit_code=exit_code, grader=graded, reward_from=grader.reward_from if grader is not None else None,
+        exit_code=exit_code, grader=graded,
+        reward_from=grader.reward_from if grader is not None else None,
         failing_exit_codes=retries.failing_exit_codes(bundle.job.spec), timed_out=timed_out,
         timeout_seconds=_harness_timeout(bundle),
     )  # fmt: skip
@@ -322,8 +325,9 @@ def _grade(
         return None
     try:
         done = subprocess.run(
-            command.argv, cwd=command.cwd, env={**os.environ, **command.env}, stdin=subprocess.DEVNULL,
-            capture_output=True, text=True, timeout=grader.timeout_seconds,
+            command.argv, cwd=command.cwd, env={**os.environ, **command.env},
+            stdin=subprocess.DEVNULL, capture_output=True, text=True,
+            timeout=grader.timeout_seconds,
         )  # fmt: skip
     except subprocess.TimeoutExpired as exc:
         stdout = (
@@ -346,7 +350,8 @@ def _finish(sidecar_url: str, token_file: Path, judged: verdict.Verdict) -> dict
     try:
         request = urllib.request.Request(
             sidecar_url + endpoints.ROLLOUT_FINISH, data=body,
-            headers={"content-type": "application/json", **control.headers(control.read(token_file))},
+            headers={"content-type": "application/json",
+                     **control.headers(control.read(token_file))},
         )  # fmt: skip
         with urllib.request.urlopen(request, timeout=FINISH_WAIT_SECONDS + 10) as response:
             result: dict[str, Any] = json.load(response)

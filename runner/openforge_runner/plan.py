@@ -161,7 +161,10 @@ def missing_env(job: v1alpha1.RolloutJob, path: Path, ref: str, names: list[str]
     elif names:
         hint = f"the files define {', '.join(repr(n) for n in names)}"
     else:
-        hint = "the files define none: give the HarnessEnv's file too (openforge run JOB.yaml ENV.yaml)"
+        hint = (
+            "the files define none: give the HarnessEnv's file too "
+            "(openforge run JOB.yaml ENV.yaml)"
+        )
     return (
         f"{where}: spec.harnessEnvRef.name: no HarnessEnv named {ref!r} in the given files; {hint}"
     )
@@ -187,7 +190,8 @@ def _records(job: v1alpha1.RolloutJob, path: Path) -> list[dict[str, Any]]:
     source = job.spec.tasks
     if source.config_map_ref is not None:
         raise PlanError(
-            f"{path}: spec.tasks.configMapRef: a ConfigMap exists only on a cluster; use spec.tasks.file or inline locally"
+            f"{path}: spec.tasks.configMapRef: a ConfigMap exists only on a cluster; use "
+            "spec.tasks.file or inline locally"
         )
     records = task_records.inline(source)
     if records is not None:
@@ -202,7 +206,8 @@ def _records(job: v1alpha1.RolloutJob, path: Path) -> list[dict[str, Any]]:
     limit = task_records.MAX_TASKS * task_records.MAX_TASK_BYTES
     if size > limit:
         raise PlanError(
-            f"{path}: spec.tasks.file: {task_file} is {size} bytes; a task file holds at most {limit}"
+            f"{path}: spec.tasks.file: {task_file} is {size} bytes; a task file holds at most "
+            f"{limit}"
         )
     try:
         text = task_file.read_text(encoding="utf-8")
@@ -319,7 +324,8 @@ def policy_model(bundle: Bundle) -> Path | None:
     if not (path / "config.json").is_file():
         raise PlanError(
             f"{bundle.manifest_dir}: spec.policy.model: {policy.model!r} is not a model directory "
-            f"(no config.json in {path}); without spec.policy.endpoint it must name the local model to serve"
+            f"(no config.json in {path}); "
+            "without spec.policy.endpoint it must name the local model to serve"
         )
     return path
 

@@ -44,7 +44,8 @@ class Service:
     port: int | None = None
     env: dict[str, str] | None = None
     stopping: threading.Event | None = None
-    """Set: the run is stopping, and a wait for this service to start gives up at once (:class:`Stopped`)."""
+    """Set: the run is stopping, and a wait for this service to start gives up at once
+    (:class:`Stopped`)."""
     process: subprocess.Popen[bytes] | None = field(default=None, init=False)
     _log_start: int = field(default=0, init=False)  # the log's size when this process started
 
@@ -84,7 +85,8 @@ class Service:
                 time.sleep(0.05)
         self.stop()
         raise ServiceError(
-            f"{self.name} did not listen on 127.0.0.1:{self.port} within {timeout:.0f} s:\n{self.tail()}"
+            f"{self.name} did not listen on 127.0.0.1:{self.port} within {timeout:.0f} s:\n"
+            f"{self.tail()}"
         )
 
     def wait_for_line(self, text: str | tuple[str, ...], *, timeout: float = 300.0) -> None:
@@ -173,8 +175,8 @@ class _Watched:
 
 
 class Supervisor:
-    """Restarts a run's services when they die (exit other than 0): each at most ``restarts`` times, after a
-    backoff that doubles (``backoff`` s first). A service that keeps dying ends the run:
+    """Restarts a run's services when they die (exit other than 0): each at most ``restarts`` times,
+    after a backoff that doubles (``backoff`` s first). A service that keeps dying ends the run:
     :attr:`failure` says which and why, and ``stop`` is set.
 
     ``up`` is set while every watched service runs: the runner starts no rollout while a
@@ -254,7 +256,10 @@ class Supervisor:
         service = watched.service
         code = service.process.returncode if service.process is not None else None
         if watched.restarts >= self.restarts:
-            self.failure = f"{service.name} exited with {code} {watched.restarts + 1} times; giving up (see {service.log.name}):\n{service.tail()}"
+            self.failure = (
+                f"{service.name} exited with {code} {watched.restarts + 1} times; giving up (see "
+                f"{service.log.name}):\n{service.tail()}"
+            )
             self._event(
                 {
                     "event": "service",
@@ -269,7 +274,8 @@ class Supervisor:
         delay = self.backoff * 2**watched.restarts
         watched.restarts += 1
         self.log(
-            f"openforge run: {service.name} exited with {code}; restarting it in {delay:g} s ({watched.restarts}/{self.restarts})"
+            f"openforge run: {service.name} exited with {code}; restarting it in {delay:g} s "
+            f"({watched.restarts}/{self.restarts})"
         )
         self._event(
             {"event": "service", "service": service.name, "exit_code": code, "action": "restarted"}

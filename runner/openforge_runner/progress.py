@@ -87,7 +87,8 @@ class Display:
         if last:
             table.caption = (
                 f"trainer step {last.get('step', '?')}: reward {_fmt(last.get('reward_mean'))}, "
-                f"pass rate {_fmt(last.get('pass_rate'))}, {_fmt(last.get('tokens_per_s'), 0)} tokens/s"
+                f"pass rate {_fmt(last.get('pass_rate'))}, {_fmt(last.get('tokens_per_s'), 0)} "
+                "tokens/s"
             )
         return table
 
@@ -118,12 +119,14 @@ def summary(
         count = f"{stats.total}" if stats.done >= stats.total else f"{stats.done}/{stats.total}"
         partial = "  (stopped: partial)" if stats.done < stats.total else ""
         lines.append(
-            f"{stats.iteration + 1:>9}  {count:>8}  {stats.failed:>6}  {'-' if reward is None else f'{reward:.3f}':>11}{partial}"
+            f"{stats.iteration + 1:>9}  {count:>8}  {stats.failed:>6}  "
+            f"{'-' if reward is None else f'{reward:.3f}':>11}{partial}"
         )
     rewards = [s.mean_reward for s in history if s.mean_reward is not None and s.done >= s.total]
     if len(rewards) >= 2:
         lines.append(
-            f"reward: {rewards[0]:.3f} (first iteration) -> {rewards[-1]:.3f} (last), change {rewards[-1] - rewards[0]:+.3f}"
+            f"reward: {rewards[0]:.3f} (first iteration) -> {rewards[-1]:.3f} (last), change "
+            f"{rewards[-1] - rewards[0]:+.3f}"
         )
     if run_dir is not None:
         store = run_dir / "store.db"

@@ -160,13 +160,15 @@ class Capture:
             "openforge_mode",
             str,
             "tokens",
-            "tokens: render and generate token-in/token-out from the engine (training); passthrough: forward unchanged to the upstream and record what it returns.",
+            "tokens: render and generate token-in/token-out from the engine (training); "
+            "passthrough: forward unchanged to the upstream and record what it returns.",
         )
         loader.add_option(
             "openforge_engine",
             str,
             "",
-            "Base URL of the inference engine (vLLM or `openforge serve`), e.g. http://127.0.0.1:8000. Required in tokens mode.",
+            "Base URL of the inference engine (vLLM or `openforge serve`), e.g. "
+            "http://127.0.0.1:8000. Required in tokens mode.",
         )
         loader.add_option(
             "openforge_engine_model",
@@ -178,13 +180,16 @@ class Capture:
             "openforge_tokenizer",
             str,
             "",
-            "Directory or engine URL holding tokenizer.json and tokenizer_config.json (default: the engine).",
+            "Directory or engine URL holding tokenizer.json and tokenizer_config.json "
+            "(default: the engine).",
         )
         loader.add_option(
             "openforge_max_model_len",
             int,
             0,
-            "Context length of the policy; a call's max_tokens is a ceiling, lowered so prompt + completion fit. 0: the engine's (its /v1/models max_model_len), else 32768; a value above the engine's is lowered to it.",
+            "Context length of the policy; a call's max_tokens is a ceiling, lowered so prompt + "
+            "completion fit. 0: the engine's (its /v1/models max_model_len), else 32768; a value "
+            "above the engine's is lowered to it.",
         )
         loader.add_option("openforge_spool", str, "", "Directory of the durable spool (required).")
         loader.add_option(
@@ -238,13 +243,15 @@ class Capture:
             "openforge_finish_on_stop",
             bool,
             False,
-            "On shutdown, record a rollout that was never finished as failed (no reward), as a stopped pod's is.",
+            "On shutdown, record a rollout that was never finished as failed (no reward), as a "
+            "stopped pod's is.",
         )
         loader.add_option(
             "openforge_control_token_file",
             str,
             "",
-            "rollout/finish needs 'Authorization: Bearer' with the token in this file (created, random, when absent).",
+            "rollout/finish needs 'Authorization: Bearer' with the token in this file (created, "
+            "random, when absent).",
         )
 
     def configure(self, updated: set[str]) -> None:
@@ -642,7 +649,8 @@ class Capture:
             call, 200, (result.error if result else None) or "; ".join(call.notes), None
         )
         if recorded and self._history is not None:
-            self._history.prerender()  # the next call's first rendering (see TokenHistory.prerender)
+            # the next call's first rendering (see TokenHistory.prerender)
+            self._history.prerender()
 
     def _record_rejected(
         self, flow: http.HTTPFlow, codec: Codec, body: bytes, exc: CodecError
@@ -882,7 +890,10 @@ class Capture:
                 flow.response = _json_response(
                     401,
                     {
-                        "error": "rollout/finish needs the control token: Authorization: Bearer <the --control-token-file's token>"
+                        "error": (
+                            "rollout/finish needs the control token: Authorization: Bearer <the "
+                            "--control-token-file's token>"
+                        )
                     },
                 )
                 return

@@ -87,7 +87,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--policy-version", type=int, default=0)
     parser.add_argument(
         "--label", action="append", default=[], metavar="KEY=VALUE",
-        help=f"a label of the rollout's started record (repeatable), e.g. {trajectory.BATCH_LABEL}=3",
+        help="a label of the rollout's started record (repeatable),"
+        f" e.g. {trajectory.BATCH_LABEL}=3",
     )  # fmt: skip
     parser.add_argument(
         "--confdir", default="", help="mitmproxy confdir holding the CA (regular/transparent modes)"
@@ -108,7 +109,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--control-token-file", default="",
-        help=f"POST {endpoints.ROLLOUT_FINISH} needs 'Authorization: Bearer TOKEN', TOKEN this file's (made, random, 0600, when absent):"
+        help=f"POST {endpoints.ROLLOUT_FINISH} needs 'Authorization: Bearer TOKEN',"
+        " TOKEN this file's (made, random, 0600, when absent):"
         " the harness, which reaches the same port, cannot report its own rollout",
     )  # fmt: skip
     parser.add_argument("--verbose", action="store_true", help="log every flow")
@@ -198,7 +200,8 @@ def run(ns: argparse.Namespace, *, extra_addons: Sequence[Any] = ()) -> int:
 
 
 def inherited(fd: int, listen: str) -> socket.socket | None:
-    """The listening TCP socket ``--listen-fd`` names (checked against ``--listen``), or None for -1."""
+    """The listening TCP socket ``--listen-fd`` names (checked against ``--listen``),
+    or None for -1."""
     if fd < 0:
         return None
     try:
@@ -211,7 +214,8 @@ def inherited(fd: int, listen: str) -> socket.socket | None:
     if sock.type != socket.SOCK_STREAM or not listening or bound != (host.strip("[]"), int(port)):
         sock.detach()
         raise SystemExit(
-            f"openforge sidecar: --listen-fd {fd} is not a TCP socket listening on --listen {listen} (it is bound to {bound})"
+            f"openforge sidecar: --listen-fd {fd} is not a TCP socket listening on --listen "
+            f"{listen} (it is bound to {bound})"
         )
     return sock
 

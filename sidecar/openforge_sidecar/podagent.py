@@ -34,8 +34,8 @@ imports, not two) it
 - in a second thread, when the harness container's entrypoint
   (``openforge_operator.entrypoint``) writes ``harness-done`` into the run
   directory, turns the harness's exit code and the grader's output into a
-  reward and a verdict by the rule ``openforge run`` follows too (``openforge.api.verdict``), reports the rollout
-  to the sidecar (``POST /openforge/v1/rollout/finish``, which records it and
+  reward and a verdict by the rule ``openforge run`` follows too (``openforge.api.verdict``),
+  reports the rollout to the sidecar (``POST /openforge/v1/rollout/finish``, which records it and
   waits for the collector's acknowledgement) and writes the verdict to
   ``finished``, which the entrypoint copies into its termination message for
   the operator.
@@ -101,7 +101,8 @@ def judge(run_dir: Path, *, reward_from: str, failing_exit_codes: frozenset[int]
                 stdout=stdout, exit_code=grader_exit, timed_out=grader_exit == GRADER_TIMED_OUT
             )
     return verdict.judge(
-        exit_code=exit_code, grader=graded, reward_from=None if reward_from == "none" else reward_from,
+        exit_code=exit_code, grader=graded,
+        reward_from=None if reward_from == "none" else reward_from,
         failing_exit_codes=failing_exit_codes,
         sidecar_start_failed=(run_dir / podrun.SIDECAR_START_FAILED).exists(),
     )  # fmt: skip
@@ -149,7 +150,8 @@ def termination_message(judged: Verdict, result: dict[str, Any]) -> dict[str, An
 
 
 class Agent:
-    """The sidecar, in this process, and the thread that reports the rollout when the harness is done."""
+    """The sidecar, in this process, and the thread that reports the rollout when the harness is
+    done."""
 
     def __init__(self, options: argparse.Namespace, sidecar_args: list[str]) -> None:
         self.options = options
@@ -207,21 +209,24 @@ class Agent:
         if await_fence(target, wait=self.options.fence_wait, poll=self.options.fence_poll):
             (self.run_dir / podrun.SIDECAR_READY).touch()
             print(
-                f"podagent: fenced after {time.monotonic() - started:.2f} s ({target} unreachable); the harness may start",
+                f"podagent: fenced after {time.monotonic() - started:.2f} s ({target} "
+                "unreachable); the harness may start",
                 file=sys.stderr,
                 flush=True,
             )
             return
         print(
-            f"podagent: still not fenced after {self.options.fence_wait:g} s ({target} reachable); failing the attempt",
+            f"podagent: still not fenced after {self.options.fence_wait:g} s ({target} reachable); "
+            "failing the attempt",
             file=sys.stderr,
             flush=True,
         )
         message = (
-            f"the pod could still reach the API server ({target}) after {self.options.fence_wait:g} s: "
-            "the cluster did not enforce the job's NetworkPolicy (its network plugin has no NetworkPolicy "
-            "support, or is that far behind), so the harness never ran; an operator run with "
-            "--fence-wait-seconds 0 starts harnesses without waiting for the fence"
+            f"the pod could still reach the API server ({target}) after "
+            f"{self.options.fence_wait:g} s: the cluster did not enforce the job's NetworkPolicy "
+            "(its network plugin has no NetworkPolicy support, or is that far behind), so the "
+            "harness never ran; an operator run with --fence-wait-seconds 0 starts harnesses "
+            "without waiting for the fence"
         )
         self._report(
             Verdict(
@@ -331,7 +336,10 @@ def _create(path: Path, text: str) -> None:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m openforge_sidecar.podagent",
-        description="Run the capture sidecar in a rollout pod and report the rollout when the harness is done.",
+        description=(
+            "Run the capture sidecar in a rollout pod "
+            "and report the rollout when the harness is done."
+        ),
     )
     parser.add_argument(
         "--run-dir", default=podrun.RUN_DIR, help="directory shared with the harness container"
@@ -357,15 +365,18 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--control-token-file", default="",
-        help="the sidecar's --control-token-file (in its own volume): the token the rollout is reported with",
+        help="the sidecar's --control-token-file (in its own volume):"
+        " the token the rollout is reported with",
     )  # fmt: skip
     parser.add_argument(
         "--fence-wait", type=float, default=0.0,
-        help="seconds to wait for the job's NetworkPolicy to fence the pod before the harness starts (0: do not wait)",
+        help="seconds to wait for the job's NetworkPolicy to fence the pod before the harness"
+        " starts (0: do not wait)",
     )  # fmt: skip
     parser.add_argument(
         "--fence-target", default="",
-        help="host:port the fence makes unreachable (default: the API server, $KUBERNETES_SERVICE_HOST:$KUBERNETES_SERVICE_PORT)",
+        help="host:port the fence makes unreachable"
+        " (default: the API server, $KUBERNETES_SERVICE_HOST:$KUBERNETES_SERVICE_PORT)",
     )  # fmt: skip
     parser.add_argument(
         "--fence-poll", type=float, default=0.2, help="seconds between tries of the fence"

@@ -41,7 +41,8 @@ def intercepts_client_tls(modes: list[str]) -> bool:
 
 
 class TlsConfig(tlsconfig.TlsConfig):
-    """``tlsconfig.TlsConfig`` whose certificate store is built when the first certificate is needed.
+    """``tlsconfig.TlsConfig`` whose certificate store is built when the first certificate is
+    needed.
 
     Every use of the store goes through :meth:`get_cert` (the TLS and QUIC
     client-side hooks call it first). ``certstore`` is None until then.

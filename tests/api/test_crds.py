@@ -300,7 +300,8 @@ def test_names_subresources_and_columns() -> None:
 
 
 def as_json_schema(node: Any) -> Any:
-    """OpenAPI v3.0 (as the CRD has it) -> JSON Schema draft 4, which shares boolean exclusiveMinimum."""
+    """OpenAPI v3.0 (as the CRD has it) -> JSON Schema draft 4, which shares boolean
+    exclusiveMinimum."""
     if isinstance(node, list):
         return [as_json_schema(item) for item in node]
     if not isinstance(node, dict):

@@ -211,7 +211,8 @@ def test_empty_documents_are_skipped() -> None:
 
 
 def test_plain_pydantic_errors_still_name_the_field() -> None:
-    """The operator may validate with the models directly; the message must still say which field."""
+    """The operator may validate with the models directly; the message must still say which
+    field."""
     with pytest.raises(
         pydantic.ValidationError, match=r"baseUrl: required when capture.mode is BaseURL"
     ):
@@ -229,7 +230,8 @@ MARK = "  # <-"
 
 
 def mutate(old: str, new: str) -> tuple[str, int]:
-    """VALID with ``old`` replaced by ``new``; the line marked ``# <-`` in ``new`` is where the error must point."""
+    """VALID with ``old`` replaced by ``new``; the line marked ``# <-`` in ``new`` is where the
+    error must point."""
     assert VALID.count(old) == 1, old
     text = VALID.replace(old, new)
     (line,) = [i + 1 for i, content in enumerate(text.splitlines()) if content.endswith(MARK)]
@@ -303,7 +305,9 @@ CASES = [
     ),
     (
         "no task source",
-        "  tasks:\n    inline:\n    - id: add-1\n      prompt: What is 1+1?\n      answer: 2\n    - id: add-2\n      prompt: What is 2+2?\n      answer: 4\n      meta: {difficulty: easy, tags: [math]}",
+        "  tasks:\n    inline:\n    - id: add-1\n      prompt: What is 1+1?\n      answer: 2\n"
+        "    - id: add-2\n      prompt: What is 2+2?\n      answer: 4\n"
+        "      meta: {difficulty: easy, tags: [math]}",
         "  tasks: {}" + MARK,
         "spec.tasks",
         "got none",
@@ -324,7 +328,8 @@ CASES = [
     ),
     (
         "no harness container",
-        "      containers:\n      - name: tools\n        image: ghcr.io/example/tools:1\n      - name: harness\n",
+        "      containers:\n      - name: tools\n        image: ghcr.io/example/tools:1\n"
+        "      - name: harness\n",
         "      containers:"
         + MARK
         + "\n      - name: tools\n        image: ghcr.io/example/tools:1\n      - name: agent\n",
@@ -333,7 +338,8 @@ CASES = [
     ),
     (
         "harness without image or command",
-        "      - name: harness\n        image: ghcr.io/example/react:1\n        command: [python, -m, react_agent]\n",
+        "      - name: harness\n        image: ghcr.io/example/react:1\n"
+        "        command: [python, -m, react_agent]\n",
         "      - name: harness" + MARK + "\n",
         "spec.template.spec.containers[1]",
         "needs an image, a command, or both",
@@ -440,7 +446,8 @@ CASES = [
     ),
     (
         "learning rate 0",
-        "  training: {iterations: 10, groupsPerStep: 2, learningRate: 1.0e-6, seed: 7, options: {clipRatioHigh: 0.28}}",
+        "  training: {iterations: 10, groupsPerStep: 2, learningRate: 1.0e-6, seed: 7, options: "
+        "{clipRatioHigh: 0.28}}",
         "  training:\n    iterations: 10\n    learningRate: 0.0" + MARK,
         "spec.training.learningRate",
         "greater than 0, got 0.0 (expected a number > 0)",
@@ -581,5 +588,6 @@ def test_two_objects_of_one_kind_with_one_name() -> None:
 def _minimal_job() -> str:
     return (
         "apiVersion: openforge.dev/v1alpha1\nkind: RolloutJob\nmetadata: {name: mini}\n"
-        "spec:\n  harnessEnvRef: {name: react}\n  tasks:\n    inline: [{id: a}]\n  policy: {model: tiny}\n"
+        "spec:\n  harnessEnvRef: {name: react}\n  tasks:\n    inline: [{id: a}]\n"
+        "  policy: {model: tiny}\n"
     )

@@ -37,7 +37,8 @@ def kube(tmp_path_factory: pytest.TempPathFactory) -> Iterator[kube_cluster.Kube
     bin_dir = kube_cluster.built_binaries()
     if bin_dir is None:
         pytest.skip(
-            "cluster binaries are not built (scripts/build_cluster_binaries.sh) and KUBECONFIG is unset"
+            "cluster binaries are not built (scripts/build_cluster_binaries.sh) "
+            "and KUBECONFIG is unset"
         )
     directory = tmp_path_factory.mktemp("bench-cluster")
     try:
@@ -48,8 +49,10 @@ def kube(tmp_path_factory: pytest.TempPathFactory) -> Iterator[kube_cluster.Kube
 
 def test_a_small_run_reports_both_sides(kube: kube_cluster.Kube) -> None:
     done = subprocess.run(
-        [sys.executable, str(SCRIPT), "--rollouts", "8", "--parallelism", "4", "--duration", "200ms", "--kubeconfig", str(kube.kubeconfig)],
-        capture_output=True, text=True, timeout=240, cwd=ROOT, env={**os.environ, "KUBECTL": kube.kubectl_path}, check=False,
+        [sys.executable, str(SCRIPT), "--rollouts", "8", "--parallelism", "4",
+         "--duration", "200ms", "--kubeconfig", str(kube.kubeconfig)],
+        capture_output=True, text=True, timeout=240, cwd=ROOT,
+        env={**os.environ, "KUBECTL": kube.kubectl_path}, check=False,
     )  # fmt: skip
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     table, marker, summary = done.stdout.partition("--- json ---\n")

@@ -36,7 +36,8 @@ class Helm:
         argv = [*args, *(["-f", "-"] if values is not None else [])]
         config = ["--kubeconfig", str(kubeconfig)] if kubeconfig else []
         result = subprocess.run(
-            [self.path, *config, *argv], input=yaml.safe_dump(values) if values is not None else None,
+            [self.path, *config, *argv],
+            input=yaml.safe_dump(values) if values is not None else None,
             capture_output=True, text=True, timeout=timeout, check=False,
         )  # fmt: skip
         if result.returncode != 0:

@@ -214,18 +214,16 @@ def test_non_default_values_reach_the_objects(helm: Helm) -> None:
     assert token_volume["secret"]["secretName"] == "collector-token"
     assert token_volume["secret"]["items"] == [{"key": "bearer", "path": "token"}]
     trainer = containers(trainer_deployment)["trainer"]
-    assert (
-        trainer["args"]
-        == [
-            "--store=/data/store.db",
-            "--job=react-toy",
-            "--model=/opt/openforge/models/tiny-react",
-            "--run-dir=/data/runs/react-toy",
-            "--device=cuda",
-            "--serve=http://policy.rl.svc:8000",
-            "--serve-publish=bytes",  # the policy server is another pod: it cannot read the trainer's checkpoint path
-        ]
-    )
+    assert trainer["args"] == [
+        "--store=/data/store.db",
+        "--job=react-toy",
+        "--model=/opt/openforge/models/tiny-react",
+        "--run-dir=/data/runs/react-toy",
+        "--device=cuda",
+        "--serve=http://policy.rl.svc:8000",
+        # the policy server is another pod: it cannot read the trainer's checkpoint path
+        "--serve-publish=bytes",
+    ]
     assert trainer["resources"]["limits"]["nvidia.com/gpu"] == 1
     assert {"name": "data", "persistentVolumeClaim": {"claimName": "trajectories"}} in pod[
         "volumes"
@@ -234,7 +232,8 @@ def test_non_default_values_reach_the_objects(helm: Helm) -> None:
 
 
 def master_key_mounts(deployment: dict[str, Any], container: str) -> list[str]:
-    """The Secret and key each container's master-key file comes from (the volume behind its mount)."""
+    """The Secret and key each container's master-key file comes from (the volume behind its
+    mount)."""
     pod = deployment["spec"]["template"]["spec"]
     mount = next(
         (

@@ -18,7 +18,8 @@ def test_the_chart_holds_an_exact_copy_of_each_crd() -> None:
     assert [path.name for path in CRDS] == sorted(path.name for path in COPIES.glob("*.yaml"))
     for path in CRDS:
         assert (COPIES / path.name).read_bytes() == path.read_bytes(), (
-            f"charts/openforge/files/crds/{path.name} differs from crds/{path.name}; run scripts/sync_deploy_files.py"
+            f"charts/openforge/files/crds/{path.name} differs from crds/{path.name}; run "
+            "scripts/sync_deploy_files.py"
         )
 
 

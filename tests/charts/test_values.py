@@ -106,7 +106,8 @@ def _leaf_paths(
 def _value_nodes(
     node: yaml.MappingNode, prefix: tuple[str, ...] = ()
 ) -> dict[tuple[str, ...], int]:
-    """values.yaml's keys, as paths, with the line each is on (0-based); stops at free-form values."""
+    """values.yaml's keys, as paths, with the line each is on (0-based); stops at free-form
+    values."""
     found: dict[tuple[str, ...], int] = {}
     for key, value in node.value:
         path = (*prefix, key.value)

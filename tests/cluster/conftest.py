@@ -65,7 +65,8 @@ def kube(
     if bin_dir is None:
         if os.environ.get(kube_cluster.SKIP_BUILD_ENV) == "1":
             pytest.skip(
-                f"cluster binaries are not built and {kube_cluster.SKIP_BUILD_ENV}=1; run scripts/build_cluster_binaries.sh or set KUBECONFIG"
+                f"cluster binaries are not built and {kube_cluster.SKIP_BUILD_ENV}=1; run "
+                "scripts/build_cluster_binaries.sh or set KUBECONFIG"
             )
         build_error = request.config.stash.get(_BUILD_ERROR, None)
         if build_error is not None:

@@ -44,7 +44,8 @@ class Kube:
     def kubectl(
         self, *args: str, stdin: str | None = None, check: bool = True, timeout: float = 60.0
     ) -> subprocess.CompletedProcess[str]:
-        """Run ``kubectl ARGS`` against this cluster; raise KubectlError on failure when ``check``."""
+        """Run ``kubectl ARGS`` against this cluster; raise KubectlError on failure when
+        ``check``."""
         cmd = [self.kubectl_path, "--kubeconfig", str(self.kubeconfig), *args]
         result = subprocess.run(
             cmd, input=stdin, capture_output=True, text=True, timeout=timeout, check=False

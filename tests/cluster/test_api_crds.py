@@ -81,7 +81,8 @@ def test_valid_manifests_are_accepted_and_read_back_through_the_models(
 def test_server_defaults_match_the_model_defaults(api: kube_cluster.Kube, ns: str) -> None:
     job = {
         "apiVersion": v1alpha1.API_VERSION, "kind": "RolloutJob", "metadata": {"name": "mini"},
-        "spec": {"harnessEnvRef": {"name": "react"}, "tasks": {"inline": [{"id": "a", "x": 1}]}, "policy": {"model": "m"}},
+        "spec": {"harnessEnvRef": {"name": "react"}, "tasks": {"inline": [{"id": "a", "x": 1}]},
+                 "policy": {"model": "m"}},
     }  # fmt: skip
     create(api, ns, job)
     stored = api.get_json("-n", ns, "rolloutjob", "mini")

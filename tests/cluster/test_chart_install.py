@@ -59,8 +59,9 @@ class Helm:
             *args,
             *(["-f", "-"] if values is not None else []),
         ]
-        result = subprocess.run(argv, input=yaml.safe_dump(values) if values is not None else None, env=self.env,
-                                capture_output=True, text=True, timeout=180, check=False)  # fmt: skip
+        result = subprocess.run(argv, input=yaml.safe_dump(values) if values is not None else None,
+                                env=self.env, capture_output=True, text=True, timeout=180,
+                                check=False)  # fmt: skip
         assert result.returncode == 0, (
             f"helm {' '.join(args)} exited {result.returncode}: {result.stderr}"
         )
@@ -94,7 +95,8 @@ def other_namespace(kube: kube_cluster.Kube) -> Iterator[str]:
 def allowed(
     kube: kube_cluster.Kube, user: str, checks: list[tuple[str, str, str]], namespace: str
 ) -> dict[tuple[str, str, str], bool]:
-    """The API server's authorizer's answer for each (group, resource[/subresource], verb), as ``user``."""
+    """The API server's authorizer's answer for each (group, resource[/subresource], verb), as
+    ``user``."""
     reviews = []
     for group, resource, verb in checks:
         name, _, subresource = resource.partition("/")
@@ -107,7 +109,8 @@ def allowed(
         }
         reviews.append({
             "apiVersion": "authorization.k8s.io/v1", "kind": "SubjectAccessReview",
-            "spec": {"user": user, "groups": ["system:serviceaccounts", "system:authenticated"], "resourceAttributes": attributes},
+            "spec": {"user": user, "groups": ["system:serviceaccounts", "system:authenticated"],
+                     "resourceAttributes": attributes},
         })  # fmt: skip
     out = kube.kubectl(
         "create",
@@ -265,7 +268,8 @@ def test_webhook_and_trainer_render_is_admitted(
 def test_the_webhook_the_operator_registers_is_admitted(
     kube: kube_cluster.Kube, helm: Helm, namespace: str
 ) -> None:
-    """What kopf writes into the chart's configuration (named as the chart names it) passes validation."""
+    """What kopf writes into the chart's configuration (named as the chart names it) passes
+    validation."""
     rendered = helm(
         "template",
         "of",
@@ -288,8 +292,10 @@ def test_the_webhook_the_operator_registers_is_admitted(
         "sideEffects": "None",
         "failurePolicy": "Ignore",
         "matchPolicy": "Equivalent",
-        "rules": [{"apiGroups": [""], "apiVersions": ["v1"], "resources": ["pods"], "operations": ["CREATE"], "scope": "*"}],
-        "objectSelector": {"matchExpressions": [{"key": webhook.CAPTURE_LABEL, "operator": "In", "values": ["true"]}]},
+        "rules": [{"apiGroups": [""], "apiVersions": ["v1"], "resources": ["pods"],
+                   "operations": ["CREATE"], "scope": "*"}],
+        "objectSelector": {"matchExpressions": [{"key": webhook.CAPTURE_LABEL, "operator": "In",
+                                                 "values": ["true"]}]},
         "clientConfig": {"url": f"https://of-openforge-operator-webhook.{namespace}.svc:9443/{webhook.HANDLER_ID}"},
         "timeoutSeconds": 30,
         "admissionReviewVersions": ["v1", "v1beta1"],
@@ -320,7 +326,8 @@ def test_the_cluster_examples_are_admitted(kube: kube_cluster.Kube, namespace: s
 
 
 def test_rbac_scopes_the_chart_assumes_are_the_api_servers(kube: kube_cluster.Kube) -> None:
-    """scripts/sync_deploy_files.py splits rules by scope from its own table; the API server agrees."""
+    """scripts/sync_deploy_files.py splits rules by scope from its own table; the API server
+    agrees."""
     import importlib.util
 
     spec = importlib.util.spec_from_file_location(
@@ -340,7 +347,8 @@ def test_rbac_scopes_the_chart_assumes_are_the_api_servers(kube: kube_cluster.Ku
     for table, namespaced in ((script.CLUSTER_SCOPED, False), (script.NAMESPACED, True)):
         for group, resource in table:
             if "/" in resource or (group, resource) not in served:
-                continue  # subresources share their resource's scope; kopf.dev and our CRDs may be absent
+                # subresources share their resource's scope; kopf.dev and our CRDs may be absent
+                continue
             assert served[(group, resource)] == namespaced, (group, resource)
             checked += 1
     assert checked >= 15

@@ -63,10 +63,12 @@ class Operator:
         self.process: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
-        args = [sys.executable, "-m", "openforge.cli", "operator", "--standalone", "--kubeconfig", str(self.kubeconfig),
-                "--sidecar-image", SIDECAR_IMAGE, "--resync-seconds", "5", "--collector-master-key-file", str(self.master_key),
-                "--webhook", "--webhook-addr", "127.0.0.1", "--webhook-host", "127.0.0.1", "--webhook-port", str(self.webhook_port),
-                "--webhook-configuration", f"openforge-capture-{self.namespaces['hook']}"]  # fmt: skip
+        args = [sys.executable, "-m", "openforge.cli", "operator", "--standalone",
+                "--kubeconfig", str(self.kubeconfig), "--sidecar-image", SIDECAR_IMAGE,
+                "--resync-seconds", "5", "--collector-master-key-file", str(self.master_key),
+                "--webhook", "--webhook-addr", "127.0.0.1", "--webhook-host", "127.0.0.1",
+                "--webhook-port", str(self.webhook_port), "--webhook-configuration",
+                f"openforge-capture-{self.namespaces['hook']}"]  # fmt: skip
         for namespace in self.namespaces.values():
             args += ["--namespace", namespace]
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
@@ -103,11 +105,15 @@ def service_account_kubeconfig(kube: kube_cluster.Kube, directory: Path, suffix:
     rules = permissions.rules(webhook=True)
     manifests = [
         {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}},
-        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": name, "namespace": namespace}},
-        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole", "metadata": {"name": f"{name}-{suffix}"}, "rules": rules},
+        {"apiVersion": "v1", "kind": "ServiceAccount",
+         "metadata": {"name": name, "namespace": namespace}},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+         "metadata": {"name": f"{name}-{suffix}"}, "rules": rules},
         {
-            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding", "metadata": {"name": f"{name}-{suffix}"},
-            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": f"{name}-{suffix}"},
+            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+            "metadata": {"name": f"{name}-{suffix}"},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                        "name": f"{name}-{suffix}"},
             "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": namespace}],
         },
     ]  # fmt: skip
@@ -561,8 +567,10 @@ def test_the_webhook_injects_the_sidecar_into_labelled_pods(
     pod = {
         "apiVersion": "v1", "kind": "Pod",
         "metadata": {"name": "eval", "labels": {"openforge.dev/capture": "true"},
-                     "annotations": {"openforge.dev/policy-endpoint": "http://vllm:8000", "openforge.dev/policy-model": "tiny"}},
-        "spec": {"containers": [{"name": "agent", "image": "busybox:1.36", "command": ["sleep", "1"]}]},
+                     "annotations": {"openforge.dev/policy-endpoint": "http://vllm:8000",
+                                     "openforge.dev/policy-model": "tiny"}},
+        "spec": {"containers": [{"name": "agent", "image": "busybox:1.36",
+                                 "command": ["sleep", "1"]}]},
     }  # fmt: skip
     plain = {
         "apiVersion": "v1",
@@ -650,7 +658,10 @@ def test_a_job_without_a_token_secret_gets_its_own_collector_token_in_the_sideca
 def test_the_operators_service_account_has_no_more_than_its_rules(
     kube: kube_cluster.Kube, operator: Operator
 ) -> None:
-    sa = f"system:serviceaccount:openforge-system-{operator.namespaces['modes'].rsplit('-', 1)[1]}:openforge-operator"
+    sa = (
+        f"system:serviceaccount:openforge-system-{operator.namespaces['modes'].rsplit('-', 1)[1]}:"
+        "openforge-operator"
+    )
     namespace = operator.namespaces["modes"]
     assert (
         kube.kubectl(

@@ -160,5 +160,6 @@ def test_docs_show_the_argocd_cm_file() -> None:
         r"<!-- argocd-cm:begin -->\n```yaml\n(.*?)```\n<!-- argocd-cm:end -->", text, re.DOTALL
     )
     assert blocks == [ARGOCD_CM.read_text()], (
-        "docs/cluster.md's argocd-cm block differs from deploy/argocd/argocd-cm.yaml; run scripts/sync_deploy_files.py"
+        "docs/cluster.md's argocd-cm block differs from deploy/argocd/argocd-cm.yaml; run "
+        "scripts/sync_deploy_files.py"
     )

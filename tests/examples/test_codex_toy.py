@@ -106,7 +106,8 @@ def test_openforge_run_captures_graded_codex_rollouts(tmp_path: Path) -> None:
         pytest.skip("Codex CLI is not installed; run scripts/install_harnesses.sh")
     run_dir = tmp_path / "run"
     done = subprocess.run(
-        [sys.executable, "-m", "openforge.cli", "run", str(slice_of("codex-toy.yaml", tmp_path, tasks=2, samples=2)),
+        [sys.executable, "-m", "openforge.cli", "run",
+         str(slice_of("codex-toy.yaml", tmp_path, tasks=2, samples=2)),
          "--iterations", "1", "--no-train", "--quiet", "--run-dir", str(run_dir)],
         capture_output=True, text=True, timeout=600,
     )  # fmt: skip

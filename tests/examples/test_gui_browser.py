@@ -154,8 +154,8 @@ def test_tools_report_bad_calls_to_the_model(site: webforms.Site) -> None:
 
 
 def run_agent(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, str(HARNESS / "agent.py"), *args], env=env, capture_output=True,
-                          text=True, timeout=60, check=False)  # fmt: skip
+    return subprocess.run([sys.executable, str(HARNESS / "agent.py"), *args], env=env,
+                          capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
 
 
 def test_agent_usage_errors_exit_2(
@@ -188,7 +188,8 @@ def test_agent_usage_errors_exit_2(
 def test_agent_exits_5_when_the_browser_cannot_start(tmp_path: Path) -> None:
     env = {"PATH": os.environ["PATH"], "OPENAI_BASE_URL": "http://127.0.0.1:9/v1"}
     done = run_agent("--prompt", "p", "--start-url", "http://127.0.0.1:9/", "--headless",
-                     "--chromium", str(tmp_path / "no-such-chromium"), "--workdir", str(tmp_path), env=env)  # fmt: skip
+                     "--chromium", str(tmp_path / "no-such-chromium"), "--workdir", str(tmp_path),
+                     env=env)  # fmt: skip
     assert done.returncode == 5, done.stderr
     assert "the browser failed: cannot start" in done.stderr
 
@@ -243,7 +244,8 @@ def test_the_grader_command_finds_the_tasks_locally_and_in_the_image(tmp_path: P
     (tmp_path / webforms.LOG_FILE).write_text(
         '{"event": "view", "path": "/orders/1042", "query": {}}\n'
     )
-    done = subprocess.run(env.spec.grader.command, env={**base, "OPENFORGE_HARNESS_DIR": str(HARNESS)},
+    done = subprocess.run(env.spec.grader.command,
+                          env={**base, "OPENFORGE_HARNESS_DIR": str(HARNESS)},
                           capture_output=True, text=True, timeout=30, check=False)  # fmt: skip
     assert json.loads(done.stdout)["reward"] == 1.0, done.stderr
 
@@ -304,8 +306,8 @@ def test_killing_the_agent_leaves_no_browser_or_display_behind(
             "OPENAI_BASE_URL": f"http://127.0.0.1:{silent.getsockname()[1]}/v1",
         }
         agent_process = subprocess.Popen(
-            [sys.executable, str(HARNESS / "agent.py"), "--prompt", "p", "--start-url", site.url + "/",
-             "--workdir", str(tmp_path)],
+            [sys.executable, str(HARNESS / "agent.py"), "--prompt", "p",
+             "--start-url", site.url + "/", "--workdir", str(tmp_path)],
             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
         )  # fmt: skip
         deadline = time.monotonic() + 30

@@ -47,8 +47,9 @@ def task(task_id: str) -> dict[str, Any]:
 def script(
     name: str, *args: str | Path, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, str(TASKS / name), *map(str, args)], capture_output=True, text=True,
-                          timeout=30, env=env, check=False)  # fmt: skip
+    return subprocess.run([sys.executable, str(TASKS / name), *map(str, args)],
+                          capture_output=True, text=True, timeout=30, env=env,
+                          check=False)  # fmt: skip
 
 
 @pytest.mark.parametrize("row", TASK_ROWS, ids=lambda t: t["id"])
@@ -135,7 +136,8 @@ def test_bad_task_rows_name_the_field() -> None:
 
 def test_serve_runs_the_harness_with_the_task_and_grade_reads_the_log(tmp_path: Path) -> None:
     fetch = ("import os, sys, urllib.request; "
-             "print(os.environ['WEB_TASK_PROMPT']); urllib.request.urlopen(os.environ['WEB_TASK_URL'] + '/1043').read(); "
+             "print(os.environ['WEB_TASK_PROMPT']); "
+             "urllib.request.urlopen(os.environ['WEB_TASK_URL'] + '/1043').read(); "
              "sys.exit(3)")  # fmt: skip
     done = script(
         "serve.py",

@@ -107,7 +107,8 @@ def test_the_operator_builds_a_rollout_pod_that_delivers_the_task(name: str) -> 
     task = own_task(name)
     job = v1alpha1.RolloutJob.model_validate({
         "apiVersion": "openforge.dev/v1alpha1", "kind": "RolloutJob",
-        "metadata": {"name": "catalog", "namespace": "rl", "uid": "0b6e5c1a-2f43-4c55-9d8e-3a1f6f0e7c11"},
+        "metadata": {"name": "catalog", "namespace": "rl",
+                     "uid": "0b6e5c1a-2f43-4c55-9d8e-3a1f6f0e7c11"},
         "spec": {"harnessEnvRef": {"name": name}, "tasks": {"inline": [task]},
                  "policy": {"model": "policy", "endpoint": "http://policy.rl.svc:8000"}},
     })  # fmt: skip
@@ -290,10 +291,15 @@ def printed(body: dict[str, Any]) -> str:
 # Per launcher: the variable naming the CLI, its base-URL variable, what the CLI prints.
 OUTPUTS = {
     "claude-code": (
-        "CLAUDE_BIN", "ANTHROPIC_BASE_URL", printed({"type": "result", "is_error": False, "result": "Teal"}),
+        "CLAUDE_BIN", "ANTHROPIC_BASE_URL",
+        printed({"type": "result", "is_error": False, "result": "Teal"}),
     ),
-    "gemini-cli": ("GEMINI_BIN", "GOOGLE_GEMINI_BASE_URL", printed({"session_id": "s", "response": "Teal"})),
-    "openclaw": ("OPENCLAW_BIN", "OPENAI_BASE_URL", printed({"ok": True, "status": "ok", "final": "Teal"})),
+    "gemini-cli": (
+        "GEMINI_BIN", "GOOGLE_GEMINI_BASE_URL", printed({"session_id": "s", "response": "Teal"}),
+    ),
+    "openclaw": (
+        "OPENCLAW_BIN", "OPENAI_BASE_URL", printed({"ok": True, "status": "ok", "final": "Teal"}),
+    ),
     "zeroclaw": ("ZEROCLAW_BIN", "OPENAI_BASE_URL", "Teal\n"),  # the final message only
 }  # fmt: skip
 FAILED = {
@@ -326,7 +332,8 @@ def launch(
         "OPENFORGE_CARGO_ROOT": str(tmp_path / "nothing-installed"),
     }  # fmt: skip
     done = subprocess.run(
-        [sys.executable, str(CATALOG / name / "run.py"), "--prompt", "What color?", "--workdir", str(work)],
+        [sys.executable, str(CATALOG / name / "run.py"),
+         "--prompt", "What color?", "--workdir", str(work)],
         env=env, capture_output=True, text=True, timeout=60, check=False,
     )  # fmt: skip
     record = json.loads((tmp_path / "record.json").read_text())

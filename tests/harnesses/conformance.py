@@ -10,8 +10,8 @@ where ``job.yaml`` is a RolloutJob written here: the tasks of
 tasks of its own, the GUI agent's web forms, runs those), one sample
 each, and ``policy.endpoint`` set to the deterministic test engine (whose
 script makes an agent read ``colors.json`` with its shell tool and answer
-the color, or fill a form from the page's element list). The catalog manifest is used as committed: its local recipe,
-task delivery and grader are what run. ``HTTP(S)_PROXY`` point at a proxy
+the color, or fill a form from the page's element list). The catalog manifest is used as committed:
+its local recipe, task delivery and grader are what run. ``HTTP(S)_PROXY`` point at a proxy
 that refuses everything and records who tried, so a harness that calls
 anything but its base URL is caught.
 

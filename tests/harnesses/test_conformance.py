@@ -1,10 +1,10 @@
 """Conformance: every catalog harness, the same toy tasks, through ``openforge run``.
 
 Each catalog harness's committed ``harnessenv.yaml`` runs two toy tasks
-(``conformance.TASK_IDS``; the GUI agent two web-forms tasks of its own) with ``openforge run ... --no-train --iterations 1``
-against the deterministic test engine, with ``HTTP(S)_PROXY`` pointing at a
-proxy that refuses and records everything. It must yield complete, graded
-(1.0), token-exact trajectories and no outbound request
+(``conformance.TASK_IDS``; the GUI agent two web-forms tasks of its own) with
+``openforge run ... --no-train --iterations 1`` against the deterministic test engine, with
+``HTTP(S)_PROXY`` pointing at a proxy that refuses and records everything. It must yield complete,
+graded (1.0), token-exact trajectories and no outbound request
 (:func:`conformance.check`), and what it measured must agree with its row
 of the committed matrix in docs/harnesses.md (regenerate with
 ``python tests/harnesses/conformance.py --write docs/harnesses.md``).

@@ -60,9 +60,10 @@ def run_task(
     stack: CaptureStack, work: Path, task_id: str, *flags: str
 ) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "OPENAI_BASE_URL": f"{stack.sidecar.url}/v1", "OPENAI_API_KEY": "sk-dummy"}
-    argv = [sys.executable, str(TASKS / "serve.py"), "--task-id", task_id, "--workdir", str(work), "--",
-            sys.executable, str(HARNESS / "agent.py"), "--task-file", str(TASKS / "tasks.jsonl"),
-            "--task-id", task_id, "--workdir", str(work), "--transcript", str(work / "transcript.json"), *flags]  # fmt: skip
+    argv = [sys.executable, str(TASKS / "serve.py"), "--task-id", task_id, "--workdir", str(work),
+            "--", sys.executable, str(HARNESS / "agent.py"),
+            "--task-file", str(TASKS / "tasks.jsonl"), "--task-id", task_id, "--workdir", str(work),
+            "--transcript", str(work / "transcript.json"), *flags]  # fmt: skip
     done = subprocess.run(
         argv,
         env=env,
@@ -80,7 +81,8 @@ def run_task(
 
 
 def grade(work: Path, task_id: str) -> dict[str, Any]:
-    done = subprocess.run([sys.executable, str(TASKS / "grade.py"), "--task-id", task_id, "--workdir", str(work)],
+    done = subprocess.run([sys.executable, str(TASKS / "grade.py"),
+                           "--task-id", task_id, "--workdir", str(work)],
                           capture_output=True, text=True, timeout=30, check=True)  # fmt: skip
     result: dict[str, Any] = json.loads(done.stdout)
     return result
@@ -158,7 +160,8 @@ def test_gui_agent_completes_a_task_token_exact_with_lossless_screenshots(
     image_positions = [i for i, t in enumerate(row.response_ids) if t == image_token]
     assert all(row.response_mask[i] == 0 for i in image_positions)
 
-    # Decodable, and veRL's agent loop gets the same pixels (tests/trainer/training/test_verl_agent_loop.py).
+    # Decodable, and veRL's agent loop gets the same pixels
+    # (tests/trainer/training/test_verl_agent_loop.py).
     with Image.open(io.BytesIO(request_images.image_bytes(row.images[-1]))) as last:
         assert last.size == (800, 600)
 
@@ -174,8 +177,8 @@ def test_local_recipe_runs_under_openforge_run(procs: Any, tmp_path: Path) -> No
     job_path.write_text(yaml.safe_dump(job, sort_keys=False))
     run_dir = tmp_path / "run"
     done = subprocess.run(
-        [sys.executable, "-m", "openforge.cli", "run", str(MANIFEST), str(job_path), "--no-train", "--quiet",
-         "--run-dir", str(run_dir), "--iterations", "1"],
+        [sys.executable, "-m", "openforge.cli", "run", str(MANIFEST), str(job_path),
+         "--no-train", "--quiet", "--run-dir", str(run_dir), "--iterations", "1"],
         cwd=tmp_path, capture_output=True, text=True, timeout=120, check=False,
     )  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr

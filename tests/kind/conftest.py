@@ -11,8 +11,8 @@ skips the tier, with that reason; on any other machine a failure to bring the cl
 up is an error of every ``kind`` test, never a skip.
 
 With ``OPENFORGE_KIND_REUSE=1`` the tier runs on the cluster and the images loaded as
-they are (a developer's loop after ``scripts/kind-up.sh load``). The cluster stays up after the session (the next session reuses it in seconds);
-``scripts/kind-up.sh down`` removes it.
+they are (a developer's loop after ``scripts/kind-up.sh load``). The cluster stays up after the
+session (the next session reuses it in seconds); ``scripts/kind-up.sh down`` removes it.
 """
 
 from __future__ import annotations

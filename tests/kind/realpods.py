@@ -96,7 +96,8 @@ def started_at(status: dict[str, Any]) -> str:
 
 
 def check_sidecar_first(pod: dict[str, Any]) -> None:
-    """The native sidecar started before the harness (which waited for it to listen), and never restarted."""
+    """The native sidecar started before the harness (which waited for it to listen), and never
+    restarted."""
     name = pod["metadata"]["name"]
     init = {s["name"]: s for s in pod["status"].get("initContainerStatuses", [])}
     main = {s["name"]: s for s in pod["status"].get("containerStatuses", [])}
@@ -157,8 +158,10 @@ def ensure_platform(kind: kube_cluster.Kube, *values: str) -> None:
     more ``--set`` settings of the chart (none: back to the demo's own)."""
     sets = [arg for value in values for arg in ("--set", value)]
     result = subprocess.run(
-        [helm_path(), "--kubeconfig", str(kind.kubeconfig), "upgrade", "--install", "openforge", str(ROOT / "charts" / "openforge"),
-         "--namespace", "openforge", "--create-namespace", "-f", str(EXAMPLES / "helm" / "values.yaml"), *sets, "--wait", "--timeout", "10m"],
+        [helm_path(), "--kubeconfig", str(kind.kubeconfig),
+         "upgrade", "--install", "openforge", str(ROOT / "charts" / "openforge"),
+         "--namespace", "openforge", "--create-namespace",
+         "-f", str(EXAMPLES / "helm" / "values.yaml"), *sets, "--wait", "--timeout", "10m"],
         capture_output=True, text=True, timeout=900, check=False,
     )  # fmt: skip
     assert result.returncode == 0, f"helm upgrade --install: {result.stderr[-4000:]}"
@@ -234,7 +237,8 @@ HARNESS_IMAGE = "ghcr.io/openforge/react-harness:0.1.0"
 STEPPED = """
 import json, os, sys, time, urllib.request
 base, calls = os.environ["OPENAI_BASE_URL"], int(os.environ["STEP_CALLS"])
-hog = bytearray(int(os.environ.get("STEP_ALLOCATE_MB", "0")) * 1024 * 1024)  # touched: counted by the cgroup
+# touched: counted by the cgroup
+hog = bytearray(int(os.environ.get("STEP_ALLOCATE_MB", "0")) * 1024 * 1024)
 for offset in range(0, len(hog), 4096):
     hog[offset] = 1
 for step in range(calls):
@@ -243,11 +247,15 @@ for step in range(calls):
         if time.monotonic() > deadline:
             sys.exit(3)
         time.sleep(0.2)
-    body = json.dumps({"model": "tiny-react", "max_tokens": 8,
-                       "messages": [{"role": "user", "content": f"Step {step}: say hello."}]}).encode()
+    body = json.dumps({
+        "model": "tiny-react", "max_tokens": 8,
+        "messages": [{"role": "user", "content": f"Step {step}: say hello."}],
+    }).encode()
     for attempt in range(60):  # the sidecar may be restarting: connection refused until it is back
         try:
-            request = urllib.request.Request(base + "/chat/completions", body, {"Content-Type": "application/json"})
+            request = urllib.request.Request(
+                base + "/chat/completions", body, {"Content-Type": "application/json"}
+            )
             with urllib.request.urlopen(request, timeout=120) as response:
                 json.load(response)
             break
@@ -262,8 +270,12 @@ for step in range(calls):
 
 ONE_CALL = """
 import json, os, urllib.request
-body = json.dumps({"model": "tiny-react", "max_tokens": 8, "messages": [{"role": "user", "content": "Say hello."}]}).encode()
-request = urllib.request.Request(os.environ["OPENAI_BASE_URL"] + "/chat/completions", body, {"Content-Type": "application/json"})
+body = json.dumps({
+    "model": "tiny-react", "max_tokens": 8, "messages": [{"role": "user", "content": "Say hello."}]
+}).encode()
+request = urllib.request.Request(
+    os.environ["OPENAI_BASE_URL"] + "/chat/completions", body, {"Content-Type": "application/json"}
+)
 with urllib.request.urlopen(request, timeout=120) as response:
     json.load(response)
 print("answered 0", flush=True)
@@ -285,14 +297,18 @@ def stepped_env(
             "baseUrl": {"env": ["OPENAI_BASE_URL"], "suffix": "/v1"},
             "template": {"spec": {
                 "containers": [{
-                    "name": "harness", "image": HARNESS_IMAGE, "command": ["python3", "-c", STEPPED],
-                    "env": [{"name": "STEP_CALLS", "value": str(calls)}, {"name": "STEP_ALLOCATE_MB", "value": str(allocate_mb)}],
-                    "resources": {"requests": {"cpu": "20m", "memory": "64Mi"}, "limits": {"memory": memory_limit}},
+                    "name": "harness", "image": HARNESS_IMAGE,
+                    "command": ["python3", "-c", STEPPED],
+                    "env": [{"name": "STEP_CALLS", "value": str(calls)},
+                            {"name": "STEP_ALLOCATE_MB", "value": str(allocate_mb)}],
+                    "resources": {"requests": {"cpu": "20m", "memory": "64Mi"},
+                                  "limits": {"memory": memory_limit}},
                     "volumeMounts": [{"name": "work", "mountPath": "/work"}],
                 }],
                 "volumes": [{"name": "work", "emptyDir": {}}],
             }},
-            "grader": {"command": ["sh", "-c", 'echo \'{"reward": 1.0}\''], "rewardFrom": "stdout-json", "timeoutSeconds": 30},
+            "grader": {"command": ["sh", "-c", 'echo \'{"reward": 1.0}\''],
+                       "rewardFrom": "stdout-json", "timeoutSeconds": 30},
             "timeoutSeconds": 600,
         },
     }  # fmt: skip
@@ -310,7 +326,8 @@ def start(
 ) -> str:
     """A new namespace and job (named alike) of ``rollouts`` stepped rollouts; ``spec``
     adds to or overrides the job's spec."""
-    name = f"{prefix}-{uuid.uuid4().hex[:6]}"  # the collector binds a job's name to its first RolloutJob
+    # the collector binds a job's name to its first RolloutJob
+    name = f"{prefix}-{uuid.uuid4().hex[:6]}"
     ensure_namespace(kind, name)
     tasks = [{"id": f"t{i}"} for i in range(rollouts)]
     job = rollout_job(
@@ -360,7 +377,8 @@ def release(kind: kube_cluster.Kube, namespace: str, name: str, step: int) -> No
 def wait_restarted(
     kind: kube_cluster.Kube, namespace: str, name: str, container: str, restarts: int
 ) -> dict[str, Any]:
-    """Until ``container`` of pod ``name`` restarted ``restarts`` times and is running (started) again."""
+    """Until ``container`` of pod ``name`` restarted ``restarts`` times and is running (started)
+    again."""
 
     def back() -> bool:
         status = container_status(pod(kind, namespace, name), container)
@@ -380,22 +398,30 @@ for harnesses whose own prompt does not fit the tiny policy's 4,096 tokens."""
 
 
 def ensure_engine(kind: kube_cluster.Kube) -> None:
-    """The test engine as Deployment and Service ``engine`` in namespace rl, from the trainer image."""
+    """The test engine as Deployment and Service ``engine`` in namespace rl, from the trainer
+    image."""
     labels = {"app.kubernetes.io/name": "engine"}
-    service = {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "engine", "labels": labels},
-               "spec": {"selector": labels, "ports": [{"name": "http", "port": 8000, "targetPort": 8000}]}}  # fmt: skip
+    service = {
+        "apiVersion": "v1", "kind": "Service", "metadata": {"name": "engine", "labels": labels},
+        "spec": {"selector": labels, "ports": [{"name": "http", "port": 8000, "targetPort": 8000}]},
+    }  # fmt: skip
     deployment = {
-        "apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "engine", "labels": labels},
-        "spec": {"replicas": 1, "selector": {"matchLabels": labels}, "template": {"metadata": {"labels": labels}, "spec": {
+        "apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"name": "engine", "labels": labels},
+        "spec": {"replicas": 1, "selector": {"matchLabels": labels},
+                 "template": {"metadata": {"labels": labels}, "spec": {
             "automountServiceAccountToken": False,
             "securityContext": {"runAsNonRoot": True, "runAsUser": 65532, "runAsGroup": 65532},
             "containers": [{
                 "name": "engine", "image": "ghcr.io/openforge/trainer:0.1.0",
-                "command": ["openforge", "test-engine", "--host=0.0.0.0", "--port=8000", "--model=tiny-react",
-                            "--tokenizer=/opt/openforge/models/tiny-react", "--max-model-len=32768"],
+                "command": ["openforge", "test-engine", "--host=0.0.0.0", "--port=8000",
+                            "--model=tiny-react", "--tokenizer=/opt/openforge/models/tiny-react",
+                            "--max-model-len=32768"],
                 "env": [{"name": "HOME", "value": "/tmp"}],
-                "readinessProbe": {"httpGet": {"path": "/health", "port": 8000}, "periodSeconds": 2},
-                "resources": {"requests": {"cpu": "50m", "memory": "256Mi"}, "limits": {"memory": "1Gi"}},
+                "readinessProbe": {"httpGet": {"path": "/health", "port": 8000},
+                                   "periodSeconds": 2},
+                "resources": {"requests": {"cpu": "50m", "memory": "256Mi"},
+                              "limits": {"memory": "1Gi"}},
             }],
         }}},
     }  # fmt: skip

@@ -25,7 +25,8 @@ FILLER = (
     + """
 import os, time
 if os.environ.get("FILL_MB"):
-    with open("/scratch/fill", "wb") as out:  # past the volume's sizeLimit: the kubelet evicts the pod
+    # past the volume's sizeLimit: the kubelet evicts the pod
+    with open("/scratch/fill", "wb") as out:
         out.write(b"x" * int(os.environ["FILL_MB"]) * 1024 * 1024)
 time.sleep(600)
 """
@@ -41,7 +42,8 @@ def harness_env(
     cpu: str = "20m",
     priority_class: str = "",
 ) -> dict[str, Any]:
-    """A harness that makes one call, then (``fill_mb``) overfills its 2 MiB scratch volume, then waits."""
+    """A harness that makes one call, then (``fill_mb``) overfills its 2 MiB scratch volume, then
+    waits."""
     env: dict[str, Any] = {
         "apiVersion": "openforge.dev/v1alpha1", "kind": "HarnessEnv", "metadata": {"name": name},
         "spec": {
@@ -51,7 +53,8 @@ def harness_env(
                 "containers": [{
                     "name": "harness", "image": image, "command": ["python3", "-c", FILLER],
                     "env": [{"name": "FILL_MB", "value": str(fill_mb or "")}],
-                    "resources": {"requests": {"cpu": cpu, "memory": "64Mi"}, "limits": {"memory": "256Mi"}},
+                    "resources": {"requests": {"cpu": cpu, "memory": "64Mi"},
+                                  "limits": {"memory": "256Mi"}},
                     "volumeMounts": [{"name": "scratch", "mountPath": "/scratch"}],
                 }],
                 "volumes": [{"name": "scratch", "emptyDir": {"sizeLimit": "2Mi"}}],
@@ -185,7 +188,8 @@ def millicores(quantity: str) -> int:
 
 
 def free_cpu(kind: kube_cluster.Kube, node: str) -> int:
-    """Millicores of the node's allocatable CPU that no live pod requests (as the scheduler counts)."""
+    """Millicores of the node's allocatable CPU that no live pod requests (as the scheduler
+    counts)."""
     allocatable = millicores(kind.get_json("node", node)["status"]["allocatable"]["cpu"])
     described = kind.kubectl("describe", "node", node).stdout
     allocated = described.split("Allocated resources:", 1)[1]
@@ -227,9 +231,11 @@ def test_a_pod_the_scheduler_preempts_is_judged_preempted(platform: kube_cluster
         preemptor = {
             "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "preemptor"},
             "spec": {
-                "priorityClassName": high, "restartPolicy": "Never", "automountServiceAccountToken": False,
-                "containers": [{"name": "c", "image": realpods.HARNESS_IMAGE, "imagePullPolicy": "Never",
-                                "command": ["sleep", "60"], "resources": {"requests": {"cpu": f"{wanted}m"}}}],
+                "priorityClassName": high, "restartPolicy": "Never",
+                "automountServiceAccountToken": False,
+                "containers": [{"name": "c", "image": realpods.HARNESS_IMAGE,
+                                "imagePullPolicy": "Never", "command": ["sleep", "60"],
+                                "resources": {"requests": {"cpu": f"{wanted}m"}}}],
             },
         }  # fmt: skip
         kind.kubectl("-n", name, "apply", "-f", "-", stdin=yaml.safe_dump(preemptor))

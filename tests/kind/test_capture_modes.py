@@ -67,7 +67,8 @@ def harness_env(
 
 
 def policy(harness: str) -> dict[str, Any]:
-    """The job's policy: the demo's policy server, or the test engine for a harness that needs more context."""
+    """The job's policy: the demo's policy server, or the test engine for a harness that needs more
+    context."""
     return (
         {"policy": {"endpoint": ENGINES[harness], "model": "tiny-react"}}
         if harness in ENGINES
@@ -97,7 +98,8 @@ def test_every_call_is_captured(
     api: str,
 ) -> None:
     kind = platform
-    # a new name each run: the collector binds a job's name to the first RolloutJob (uid) that wrote it
+    # a new name each run: the collector binds a job's name to the first RolloutJob (uid) that wrote
+    # it
     name = f"capture-{harness}-{mode.lower()}-{uuid.uuid4().hex[:6]}"
     realpods.ensure_namespace(kind, name)
     manifest = yaml.safe_dump_all(
@@ -134,7 +136,8 @@ def test_every_call_is_captured(
         assert rollout["finished"] and rollout["complete"] and rollout["has_reward"], rollout
         assert rollout["calls"], f"{rollout['id']}: no call captured"
         for call in rollout["calls"]:
-            # rewritten to token-in/token-out whatever the network path (a passthrough call would say so)
+            # rewritten to token-in/token-out whatever the network path (a passthrough call would
+            # say so)
             assert call["mode"] == "CAPTURE_MODE_TOKENS" and call["api"] == api, (
                 rollout["id"],
                 call,

@@ -36,7 +36,8 @@ def calls_by_rollout(summary: dict[str, Any]) -> dict[tuple[str, int], list[int]
 
 
 def check_exactly_once(summary: dict[str, Any], expected: dict[tuple[str, int], list[int]]) -> None:
-    """The store holds these rollouts (task, attempt) with these call indexes, each once, and lost nothing."""
+    """The store holds these rollouts (task, attempt) with these call indexes, each once, and lost
+    nothing."""
     assert summary["lost"] == [], summary["lost"]
     assert calls_by_rollout(summary) == expected, summary["rollouts"]
     for rollout in summary["rollouts"]:
@@ -108,7 +109,8 @@ def test_a_deleted_pod_is_run_again_as_a_new_attempt(platform: kube_cluster.Kube
     )
     assert [p["metadata"]["name"] for p in realpods.pods_of(kind, name, name)] == [second]
     summary = realpods.store_summary(kind, name)
-    # the deleted attempt is kept as what it was (stopped: cut off, its one call), never merged into the new one
+    # the deleted attempt is kept as what it was (stopped: cut off, its one call), never merged into
+    # the new one
     check_exactly_once(summary, {("t0", 0): [0], ("t0", 1): [0, 1]})
     statuses = {r["attempt"]: r["status"] for r in summary["rollouts"]}
     assert statuses == {0: "stopped", 1: "succeeded"}, statuses
@@ -186,7 +188,8 @@ def test_records_wait_in_the_spool_while_the_collector_is_down(platform: kube_cl
             f"call 1 reached the store with the collector down: {held['rollouts']}"
         )
         assert not held["rollouts"][0]["finished"], held["rollouts"]
-        # and the sidecar, holding unacknowledged records, crashes too: its spool is what it resumes from
+        # and the sidecar, holding unacknowledged records, crashes too: its spool is what it resumes
+        # from
         realpods.kill_container(realpods.pod(kind, name, first), SIDECAR)
         realpods.wait_restarted(kind, name, first, SIDECAR, 1)
     job = finish(kind, name)
@@ -207,14 +210,16 @@ def store_on_a_volume(kind: kube_cluster.Kube) -> Iterator[None]:
     realpods.node_exec(node, "sh", "-c", f"mkdir -p {path} && chown 65532:65532 {path}")
     volume = {
         "apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": f"openforge-{name}"},
-        "spec": {"capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteOnce"], "storageClassName": "",
-                 "persistentVolumeReclaimPolicy": "Retain", "hostPath": {"path": path, "type": "Directory"},
+        "spec": {"capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteOnce"],
+                 "storageClassName": "", "persistentVolumeReclaimPolicy": "Retain",
+                 "hostPath": {"path": path, "type": "Directory"},
                  "claimRef": {"namespace": "openforge", "name": name}},
     }  # fmt: skip
     claim = {
-        "apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": name, "namespace": "openforge"},
-        "spec": {"accessModes": ["ReadWriteOnce"], "storageClassName": "", "volumeName": f"openforge-{name}",
-                 "resources": {"requests": {"storage": "1Gi"}}},
+        "apiVersion": "v1", "kind": "PersistentVolumeClaim",
+        "metadata": {"name": name, "namespace": "openforge"},
+        "spec": {"accessModes": ["ReadWriteOnce"], "storageClassName": "",
+                 "volumeName": f"openforge-{name}", "resources": {"requests": {"storage": "1Gi"}}},
     }  # fmt: skip
     kind.kubectl("apply", "-f", "-", stdin=yaml.safe_dump_all([volume, claim]))
     try:

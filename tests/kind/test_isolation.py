@@ -81,8 +81,9 @@ def test_a_rollout_pod_reaches_only_its_upstream(kind: kube_cluster.Kube) -> Non
     realpods.ensure_namespace(kind, NAMESPACE)
     # "another job's pod": a listener in another namespace
     realpods.ensure_namespace(kind, "isolation-other")
-    kind.kubectl("-n", "isolation-other", "run", "web", f"--image={IMAGE}", "--image-pull-policy=IfNotPresent",
-                 "--port=8080", "--command", "--", "python", "-m", "http.server", "8080")  # fmt: skip
+    kind.kubectl("-n", "isolation-other", "run", "web", f"--image={IMAGE}",
+                 "--image-pull-policy=IfNotPresent", "--port=8080",
+                 "--command", "--", "python", "-m", "http.server", "8080")  # fmt: skip
     kind.kubectl(
         "-n",
         "isolation-other",
@@ -121,8 +122,10 @@ def test_a_rollout_pod_reaches_only_its_upstream(kind: kube_cluster.Kube) -> Non
 
     # the control: the same probes from a pod that no job's policy selects
     control = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "control"}, "spec": {
-        "restartPolicy": "Never", "containers": [{"name": "harness", "image": IMAGE, "command": ["python", "-c", PROBE],
-        "env": [{"name": "PROBE_TARGETS", "value": json.dumps(probe_targets)}]}]}}  # fmt: skip
+        "restartPolicy": "Never",
+        "containers": [{"name": "harness", "image": IMAGE, "command": ["python", "-c", PROBE],
+                        "env": [{"name": "PROBE_TARGETS", "value": json.dumps(probe_targets)}]}],
+    }}  # fmt: skip
     kind.kubectl("-n", NAMESPACE, "apply", "-f", "-", stdin=json.dumps(control))
     deadline = time.monotonic() + 180
     while kind.get_json("-n", NAMESPACE, "pod", "control")["status"].get("phase") not in (

@@ -17,7 +17,9 @@ pytestmark = [pytest.mark.kind, pytest.mark.slow]
 
 CLIENT = (
     """
-assert open("/work/prepared").read() == "prepared\\n", "the template's init container did not run first"
+assert open("/work/prepared").read() == "prepared\\n", (
+    "the template's init container did not run first"
+)
 """
     + realpods.ONE_CALL
 )
@@ -32,15 +34,20 @@ def env_with_its_own_containers(name: str) -> dict:
             "api": "openai-chat",
             "baseUrl": {"env": ["OPENAI_BASE_URL"], "suffix": "/v1"},
             "template": {"spec": {
-                "initContainers": [{"name": "prepare", "image": realpods.HARNESS_IMAGE, "command": ["sh", "-c", "echo prepared > /work/prepared"],
+                "initContainers": [{"name": "prepare", "image": realpods.HARNESS_IMAGE,
+                                    "command": ["sh", "-c", "echo prepared > /work/prepared"],
                                     "resources": small, "volumeMounts": work}],
                 "containers": [
-                    {"name": "harness", "image": realpods.HARNESS_IMAGE, "command": ["python3", "-c", CLIENT], "resources": small, "volumeMounts": work},
-                    {"name": "helper", "image": realpods.HARNESS_IMAGE, "command": ["sh", "-c", "sleep 2"], "resources": small},
+                    {"name": "harness", "image": realpods.HARNESS_IMAGE,
+                     "command": ["python3", "-c", CLIENT], "resources": small,
+                     "volumeMounts": work},
+                    {"name": "helper", "image": realpods.HARNESS_IMAGE,
+                     "command": ["sh", "-c", "sleep 2"], "resources": small},
                 ],
                 "volumes": [{"name": "work", "emptyDir": {}}],
             }},
-            "grader": {"command": ["sh", "-c", 'echo \'{"reward": 1.0}\''], "rewardFrom": "stdout-json", "timeoutSeconds": 30},
+            "grader": {"command": ["sh", "-c", 'echo \'{"reward": 1.0}\''],
+                       "rewardFrom": "stdout-json", "timeoutSeconds": 30},
             "timeoutSeconds": 300,
         },
     }  # fmt: skip

@@ -70,11 +70,15 @@ def labelled_pod(name: str, job: str, annotations: dict[str, str] | None = None)
     }
     return {
         "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": name, "labels": {"openforge.dev/capture": "true"}, "annotations": chosen if annotations is None else annotations},
+        "metadata": {"name": name, "labels": {"openforge.dev/capture": "true"},
+                     "annotations": chosen if annotations is None else annotations},
         "spec": {
-            "restartPolicy": "Never", "enableServiceLinks": False, "automountServiceAccountToken": False,
-            "containers": [{"name": "agent", "image": realpods.HARNESS_IMAGE, "command": ["python3", "-c", realpods.ONE_CALL],
-                            "resources": {"requests": {"cpu": "10m", "memory": "32Mi"}, "limits": {"memory": "256Mi"}}}],
+            "restartPolicy": "Never", "enableServiceLinks": False,
+            "automountServiceAccountToken": False,
+            "containers": [{"name": "agent", "image": realpods.HARNESS_IMAGE,
+                            "command": ["python3", "-c", realpods.ONE_CALL],
+                            "resources": {"requests": {"cpu": "10m", "memory": "32Mi"},
+                                          "limits": {"memory": "256Mi"}}}],
         },
     }  # fmt: skip
 

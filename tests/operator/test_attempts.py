@@ -198,7 +198,8 @@ def _stopped(exit_code: int, finished_at: str, message: str | None = None) -> di
 
 
 def test_a_pod_deleted_while_its_harness_ran_failed_whatever_its_exit_code() -> None:
-    # kubectl delete at 10:00:00 with 30 s grace; the kubelet stopped the harness (SIGKILL at 10:00:30)
+    # kubectl delete at 10:00:00 with 30 s grace; the kubelet stopped the harness (SIGKILL at
+    # 10:00:30)
     deleted = {"deletionTimestamp": "2026-01-01T10:00:30Z", "deletionGracePeriodSeconds": 30}
     found = judge(
         pod(0, 0, phase="Failed", status=_stopped(137, "2026-01-01T10:00:30Z"), **deleted)
@@ -229,7 +230,8 @@ def test_a_pod_deleted_while_its_harness_ran_failed_whatever_its_exit_code() -> 
         ).state
         == "succeeded"
     )
-    # and so does a rollout the agent reported finished (its records acknowledged) before it was stopped
+    # and so does a rollout the agent reported finished (its records acknowledged) before it was
+    # stopped
     verdict = json.dumps({"status": "succeeded", "exitCode": 0, "reason": "", "acknowledged": True})
     found = judge(
         pod(0, 0, phase="Failed", status=_stopped(137, "2026-01-01T10:00:30Z", verdict), **deleted)

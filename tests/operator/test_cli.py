@@ -19,16 +19,20 @@ def test_defaults() -> None:
 
 def test_every_setting_flag() -> None:
     ns, config = cli.options([
-        "-A", "--standalone", "--sidecar-image", "img:2", "--image-pull-policy", "Always", "--sidecar-port", "16000",
-        "--sidecar-uid", "2000", "--harness-uid", "3000", "--resync-seconds", "5", "--create-concurrency", "8",
-        "--finish-wait-seconds", "9", "--fence-wait-seconds", "0", "--dns-namespace", "dns", "--dns-label", "app=coredns", "--dns-label", "tier=x",
-        "--liveness", "http://0.0.0.0:8080/healthz", "--sidecar-resources", '{"requests": {"cpu": "10m", "memory": 64}}',
+        "-A", "--standalone", "--sidecar-image", "img:2", "--image-pull-policy", "Always",
+        "--sidecar-port", "16000", "--sidecar-uid", "2000", "--harness-uid", "3000",
+        "--resync-seconds", "5", "--create-concurrency", "8", "--finish-wait-seconds", "9",
+        "--fence-wait-seconds", "0", "--dns-namespace", "dns",
+        "--dns-label", "app=coredns", "--dns-label", "tier=x",
+        "--liveness", "http://0.0.0.0:8080/healthz",
+        "--sidecar-resources", '{"requests": {"cpu": "10m", "memory": 64}}',
     ])  # fmt: skip
     assert ns.all_namespaces and ns.standalone and ns.liveness == "http://0.0.0.0:8080/healthz"
     assert config == settings.Settings(
-        sidecar_image="img:2", image_pull_policy="Always", sidecar_port=16000, sidecar_uid=2000, harness_uid=3000,
-        resync_seconds=5, create_concurrency=8, finish_wait_seconds=9, fence_wait_seconds=0, dns_namespace="dns",
-        dns_pod_labels={"app": "coredns", "tier": "x"}, sidecar_resources={"requests": {"cpu": "10m", "memory": "64"}},
+        sidecar_image="img:2", image_pull_policy="Always", sidecar_port=16000, sidecar_uid=2000,
+        harness_uid=3000, resync_seconds=5, create_concurrency=8, finish_wait_seconds=9,
+        fence_wait_seconds=0, dns_namespace="dns", dns_pod_labels={"app": "coredns", "tier": "x"},
+        sidecar_resources={"requests": {"cpu": "10m", "memory": "64"}},
     )  # fmt: skip
 
 

@@ -81,7 +81,8 @@ def test_exits_with_the_harness_code_after_grading_and_reporting(tmp_path: Path)
         [
             PY,
             "-c",
-            "import os; print('noise'); print('{\"reward\": 0.5, \"exit\": %s}' % os.environ['OPENFORGE_HARNESS_EXIT_CODE'])",
+            "import os; print('noise'); print('{\"reward\": 0.5, \"exit\": %s}' % "
+            "os.environ['OPENFORGE_HARNESS_EXIT_CODE'])",
         ],
         verdict='{"status": "succeeded", "reward": 0.5}',
     )
@@ -146,7 +147,8 @@ def test_without_a_verdict_it_gives_up_after_the_finish_wait(tmp_path: Path) -> 
 
 
 def test_the_script_survives_the_kubelets_variable_expansion() -> None:
-    """The kubelet rewrites ``$$`` to ``$`` and ``$(NAME)`` to NAME's value in a container's command."""
+    """The kubelet rewrites ``$$`` to ``$`` and ``$(NAME)`` to NAME's value in a container's
+    command."""
     assert "$$" not in entrypoint.SCRIPT
     assert not re.search(r"\$\([A-Za-z_]", entrypoint.SCRIPT)
 

@@ -184,18 +184,21 @@ def test_the_sidecar_is_a_native_sidecar_the_harness_waits_for() -> None:
 
 @pytest.mark.parametrize("own", [
     {"initContainers": [{"name": "prepare", "image": "p"}]},
-    {"containers": [{"name": "harness", "image": "i", "command": ["c"]}, {"name": "browser", "image": "b"}]},
+    {"containers": [{"name": "harness", "image": "i", "command": ["c"]},
+                    {"name": "browser", "image": "b"}]},
 ])  # fmt: skip
 def test_containers_of_the_templates_own_are_held_back_by_a_startup_probe(
     own: dict[str, Any],
 ) -> None:
-    """Those do not run under the entrypoint: only the kubelet can hold them back until the sidecar listens."""
+    """Those do not run under the entrypoint: only the kubelet can hold them back until the sidecar
+    listens."""
     template = {"containers": [{"name": "harness", "image": "i", "command": ["c"]}], **own}
     sidecar = container(build(env_spec={"template": {"spec": template}}), "openforge-sidecar")
-    # the kubelet dials tcpSocket/httpGet probes from the node, where 127.0.0.1 is not the pod's loopback
-    # ... and it passes only once the agent made sidecar-ready, i.e. the pod is fenced
+    # the kubelet dials tcpSocket/httpGet probes from the node, where 127.0.0.1 is not the pod's
+    # loopback ... and it passes only once the agent made sidecar-ready, i.e. the pod is fenced
     assert sidecar["startupProbe"]["exec"]["command"] == [
-        "python", "-m", "openforge_operator.probe", str(CONFIG.sidecar_port), "/openforge/run/sidecar-ready",
+        "python", "-m", "openforge_operator.probe", str(CONFIG.sidecar_port),
+        "/openforge/run/sidecar-ready",
     ]  # fmt: skip
     assert "tcpSocket" not in sidecar["startupProbe"] and "httpGet" not in sidecar["startupProbe"]
     assert sidecar["startupProbe"]["timeoutSeconds"] == 5, (
@@ -215,13 +218,16 @@ def test_the_sidecar_knows_its_rollout_policy_and_collector() -> None:
     agent, flags = sidecar_args(build(index=5, attempt=1))
     assert flags == {
         "--listen": "127.0.0.1:15090", "--mode": "reverse", "--engine": "http://vllm.models.svc:8000",
-        "--engine-model": "tiny", "--spool": "/openforge/sidecar/spool", "--confdir": "/openforge/sidecar/confdir",
-        "--job": "job", "--rollout-id": "job-5-1", "--task-id": "b", "--sample-index": "1", "--attempt": "1",
+        "--engine-model": "tiny", "--spool": "/openforge/sidecar/spool",
+        "--confdir": "/openforge/sidecar/confdir",
+        "--job": "job", "--rollout-id": "job-5-1", "--task-id": "b", "--sample-index": "1",
+        "--attempt": "1",
         "--harness": "env", "--policy-version": "3", "--collector": "collector.openforge.svc:50051",
         "--control-token-file": "/openforge/sidecar/control-token",
     }  # fmt: skip
     assert agent == [
-        "--listen", "127.0.0.1:15090", "--reward-from", "stdout-json", "--failing-exit-codes", "", "--finish-wait", "60",
+        "--listen", "127.0.0.1:15090", "--reward-from", "stdout-json", "--failing-exit-codes", "",
+        "--finish-wait", "60",
         "--control-token-file", "/openforge/sidecar/control-token", "--fence-wait", "60",
     ]  # fmt: skip
 
@@ -257,7 +263,8 @@ def test_the_collector_token_is_mounted_into_the_sidecar_only() -> None:
     _, flags = sidecar_args(pod)
     assert flags["--collector-token-file"] == "/openforge/token/token"
     assert volume(pod, "openforge-token")["secret"] == {
-        "secretName": "collector-token", "items": [{"key": "token", "path": "token"}], "defaultMode": 0o440,
+        "secretName": "collector-token", "items": [{"key": "token", "path": "token"}],
+        "defaultMode": 0o440,
     }  # fmt: skip
     assert "openforge-token" in mounts(container(pod, "openforge-sidecar"))
     assert "openforge-token" not in mounts(container(pod, "harness"))
@@ -270,7 +277,8 @@ def test_with_a_master_key_the_sidecar_mounts_the_token_the_operator_issued_the_
         _, flags = sidecar_args(pod)
         assert flags["--collector-token-file"] == "/openforge/token/token"
         assert volume(pod, "openforge-token")["secret"] == {
-            "secretName": "job-collector-token", "items": [{"key": "token", "path": "token"}], "defaultMode": 0o440,
+            "secretName": "job-collector-token", "items": [{"key": "token", "path": "token"}],
+            "defaultMode": 0o440,
         }  # fmt: skip
         holders = [
             c["name"]
@@ -296,7 +304,8 @@ def test_with_a_master_key_the_sidecar_mounts_the_token_the_operator_issued_the_
 def test_the_harness_runs_under_the_entrypoint_then_the_grader() -> None:
     harness = container(build(index=5), "harness")
     assert harness["command"] == entrypoint.COMMAND
-    # the grader's 4 args first, then the harness command, its args, with ${OPENFORGE_TASK_ID} expanded
+    # the grader's 4 args first, then the harness command, its args, with ${OPENFORGE_TASK_ID}
+    # expanded
     assert harness["args"] == [
         "4",
         "python",
@@ -323,7 +332,8 @@ def test_harness_env_layers() -> None:
     pod = build(index=5, attempt=1, env_spec={
         "template": {"spec": {"containers": [{
             "name": "harness", "image": "i", "command": ["run"],
-            "env": [{"name": "OPENFORGE_WORKDIR", "value": "/mine"}, {"name": "PROMPT", "value": "template"},
+            "env": [{"name": "OPENFORGE_WORKDIR", "value": "/mine"},
+                    {"name": "PROMPT", "value": "template"},
                     {"name": "SECRET", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}}],
         }]}},
         "task": {"env": {"PROMPT": "{{ task.prompt }}", "TASK": "{{ task }}"}},
@@ -426,7 +436,9 @@ def test_the_harness_runs_non_root_without_capabilities() -> None:
 def test_other_template_containers_are_hardened_unless_they_say_otherwise() -> None:
     spec = {"template": {"spec": {
         "initContainers": [{"name": "prepare", "image": "p"}],
-        "containers": [{"name": "harness", "image": "i", "command": ["c"]}, {"name": "tools", "image": "t", "securityContext": {"allowPrivilegeEscalation": True}}],
+        "containers": [{"name": "harness", "image": "i", "command": ["c"]},
+                       {"name": "tools", "image": "t",
+                        "securityContext": {"allowPrivilegeEscalation": True}}],
     }}}  # fmt: skip
     pod = build(env_spec=spec)
     assert [c["name"] for c in pod["spec"]["initContainers"]] == ["openforge-sidecar", "prepare"]

@@ -1,4 +1,5 @@
-"""A HarnessEnv's Ready condition: valid objects that cannot run in a cluster are not ready, with why."""
+"""A HarnessEnv's Ready condition: valid objects that cannot run in a cluster are not ready, with
+why."""
 
 from __future__ import annotations
 
@@ -71,7 +72,8 @@ def test_status_is_written_once_per_generation_and_verdict() -> None:
     status = readiness.status(body, NOW)
     assert status == {
         "observedGeneration": 1,
-        "conditions": [{"type": "Ready", "status": "True", "reason": "Valid", "message": "ready to run rollouts (capture mode BaseURL)",
+        "conditions": [{"type": "Ready", "status": "True", "reason": "Valid",
+                        "message": "ready to run rollouts (capture mode BaseURL)",
                         "lastTransitionTime": "2026-01-02T03:04:05Z", "observedGeneration": 1}],
     }  # fmt: skip
     body["status"] = status

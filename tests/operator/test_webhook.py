@@ -81,8 +81,10 @@ def test_injects_the_native_sidecar_and_points_the_first_container_at_it() -> No
 
 def test_collector_token_and_a_named_container() -> None:
     mutated = webhook.inject(pod(**{
-        "openforge.dev/collector": "collector.openforge.svc:50051", "openforge.dev/collector-token-secret": "tok/token",
-        "openforge.dev/container": "other", "openforge.dev/base-url-env": "ANTHROPIC_BASE_URL, OPENAI_BASE_URL",
+        "openforge.dev/collector": "collector.openforge.svc:50051",
+        "openforge.dev/collector-token-secret": "tok/token",
+        "openforge.dev/container": "other",
+        "openforge.dev/base-url-env": "ANTHROPIC_BASE_URL, OPENAI_BASE_URL",
     }), CONFIG)  # fmt: skip
     sidecar = mutated["spec"]["initContainers"][0]
     assert (

@@ -112,7 +112,8 @@ def kill(pattern: str) -> bool:
 
 @dataclass
 class Kill:
-    """One planned kill: when the run has finished ``after`` rollouts (and ``delay`` seconds more)."""
+    """One planned kill: when the run has finished ``after`` rollouts (and ``delay`` seconds
+    more)."""
 
     what: str
     after: int
@@ -190,7 +191,8 @@ def run_until(
 
 
 def trained_steps(run_dir: Path) -> dict[str, list[tuple[str, str, int]]]:
-    """Each step (its checkpoint's name): the groups it trained, (task, batch, policy version) per rollout."""
+    """Each step (its checkpoint's name): the groups it trained, (task, batch, policy version) per
+    rollout."""
     steps: dict[str, list[tuple[str, str, int]]] = {}
     with store.Store(run_dir / "store.db") as db:
         for rollout in db.rollouts(JOB):
@@ -212,7 +214,8 @@ def _retried_attempts(run_dir: Path) -> set[str]:
 
 
 def check_exactly_once(run_dir: Path) -> dict[str, int]:
-    """Every spooled record stored, or its rollout or call listed lost; no call twice; nothing left open."""
+    """Every spooled record stored, or its rollout or call listed lost; no call twice; nothing left
+    open."""
     with store.Store(run_dir / "store.db") as db:
         lost = db.lost(JOB)
         rollouts = {r.rollout_id: r for r in db.rollouts(JOB)}
@@ -222,7 +225,8 @@ def check_exactly_once(run_dir: Path) -> dict[str, int]:
     with sqlite3.connect(run_dir / "store.db") as raw:
         keys = {key for (key,) in raw.execute("SELECT idempotency_key FROM records")}
         twice = raw.execute(
-            "SELECT rollout_id, call_index, COUNT(*) FROM records WHERE kind = 'call' GROUP BY rollout_id, call_index HAVING COUNT(*) > 1"
+            "SELECT rollout_id, call_index, COUNT(*) FROM records WHERE kind = 'call' GROUP BY "
+            "rollout_id, call_index HAVING COUNT(*) > 1"
         ).fetchall()
     assert twice == [], f"calls stored twice: {twice}"
     counts = {"spools": 0, "records": 0, "missing": 0}
@@ -246,7 +250,8 @@ def check_exactly_once(run_dir: Path) -> dict[str, int]:
                     kind == "call" and (rollout_id, record.call.call_index) in lost_calls
                 )
                 assert covered, (
-                    f"{rollout_id}: a spooled {kind} record ({record.idempotency_key}) is neither stored nor listed lost"
+                    f"{rollout_id}: a spooled {kind} record ({record.idempotency_key}) is neither "
+                    "stored nor listed lost"
                 )
     assert counts["spools"] == len(rollouts), "every attempt has its spool"
     retried = _retried_attempts(run_dir)

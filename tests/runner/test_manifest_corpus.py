@@ -66,60 +66,242 @@ def lines(count: int, size: int = 10) -> str:
 # name: (HarnessEnv text, RolloutJob text, tasks.jsonl content, the message's start as a regex)
 CASES: dict[str, tuple[str, str, str | bytes, str]] = {
     # the RolloutJob's fields
-    "samplesPerTask a string": (ENV, JOB.replace("samplesPerTask: 2", "samplesPerTask: two"), TASKS, r"job.yaml:@samplesPerTask:@: spec.samplesPerTask: input should be a valid integer"),
-    "samplesPerTask zero": (ENV, JOB.replace("samplesPerTask: 2", "samplesPerTask: 0"), TASKS, r"job.yaml:@samplesPerTask:@: spec.samplesPerTask: .*>= 1"),
-    "samplesPerTask a hundred million": (ENV, JOB.replace("samplesPerTask: 2", "samplesPerTask: 100000000"), TASKS, r"job.yaml:@samplesPerTask:@: spec.samplesPerTask: .*<= 4096"),
-    "parallelism zero": (ENV, JOB.replace("parallelism: 2", "parallelism: 0"), TASKS, r"job.yaml:@parallelism:@: spec.parallelism: "),
-    "a misspelt field": (ENV, JOB.replace("parallelism: 2", "paralelism: 2"), TASKS, r"job.yaml:@paralelism:@: spec.paralelism: .*parallelism"),
-    "maxAttemptsPerRollout zero": (ENV, JOB.replace("maxAttemptsPerRollout: 2", "maxAttemptsPerRollout: 0"), TASKS, r"job.yaml:@maxAttemptsPerRollout:@: spec.maxAttemptsPerRollout: "),
-    "a negative timeout": (ENV, JOB.replace("  policy:", "  rolloutTimeoutSeconds: -1\n  policy:"), TASKS, r"job.yaml:@rolloutTimeoutSeconds:@: spec.rolloutTimeoutSeconds: "),
-    "a boolean where a number goes": (ENV, JOB.replace("parallelism: 2", "parallelism: true"), TASKS, r"job.yaml:@parallelism:@: spec.parallelism: "),
-    "no harnessEnvRef": (ENV, JOB.replace("  harnessEnvRef: {name: echo}\n", ""), TASKS, r"job.yaml:\d+: spec.harnessEnvRef: required field is missing"),
-    "a harnessEnvRef to nothing": (ENV, JOB.replace("name: echo}", "name: ecko}"), TASKS, r"job.yaml:@harnessEnvRef:@: spec.harnessEnvRef.name: no HarnessEnv named 'ecko'.*did you mean 'echo'"),
-    "two task sources": (ENV, JOB.replace("tasks: {file: tasks.jsonl}", "tasks: {file: tasks.jsonl, inline: [{id: a}]}"), TASKS, r"job.yaml:@tasks:@: spec.tasks: set exactly one"),
-    "a task file that is not there": (ENV, JOB.replace("tasks.jsonl", "nope.jsonl"), TASKS, r"job.yaml: spec.tasks.file: nope.jsonl does not exist"),
-    "a ConfigMap locally": (ENV, JOB.replace("tasks: {file: tasks.jsonl}", "tasks: {configMapRef: {name: t, key: k}}"), TASKS, r"job.yaml: spec.tasks.configMapRef: a ConfigMap exists only on a cluster"),
-    "a policy model that is a number": (ENV, JOB.replace("model: model", "model: 7"), TASKS, r"job.yaml:@policy:@: spec.policy.model: "),
-    "a failure rule with two matchers": (ENV, JOB.replace("  policy:", "  failurePolicy: {rules: [{action: Retry, onReasons: [Evicted], onExitCodes: {operator: In, values: [1]}}]}\n  policy:"), TASKS, r"job.yaml:@failurePolicy:@: spec.failurePolicy.rules\[0\]: .*exactly one"),
-    "a failure rule with an unknown action": (ENV, JOB.replace("  policy:", "  failurePolicy: {rules: [{action: Sometimes, onReasons: [Evicted]}]}\n  policy:"), TASKS, r"job.yaml:@failurePolicy:@: spec.failurePolicy.rules\[0\].action: "),
-    "an unknown kind": (ENV, JOB.replace("kind: RolloutJob", "kind: RolloutJobs"), TASKS, r"job.yaml:\d+: kind: "),
-    "a wrong apiVersion": (ENV, JOB.replace("openforge.dev/v1alpha1", "openforge.dev/v1"), TASKS, r"job.yaml:\d+: apiVersion: "),
-    "a duplicate key": (ENV, JOB.replace("parallelism: 2", "parallelism: 2\n  parallelism: 3"), TASKS, r"job.yaml:@parallelism: 3@: spec.parallelism: duplicate key"),
-    "a second HarnessEnv of the same name": (ENV + "---\n" + ENV, JOB, TASKS, r"job.yaml:\d+: metadata.name: a second HarnessEnv named 'echo'"),
+    "samplesPerTask a string": (
+        ENV, JOB.replace("samplesPerTask: 2", "samplesPerTask: two"), TASKS,
+        r"job.yaml:@samplesPerTask:@: spec.samplesPerTask: input should be a valid integer",
+    ),
+    "samplesPerTask zero": (
+        ENV, JOB.replace("samplesPerTask: 2", "samplesPerTask: 0"), TASKS,
+        r"job.yaml:@samplesPerTask:@: spec.samplesPerTask: .*>= 1",
+    ),
+    "samplesPerTask a hundred million": (
+        ENV, JOB.replace("samplesPerTask: 2", "samplesPerTask: 100000000"), TASKS,
+        r"job.yaml:@samplesPerTask:@: spec.samplesPerTask: .*<= 4096",
+    ),
+    "parallelism zero": (
+        ENV, JOB.replace("parallelism: 2", "parallelism: 0"), TASKS,
+        r"job.yaml:@parallelism:@: spec.parallelism: ",
+    ),
+    "a misspelt field": (
+        ENV, JOB.replace("parallelism: 2", "paralelism: 2"), TASKS,
+        r"job.yaml:@paralelism:@: spec.paralelism: .*parallelism",
+    ),
+    "maxAttemptsPerRollout zero": (
+        ENV, JOB.replace("maxAttemptsPerRollout: 2", "maxAttemptsPerRollout: 0"), TASKS,
+        r"job.yaml:@maxAttemptsPerRollout:@: spec.maxAttemptsPerRollout: ",
+    ),
+    "a negative timeout": (
+        ENV, JOB.replace("  policy:", "  rolloutTimeoutSeconds: -1\n  policy:"), TASKS,
+        r"job.yaml:@rolloutTimeoutSeconds:@: spec.rolloutTimeoutSeconds: ",
+    ),
+    "a boolean where a number goes": (
+        ENV, JOB.replace("parallelism: 2", "parallelism: true"), TASKS,
+        r"job.yaml:@parallelism:@: spec.parallelism: ",
+    ),
+    "no harnessEnvRef": (
+        ENV, JOB.replace("  harnessEnvRef: {name: echo}\n", ""), TASKS,
+        r"job.yaml:\d+: spec.harnessEnvRef: required field is missing",
+    ),
+    "a harnessEnvRef to nothing": (
+        ENV, JOB.replace("name: echo}", "name: ecko}"), TASKS,
+        r"job.yaml:@harnessEnvRef:@: spec.harnessEnvRef.name: no HarnessEnv named 'ecko'"
+        r".*did you mean 'echo'",
+    ),
+    "two task sources": (
+        ENV,
+        JOB.replace("tasks: {file: tasks.jsonl}", "tasks: {file: tasks.jsonl, inline: [{id: a}]}"),
+        TASKS,
+        r"job.yaml:@tasks:@: spec.tasks: set exactly one",
+    ),
+    "a task file that is not there": (
+        ENV, JOB.replace("tasks.jsonl", "nope.jsonl"), TASKS,
+        r"job.yaml: spec.tasks.file: nope.jsonl does not exist",
+    ),
+    "a ConfigMap locally": (
+        ENV,
+        JOB.replace("tasks: {file: tasks.jsonl}", "tasks: {configMapRef: {name: t, key: k}}"),
+        TASKS,
+        r"job.yaml: spec.tasks.configMapRef: a ConfigMap exists only on a cluster",
+    ),
+    "a policy model that is a number": (
+        ENV, JOB.replace("model: model", "model: 7"), TASKS,
+        r"job.yaml:@policy:@: spec.policy.model: ",
+    ),
+    "a failure rule with two matchers": (
+        ENV,
+        JOB.replace(
+            "  policy:",
+            "  failurePolicy: {rules: [{action: Retry, onReasons: [Evicted], "
+            "onExitCodes: {operator: In, values: [1]}}]}\n  policy:",
+        ),
+        TASKS,
+        r"job.yaml:@failurePolicy:@: spec.failurePolicy.rules\[0\]: .*exactly one",
+    ),
+    "a failure rule with an unknown action": (
+        ENV,
+        JOB.replace(
+            "  policy:",
+            "  failurePolicy: {rules: [{action: Sometimes, onReasons: [Evicted]}]}\n  policy:",
+        ),
+        TASKS,
+        r"job.yaml:@failurePolicy:@: spec.failurePolicy.rules\[0\].action: ",
+    ),
+    "an unknown kind": (
+        ENV, JOB.replace("kind: RolloutJob", "kind: RolloutJobs"), TASKS,
+        r"job.yaml:\d+: kind: ",
+    ),
+    "a wrong apiVersion": (
+        ENV, JOB.replace("openforge.dev/v1alpha1", "openforge.dev/v1"), TASKS,
+        r"job.yaml:\d+: apiVersion: ",
+    ),
+    "a duplicate key": (
+        ENV, JOB.replace("parallelism: 2", "parallelism: 2\n  parallelism: 3"), TASKS,
+        r"job.yaml:@parallelism: 3@: spec.parallelism: duplicate key",
+    ),
+    "a second HarnessEnv of the same name": (
+        ENV + "---\n" + ENV, JOB, TASKS,
+        r"job.yaml:\d+: metadata.name: a second HarnessEnv named 'echo'",
+    ),
     # the HarnessEnv's fields
-    "an unknown wire API": (ENV.replace("api: openai-chat", "api: openai-chatt"), JOB, TASKS, r"job.yaml:@api:@: spec.api: "),
-    "a grader timeout of zero": (ENV.replace("timeoutSeconds: 30", "timeoutSeconds: 0"), JOB, TASKS, r"job.yaml:@timeoutSeconds:@: spec.grader.timeoutSeconds: "),
-    "an unknown rewardFrom": (ENV.replace("timeoutSeconds: 30", "timeoutSeconds: 30\n    rewardFrom: vibes"), JOB, TASKS, r"job.yaml:@rewardFrom:@: spec.grader.rewardFrom: "),
-    "a base URL variable that is no name": (ENV.replace("env: [OPENAI_BASE_URL]", "env: ['1 BAD']"), JOB, TASKS, r"job.yaml:@baseUrl:@: spec.baseUrl.env"),
-    "no command to run locally": (ENV.replace('          command: [python, -c, "print(1)"]\n', ""), JOB, TASKS, r"job.yaml: spec.template: .*needs a command to run locally"),
-    "a task env naming a field a task lacks": (ENV.replace("{{ task.prompt }}", "{{ task.question }}"), JOB, TASKS, r"job.yaml:@PROMPT@: spec.task.env.PROMPT: task 'a' has no field task.question"),
-    "a task arg naming a field a task lacks": (ENV.replace('"{{ task.id }}"', '"{{ task.meta.level }}"'), JOB, TASKS, r"job.yaml:@args:@: spec.task.args.1: task 'a' has no field task.meta"),
-    "a field only the second task lacks": (ENV, JOB, '{"id": "a", "prompt": "hi"}\n{"id": "b"}\n', r"job.yaml:@PROMPT@: spec.task.env.PROMPT: task 'b' has no field task.prompt"),
-    "an unclosed placeholder": (ENV.replace("{{ task.prompt }}", "{{ task.prompt"), JOB, TASKS, r"job.yaml:\d+: spec.task.env.PROMPT: .*unclosed placeholder"),
-    "a task file template naming a missing field": (ENV.replace("  grader:", '    file: {path: t.json, template: \'{"q": {{ task.q }}}\'}\n  grader:'), JOB, TASKS, r"job.yaml:@file:@: spec.task.file.template: task 'a' has no field task.q"),
+    "an unknown wire API": (
+        ENV.replace("api: openai-chat", "api: openai-chatt"), JOB, TASKS,
+        r"job.yaml:@api:@: spec.api: ",
+    ),
+    "a grader timeout of zero": (
+        ENV.replace("timeoutSeconds: 30", "timeoutSeconds: 0"), JOB, TASKS,
+        r"job.yaml:@timeoutSeconds:@: spec.grader.timeoutSeconds: ",
+    ),
+    "an unknown rewardFrom": (
+        ENV.replace("timeoutSeconds: 30", "timeoutSeconds: 30\n    rewardFrom: vibes"), JOB, TASKS,
+        r"job.yaml:@rewardFrom:@: spec.grader.rewardFrom: ",
+    ),
+    "a base URL variable that is no name": (
+        ENV.replace("env: [OPENAI_BASE_URL]", "env: ['1 BAD']"), JOB, TASKS,
+        r"job.yaml:@baseUrl:@: spec.baseUrl.env",
+    ),
+    "no command to run locally": (
+        ENV.replace('          command: [python, -c, "print(1)"]\n', ""), JOB, TASKS,
+        r"job.yaml: spec.template: .*needs a command to run locally",
+    ),
+    "a task env naming a field a task lacks": (
+        ENV.replace("{{ task.prompt }}", "{{ task.question }}"), JOB, TASKS,
+        r"job.yaml:@PROMPT@: spec.task.env.PROMPT: task 'a' has no field task.question",
+    ),
+    "a task arg naming a field a task lacks": (
+        ENV.replace('"{{ task.id }}"', '"{{ task.meta.level }}"'), JOB, TASKS,
+        r"job.yaml:@args:@: spec.task.args.1: task 'a' has no field task.meta",
+    ),
+    "a field only the second task lacks": (
+        ENV, JOB, '{"id": "a", "prompt": "hi"}\n{"id": "b"}\n',
+        r"job.yaml:@PROMPT@: spec.task.env.PROMPT: task 'b' has no field task.prompt",
+    ),
+    "an unclosed placeholder": (
+        ENV.replace("{{ task.prompt }}", "{{ task.prompt"), JOB, TASKS,
+        r"job.yaml:\d+: spec.task.env.PROMPT: .*unclosed placeholder",
+    ),
+    "a task file template naming a missing field": (
+        ENV.replace(
+            "  grader:", '    file: {path: t.json, template: \'{"q": {{ task.q }}}\'}\n  grader:'
+        ),
+        JOB,
+        TASKS,
+        r"job.yaml:@file:@: spec.task.file.template: task 'a' has no field task.q",
+    ),
     # YAML itself
-    "a billion laughs": (ENV, JOB + LAUGHS, TASKS, r"job.yaml:20: the document's aliases expand it to more than 1000000 nodes"),
-    "an alias inside its own anchor": (ENV, JOB + "loop: &loop [*loop]\n", TASKS, r"job.yaml:\d+: (invalid YAML|the document's aliases expand it)"),
-    "a YAML syntax error": (ENV, JOB.replace("parallelism: 2", "parallelism: [2"), TASKS, r"job.yaml:\d+: invalid YAML"),
+    "a billion laughs": (
+        ENV, JOB + LAUGHS, TASKS,
+        r"job.yaml:20: the document's aliases expand it to more than 1000000 nodes",
+    ),
+    "an alias inside its own anchor": (
+        ENV, JOB + "loop: &loop [*loop]\n", TASKS,
+        r"job.yaml:\d+: (invalid YAML|the document's aliases expand it)",
+    ),
+    "a YAML syntax error": (
+        ENV, JOB.replace("parallelism: 2", "parallelism: [2"), TASKS,
+        r"job.yaml:\d+: invalid YAML",
+    ),
     # inline tasks
-    "an inline task without an id": (ENV, INLINE.replace("{id: a, prompt: hi}", "{prompt: hi}"), TASKS, r"job.yaml:@- {@: spec.tasks.inline\[0\].id: required field is missing"),
-    "an inline id with a space": (ENV, INLINE.replace("{id: a, prompt: hi}", "{id: 'a b', prompt: hi}"), TASKS, r"job.yaml:@- {@: spec.tasks.inline\[0\].id: "),
-    "an inline id that is shell code": (ENV, INLINE.replace("{id: a, prompt: hi}", "{id: '$(touch /tmp/pwned)', prompt: hi}"), TASKS, r"job.yaml:@- {@: spec.tasks.inline\[0\].id: "),
-    "an inline id of 254 characters": (ENV, INLINE.replace("{id: a, prompt: hi}", "{id: " + "a" * 254 + ", prompt: hi}"), TASKS, r"job.yaml:@- {@: spec.tasks.inline\[0\].id: "),
-    "an inline task of 200 kB": (ENV, INLINE.replace("prompt: hi}", "prompt: " + "x" * 200_000 + "}"), TASKS, r"job.yaml:@- {@: spec.tasks.inline\[0\]: the task is 200\d+ bytes as JSON; a task holds at most 100000"),
-    "10001 inline tasks": (ENV, INLINE.replace("      - {id: a, prompt: hi}\n", "".join(f"      - {{id: t{i}}}\n" for i in range(10001))), TASKS, r"job.yaml:@inline:@: spec.tasks.inline: .*at most 10000"),
+    "an inline task without an id": (
+        ENV, INLINE.replace("{id: a, prompt: hi}", "{prompt: hi}"), TASKS,
+        r"job.yaml:@- {@: spec.tasks.inline\[0\].id: required field is missing",
+    ),
+    "an inline id with a space": (
+        ENV, INLINE.replace("{id: a, prompt: hi}", "{id: 'a b', prompt: hi}"), TASKS,
+        r"job.yaml:@- {@: spec.tasks.inline\[0\].id: ",
+    ),
+    "an inline id that is shell code": (
+        ENV,
+        INLINE.replace("{id: a, prompt: hi}", "{id: '$(touch /tmp/pwned)', prompt: hi}"),
+        TASKS,
+        r"job.yaml:@- {@: spec.tasks.inline\[0\].id: ",
+    ),
+    "an inline id of 254 characters": (
+        ENV, INLINE.replace("{id: a, prompt: hi}", "{id: " + "a" * 254 + ", prompt: hi}"), TASKS,
+        r"job.yaml:@- {@: spec.tasks.inline\[0\].id: ",
+    ),
+    "an inline task of 200 kB": (
+        ENV, INLINE.replace("prompt: hi}", "prompt: " + "x" * 200_000 + "}"), TASKS,
+        r"job.yaml:@- {@: spec.tasks.inline\[0\]: the task is 200\d+ bytes as JSON; "
+        r"a task holds at most 100000",
+    ),
+    "10001 inline tasks": (
+        ENV,
+        INLINE.replace(
+            "      - {id: a, prompt: hi}\n",
+            "".join(f"      - {{id: t{i}}}\n" for i in range(10001)),
+        ),
+        TASKS,
+        r"job.yaml:@inline:@: spec.tasks.inline: .*at most 10000",
+    ),
     # task files
-    "a task line that is not JSON": (ENV, JOB, '{"id": "a", "prompt": "hi"}\n{bad\n', r"job.yaml: spec.tasks.file: .*tasks.jsonl, line 2: not JSON"),
-    "a task line that is a list": (ENV, JOB, '[1, 2]\n', r"job.yaml: spec.tasks.file: .*tasks.jsonl, line 1: a task is a JSON object with an id, not list"),
-    "a task with an empty id": (ENV, JOB, '{"id": "", "prompt": "hi"}\n', r"job.yaml: spec.tasks.file: .*tasks.jsonl, line 1: id: every task needs a non-empty string id"),
-    "a task id with a semicolon": (ENV, JOB, '{"id": "a;rm -rf /", "prompt": "hi"}\n', r"job.yaml: spec.tasks.file: .*tasks.jsonl, line 1: id: 'a;rm -rf /' has a character ids may not"),
-    "a task id that is a number": (ENV, JOB, '{"id": 7, "prompt": "hi"}\n', r"job.yaml: spec.tasks.file: .*tasks.jsonl, line 1: id: "),
-    "a duplicate task id": (ENV, JOB, TASKS + '{"id": "a", "prompt": "again"}\n', r"job.yaml: spec.tasks.file: .*tasks.jsonl, line 3: id: 'a' is already the id of line 1"),
-    "10001 tasks in a file": (ENV, JOB, lines(10001), r"job.yaml: spec.tasks.file: .*tasks.jsonl, line 10001: more than 10000 tasks"),
-    "a task of 200 kB in a file": (ENV, JOB, lines(1, 200_000), r"job.yaml: spec.tasks.file: .*tasks.jsonl, line 1: the task is 200\d+ bytes as JSON"),
-    "a task file that is not UTF-8": (ENV, JOB, b'{"id": "a", "prompt": "caf\xe9"}\n', r"job.yaml: spec.tasks.file: .*tasks.jsonl is not UTF-8 text \(at byte offset 26\)"),
-    "a task file of blank lines": (ENV, JOB, "\n\n  \n", r"job.yaml: spec.tasks.file: .*tasks.jsonl: holds no task"),
-    "too many rollouts": (ENV, JOB.replace("samplesPerTask: 2", "samplesPerTask: 4000"), lines(300), r"job.yaml:@samplesPerTask:@: spec.samplesPerTask: 300 tasks x 4000 samples is 1200000 rollouts; a job runs at most 1000000"),
+    "a task line that is not JSON": (
+        ENV, JOB, '{"id": "a", "prompt": "hi"}\n{bad\n',
+        r"job.yaml: spec.tasks.file: .*tasks.jsonl, line 2: not JSON",
+    ),
+    "a task line that is a list": (
+        ENV, JOB, '[1, 2]\n',
+        r"job.yaml: spec.tasks.file: .*tasks.jsonl, line 1: "
+        r"a task is a JSON object with an id, not list",
+    ),
+    "a task with an empty id": (
+        ENV, JOB, '{"id": "", "prompt": "hi"}\n',
+        r"job.yaml: spec.tasks.file: .*tasks.jsonl, line 1: "
+        r"id: every task needs a non-empty string id",
+    ),
+    "a task id with a semicolon": (
+        ENV, JOB, '{"id": "a;rm -rf /", "prompt": "hi"}\n',
+        r"job.yaml: spec.tasks.file: .*tasks.jsonl, line 1: "
+        r"id: 'a;rm -rf /' has a character ids may not",
+    ),
+    "a task id that is a number": (
+        ENV, JOB, '{"id": 7, "prompt": "hi"}\n',
+        r"job.yaml: spec.tasks.file: .*tasks.jsonl, line 1: id: ",
+    ),
+    "a duplicate task id": (
+        ENV, JOB, TASKS + '{"id": "a", "prompt": "again"}\n',
+        r"job.yaml: spec.tasks.file: .*tasks.jsonl, line 3: id: 'a' is already the id of line 1",
+    ),
+    "10001 tasks in a file": (
+        ENV, JOB, lines(10001),
+        r"job.yaml: spec.tasks.file: .*tasks.jsonl, line 10001: more than 10000 tasks",
+    ),
+    "a task of 200 kB in a file": (
+        ENV, JOB, lines(1, 200_000),
+        r"job.yaml: spec.tasks.file: .*tasks.jsonl, line 1: the task is 200\d+ bytes as JSON",
+    ),
+    "a task file that is not UTF-8": (
+        ENV, JOB, b'{"id": "a", "prompt": "caf\xe9"}\n',
+        r"job.yaml: spec.tasks.file: .*tasks.jsonl is not UTF-8 text \(at byte offset 26\)",
+    ),
+    "a task file of blank lines": (
+        ENV, JOB, "\n\n  \n",
+        r"job.yaml: spec.tasks.file: .*tasks.jsonl: holds no task",
+    ),
+    "too many rollouts": (
+        ENV, JOB.replace("samplesPerTask: 2", "samplesPerTask: 4000"), lines(300),
+        r"job.yaml:@samplesPerTask:@: spec.samplesPerTask: "
+        r"300 tasks x 4000 samples is 1200000 rollouts; a job runs at most 1000000",
+    ),
 }  # fmt: skip
 
 
@@ -164,7 +346,9 @@ def test_a_manifest_file_over_four_mib_is_refused_before_it_is_parsed(tmp_path: 
     path.write_text(ENV + "---\n" + JOB + "# " + "x" * manifests.MAX_BYTES + "\n")
     with pytest.raises(
         manifests.ManifestError,
-        match=rf"^{tmp_path}/job.yaml: the file is \d+ bytes; a manifest file holds at most 4194304",
+        match=(
+            rf"^{tmp_path}/job.yaml: the file is \d+ bytes; a manifest file holds at most 4194304"
+        ),
     ):
         plan.load([path])
 

@@ -158,7 +158,8 @@ def test_reward_comes_from_the_graders_last_json_line(
             ENV,
             JOB.replace("name: echo}", "name: other}"),
             None,
-            r"job.yaml:25: spec.harnessEnvRef.name: no HarnessEnv named 'other' in the given files; the files define 'echo'",
+            r"job.yaml:25: spec.harnessEnvRef.name: no HarnessEnv named 'other' in the given "
+            r"files; the files define 'echo'",
         ),
         (
             ENV,
@@ -195,9 +196,9 @@ def test_local_policy_model_must_be_a_model_directory(tmp_path: Path) -> None:
 
 
 def test_training_options_reach_the_trainer_as_options(tmp_path: Path) -> None:
-    job = (
-        JOB
-        + "  training:\n    learningRate: 0.001\n    options: {adamEps: 1.0e-5, lossAggMode: seq-mean-token-mean}\n"
+    job = JOB + (
+        "  training:\n    learningRate: 0.001\n"
+        "    options: {adamEps: 1.0e-5, lossAggMode: seq-mean-token-mean}\n"
     )
     bundle = plan.load([write(tmp_path, job=job)])
     args = plan.trainer_args(

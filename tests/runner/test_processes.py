@@ -25,7 +25,10 @@ def test_a_dead_service_is_restarted_on_its_port_and_rollouts_wait_meanwhile(
     tmp_path: Path,
 ) -> None:
     port = processes.free_port()
-    serve = f"import socket, time; s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); s.bind(('127.0.0.1', {port})); s.listen(); time.sleep(600)"
+    serve = (
+        "import socket, time; s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, "
+        f"socket.SO_REUSEADDR, 1); s.bind(('127.0.0.1', {port})); s.listen(); time.sleep(600)"
+    )
     service = processes.Service(
         "collector", python(serve), tmp_path / "collector.log", port=port
     ).start()

@@ -41,8 +41,8 @@ def test_it_says_where_the_run_is_and_how_to_look_at_it(tmp_path: Path) -> None:
 
 def test_a_rerun_with_nothing_left_says_so() -> None:
     text = progress.summary([stats(0, 2, [1.0, 1.0])], trained=True, nothing_left=True)
-    assert (
-        text.splitlines()[0]
-        == "already complete: every rollout had finished and been trained on in an earlier run; nothing was run"
+    assert text.splitlines()[0] == (
+        "already complete: every rollout had finished and been trained on in an earlier run; "
+        "nothing was run"
     )
     assert "already complete" not in progress.summary([stats(0, 2, [1.0, 1.0])])

@@ -78,19 +78,33 @@ IGNORE_TIMEOUTS = [{"action": "Ignore", "onReasons": ["DeadlineExceeded"]}]
 FAIL_ON_3 = [{"action": "FailRollout", "onExitCodes": {"operator": "In", "values": [3]}}]
 IGNORE_SIGKILL = [{"action": "Ignore", "onExitCodes": {"operator": "In", "values": [137]}}]
 
-CASES: dict[str, tuple[int, list[dict[str, Any]], Callable[[int], Ending], tuple[list[int], str]]] = {
+CASES: dict[
+    str, tuple[int, list[dict[str, Any]], Callable[[int], Ending], tuple[list[int], str]]
+] = {
     # name: (maxAttemptsPerRollout, rules, how attempt n ends, (attempts run, end))
-    "ignored timeouts do not count, up to the cap": (2, IGNORE_TIMEOUTS, lambda n: TIMEOUT, (list(range(2 + retries.IGNORED_ATTEMPTS_CAP)), "failed")),
-    "ignored timeouts, then counted failures": (
-        2, IGNORE_TIMEOUTS, lambda n: [TIMEOUT, EXIT_1, TIMEOUT, GRADER][n], ([0, 1, 2, 3], "failed"),
+    "ignored timeouts do not count, up to the cap": (
+        2, IGNORE_TIMEOUTS, lambda n: TIMEOUT,
+        (list(range(2 + retries.IGNORED_ATTEMPTS_CAP)), "failed"),
     ),
-    "a SIGKILL is exit code 137 to a rule": (2, IGNORE_SIGKILL, lambda n: TIMEOUT if n < 3 else OK, ([0, 1, 2, 3], "succeeded")),
+    "ignored timeouts, then counted failures": (
+        2, IGNORE_TIMEOUTS, lambda n: [TIMEOUT, EXIT_1, TIMEOUT, GRADER][n],
+        ([0, 1, 2, 3], "failed"),
+    ),
+    "a SIGKILL is exit code 137 to a rule": (
+        2, IGNORE_SIGKILL, lambda n: TIMEOUT if n < 3 else OK, ([0, 1, 2, 3], "succeeded"),
+    ),
     "retries count": (3, [], lambda n: GRADER, ([0, 1, 2], "failed")),
-    "more than ten attempts when asked for": (20, [], lambda n: GRADER, (list(range(20)), "failed")),
+    "more than ten attempts when asked for": (
+        20, [], lambda n: GRADER, (list(range(20)), "failed"),
+    ),
     "one attempt": (1, [], lambda n: GRADER, ([0], "failed")),
     "FailRollout gives up at once": (3, FAIL_ON_3, lambda n: EXIT_3, ([0], "failed")),
-    "a rule that does not match retries": (3, FAIL_ON_3, lambda n: [EXIT_1, OK][n], ([0, 1], "succeeded")),
-    "success ends it": (3, IGNORE_TIMEOUTS, lambda n: [TIMEOUT, GRADER, OK][n], ([0, 1, 2], "succeeded")),
+    "a rule that does not match retries": (
+        3, FAIL_ON_3, lambda n: [EXIT_1, OK][n], ([0, 1], "succeeded"),
+    ),
+    "success ends it": (
+        3, IGNORE_TIMEOUTS, lambda n: [TIMEOUT, GRADER, OK][n], ([0, 1, 2], "succeeded"),
+    ),
 }  # fmt: skip
 
 

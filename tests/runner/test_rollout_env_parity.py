@@ -153,7 +153,10 @@ def test_a_folder_only_openforge_run_has_is_refused_in_a_pod_naming_the_field(
     env = env_body(["python", "${OPENFORGE_MANIFEST_DIR}/grade.py"])
     with pytest.raises(
         pods.PodError,
-        match=r"HarnessEnv env: spec.grader.command: .*names \$\{OPENFORGE_MANIFEST_DIR\}, a folder of the machine that runs openforge run",
+        match=(
+            r"HarnessEnv env: spec.grader.command: .*names \$\{OPENFORGE_MANIFEST_DIR\}, a folder "
+            r"of the machine that runs openforge run"
+        ),
     ):
         in_a_pod(env)
     _, grader = on_one_machine(tmp_path, env)

@@ -183,7 +183,8 @@ def test_a_bad_manifest_fails_before_anything_starts(tmp_path: Path) -> None:
 
 
 def test_bad_trainer_options_stop_the_run_before_any_rollout(tmp_path: Path) -> None:
-    """spec.training.options reach `openforge train --check`, which names a bad one before anything starts."""
+    """spec.training.options reach `openforge train --check`, which names a bad one before anything
+    starts."""
     text = (EXAMPLES / "react-toy.yaml").read_text()
     text = text.replace(
         "    model: models/tiny-react", f"    model: {EXAMPLES / 'models' / 'tiny-react'}"
@@ -290,9 +291,9 @@ def test_a_killed_run_s_unfinished_attempt_is_closed_when_the_run_starts_again(
     )
     assert done.returncode == 0, done.stdout + done.stderr
     assert (
-        "spools left by an earlier run: 3 records delivered, 1 unfinished attempts recorded lost and failed"
-        in done.stderr
-    )
+        "spools left by an earlier run: 3 records delivered, 1 unfinished attempts recorded "
+        "lost and failed"
+    ) in done.stderr
     with store.Store(run_dir / "store.db") as db:
         old = db.rollout(abandoned)
         assert old is not None and old.finished and old.status == "stopped"
@@ -356,7 +357,8 @@ def test_a_runner_killed_outright_takes_its_services_and_sidecars_with_it(
     path.write_text(
         path.read_text().replace(agent, 'exec python -c "import time; time.sleep(600)"')
     )
-    process = subprocess.Popen([sys.executable, "-m", "openforge.cli", "run", str(path), "--no-train", "--quiet", "--run-dir", str(run_dir)],
+    process = subprocess.Popen([sys.executable, "-m", "openforge.cli", "run", str(path),
+                                "--no-train", "--quiet", "--run-dir", str(run_dir)],
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
 
     def children() -> list[str]:
@@ -403,7 +405,8 @@ def test_a_stop_while_the_services_start_ends_the_run_there(tmp_path: Path) -> N
     starts nothing after it (no trainer) and leaves nothing running."""
     run_dir = tmp_path / "run"
     process = subprocess.Popen(
-        [sys.executable, "-m", "openforge.cli", "run", str(EXAMPLES / "react-toy.yaml"), "--run-dir", str(run_dir), "--quiet"],
+        [sys.executable, "-m", "openforge.cli", "run", str(EXAMPLES / "react-toy.yaml"),
+         "--run-dir", str(run_dir), "--quiet"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     deadline = time.monotonic() + 300  # the collector starts and drains first

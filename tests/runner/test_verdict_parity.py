@@ -35,15 +35,25 @@ PRINT_THEN_HANG = [PY, "-c", "import time; print('{\"reward\": 0.5}', flush=True
 MISSING = ["/nonexistent/grade"]
 FAIL_ON_3 = [{"action": "FailRollout", "onExitCodes": {"operator": "In", "values": [3]}}]
 
-CASES: dict[str, tuple[list[str], list[str] | None, str, list[dict[str, Any]], tuple[str, str, float | None]]] = {
+CASES: dict[
+    str,
+    tuple[list[str], list[str] | None, str, list[dict[str, Any]], tuple[str, str, float | None]],
+] = {
     # name: (harness, grader, rewardFrom, failure rules, (status, reason, reward))
-    "graded whatever the exit code": (["sh", "-c", "exit 3"], PRINT_HALF, "stdout-json", [], ("succeeded", "", 0.5)),
-    "a failing exit code, graded": (["sh", "-c", "exit 3"], PRINT_HALF, "stdout-json", FAIL_ON_3, ("failed", "", 0.5)),
-    "a SIGKILLed harness is 137 to the policy": (["sh", "-c", "kill -9 $$"], PRINT_HALF, "stdout-json", FAIL_ON_3, ("failed", "", 0.5)),
-    "a grader past its timeout gave no reward": (["true"], PRINT_THEN_HANG, "stdout-json", [], ("failed", "GraderFailed", None)),
-    "a grader that cannot run gave no reward": (["true"], MISSING, "exit-code", [], ("failed", "GraderFailed", None)),
-    "the grader's exit code": (["true"], [PY, "-c", "raise SystemExit(4)"], "exit-code", [], ("succeeded", "", 0.0)),
-    "no JSON is no reward": (["true"], [PY, "-c", "print('hi')"], "stdout-json", [], ("failed", "GraderFailed", None)),
+    "graded whatever the exit code":
+        (["sh", "-c", "exit 3"], PRINT_HALF, "stdout-json", [], ("succeeded", "", 0.5)),
+    "a failing exit code, graded":
+        (["sh", "-c", "exit 3"], PRINT_HALF, "stdout-json", FAIL_ON_3, ("failed", "", 0.5)),
+    "a SIGKILLed harness is 137 to the policy":
+        (["sh", "-c", "kill -9 $$"], PRINT_HALF, "stdout-json", FAIL_ON_3, ("failed", "", 0.5)),
+    "a grader past its timeout gave no reward":
+        (["true"], PRINT_THEN_HANG, "stdout-json", [], ("failed", "GraderFailed", None)),
+    "a grader that cannot run gave no reward":
+        (["true"], MISSING, "exit-code", [], ("failed", "GraderFailed", None)),
+    "the grader's exit code":
+        (["true"], [PY, "-c", "raise SystemExit(4)"], "exit-code", [], ("succeeded", "", 0.0)),
+    "no JSON is no reward":
+        (["true"], [PY, "-c", "print('hi')"], "stdout-json", [], ("failed", "GraderFailed", None)),
     "without a grader, exit 0 is 1": (["true"], None, "", [], ("succeeded", "", 1.0)),
     "without a grader, exit 2 is 0": (["sh", "-c", "exit 2"], None, "", [], ("succeeded", "", 0.0)),
 }  # fmt: skip
@@ -57,7 +67,8 @@ def bodies(
         "apiVersion": v1alpha1.API_VERSION, "kind": "HarnessEnv", "metadata": {"name": "env"},
         "spec": {
             "api": "openai-chat", "baseUrl": {"env": ["OPENAI_BASE_URL"], "suffix": "/v1"},
-            "template": {"spec": {"containers": [{"name": "harness", "image": "example/h:1", "command": harness}]}},
+            "template": {"spec": {"containers": [
+                {"name": "harness", "image": "example/h:1", "command": harness}]}},
         },
     }  # fmt: skip
     if grader is not None:
@@ -68,7 +79,8 @@ def bodies(
         }
     job: dict[str, Any] = {
         "apiVersion": v1alpha1.API_VERSION, "kind": "RolloutJob", "metadata": {"name": "same"},
-        "spec": {"harnessEnvRef": {"name": "env"}, "tasks": {"inline": [{"id": "t"}]}, "policy": {"endpoint": "http://policy.test:8000", "model": "m"}},
+        "spec": {"harnessEnvRef": {"name": "env"}, "tasks": {"inline": [{"id": "t"}]},
+                 "policy": {"endpoint": "http://policy.test:8000", "model": "m"}},
     }  # fmt: skip
     if rules:
         job["spec"]["failurePolicy"] = {"rules": rules}
@@ -97,8 +109,10 @@ def in_a_pod(
     thread = threading.Thread(target=agent)
     thread.start()
     env = {
-        **os.environ, "OPENFORGE_RUN_DIR": str(run_dir), "OPENFORGE_TERMINATION_LOG": str(tmp_path / "termination-log"),
-        "OPENFORGE_FINISH_WAIT": "30", "OPENFORGE_GRADER_TIMEOUT": str(GRADER_TIMEOUT), "OPENFORGE_SIDECAR_WAIT": "5",
+        **os.environ, "OPENFORGE_RUN_DIR": str(run_dir),
+        "OPENFORGE_TERMINATION_LOG": str(tmp_path / "termination-log"),
+        "OPENFORGE_FINISH_WAIT": "30", "OPENFORGE_GRADER_TIMEOUT": str(GRADER_TIMEOUT),
+        "OPENFORGE_SIDECAR_WAIT": "5",
     }  # fmt: skip
     work = tmp_path / "pod-work"
     work.mkdir()

@@ -18,7 +18,8 @@ SCRIPT = ROOT / "scripts" / "install_zeroclaw.sh"
 # reports the version asked for. rustc [+toolchain] --version: from the env.
 CARGO = """#!/bin/sh
 echo "cargo $*" >> "$CALLS"
-echo "profile lto=${CARGO_PROFILE_RELEASE_LTO-} units=${CARGO_PROFILE_RELEASE_CODEGEN_UNITS-} opt=${CARGO_PROFILE_RELEASE_OPT_LEVEL-}" >> "$CALLS"
+echo "profile lto=${CARGO_PROFILE_RELEASE_LTO-} units=${CARGO_PROFILE_RELEASE_CODEGEN_UNITS-} \
+opt=${CARGO_PROFILE_RELEASE_OPT_LEVEL-}" >> "$CALLS"
 case "$*" in *--version) [ "$1" = install ] || { echo "cargo 1.0.0"; exit 0; } ;; esac
 root=""; version=""
 while [ $# -gt 0 ]; do
@@ -31,7 +32,8 @@ printf '#!/bin/sh\\necho "zeroclaw %s"\\n' "$version" > "$root/bin/zeroclaw"
 chmod +x "$root/bin/zeroclaw"
 """
 RUSTC = """#!/bin/sh
-if [ "$1" = "+nightly" ]; then echo "rustc $NIGHTLY_RUSTC (nightly)"; else echo "rustc $DEFAULT_RUSTC (stable)"; fi
+if [ "$1" = "+nightly" ]; then echo "rustc $NIGHTLY_RUSTC (nightly)"; \
+else echo "rustc $DEFAULT_RUSTC (stable)"; fi
 """
 
 

@@ -1,4 +1,5 @@
-"""A spooled call lets go of its bulk (mitmproxy's flows outlive their calls); an answered call is spooled after its answer's end.
+"""A spooled call lets go of its bulk (mitmproxy's flows outlive their calls); an answered call is
+spooled after its answer's end.
 
 The record has everything; what the flow still refers to (the call in its
 metadata, the relay through the stream callable) is freed at once instead of
@@ -78,9 +79,8 @@ def test_the_tee_stream_passes_bytes_through_before_and_after_release() -> None:
     assert stream(b"two") == b"two" and seen == [b"one"]
 
 
-def test_a_call_answered_is_spooled_in_the_loops_next_round_and_one_not_spooled_is_reported_lost() -> (
-    None
-):
+def test_a_call_answered_is_spooled_in_the_loops_next_round_and_one_not_spooled_is_reported_lost(
+) -> None:  # fmt: skip
     import asyncio
 
     addon = capture.Capture()

@@ -94,12 +94,16 @@ def test_an_engine_429_reaches_the_harness_with_its_retry_after(
 @pytest.mark.parametrize(
     ("path", "body", "field"),
     [
-        ("/v1/chat/completions", '{"model": "p", "messages": [{"role": "user", "content": "a\\ud800"}]}',
+        ("/v1/chat/completions",
+         '{"model": "p", "messages": [{"role": "user", "content": "a\\ud800"}]}',
          "messages[0].content"),
-        ("/v1/chat/completions", '{"model": "\\udc00", "messages": [{"role": "user", "content": "a"}]}', "model"),
-        ("/v1/messages", '{"model": "p", "max_tokens": 5, "messages": [{"role": "user", "content": "a"}],'
+        ("/v1/chat/completions",
+         '{"model": "\\udc00", "messages": [{"role": "user", "content": "a"}]}', "model"),
+        ("/v1/messages",
+         '{"model": "p", "max_tokens": 5, "messages": [{"role": "user", "content": "a"}],'
          ' "tools": [{"name": "\\ud800", "input_schema": {}}]}', "tools[0].name"),
-        ("/v1/responses", '{"model": "p", "input": "a", "max_output_tokens": 0}', "max_output_tokens"),
+        ("/v1/responses",
+         '{"model": "p", "input": "a", "max_output_tokens": 0}', "max_output_tokens"),
     ],
 )  # fmt: skip
 def test_invalid_text_and_values_are_refused_and_never_reach_the_engine(
@@ -213,7 +217,8 @@ def test_the_policys_thinking_is_signed_and_replays_as_its_own_tokens(
     with pytest.raises(anthropic.BadRequestError, match="edited or forged"):
         client.messages.create(  # type: ignore[call-overload]
             model="p", max_tokens=50,
-            messages=[*first, {"role": "assistant", "content": forged}, {"role": "user", "content": "again"}],
+            messages=[*first, {"role": "assistant", "content": forged},
+                      {"role": "user", "content": "again"}],
         )  # fmt: skip
     finish(sidecar)
     with store.Store(tmp_path / "store.db") as db:

@@ -152,7 +152,10 @@ def test_count_tokens_is_answered_from_the_policy_tokenizer(
     text = tokenizer.render([message], [], add_generation_prompt=False)
     assert counted.total_tokens == len(tokenizer.encode(text)) > 5
     # What Gemini CLI counts before sending an image it read: the result and the image.
-    png = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAIAAACQd1PeAAAADElEQVR4nGP4z8AAAAMBAQDJ/pLvAAAAAElFTkSuQmCC"
+    png = (
+        "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAIAAACQd1PeAAAADElEQVR4nGP4z8AAAAMBAQDJ/"
+        "pLvAAAAAElFTkSuQmCC"
+    )
     parts = [
         {"functionResponse": {"id": "c1", "name": "read_file", "response": {"output": "1 item"}}},
         {"inlineData": {"data": png, "mimeType": "image/png"}},

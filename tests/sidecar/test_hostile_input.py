@@ -1,9 +1,10 @@
-"""Hostile input through the real sidecar: it stays up, answers in the API's shape, records every call.
+"""Hostile input through the real sidecar: it stays up, answers in the API's shape, records every
+call.
 
 Hypothesis mutates a valid request of each wire API (a value anywhere replaced
 by one of another type or an absurd number; a lone surrogate put into any of
-its strings; keys added; the JSON cut short; bytes that are no JSON) and sends each to a real sidecar whose
-engine is scripted (scripted_engine) to answer well. For every request:
+its strings; keys added; the JSON cut short; bytes that are no JSON) and sends each to a real
+sidecar whose engine is scripted (scripted_engine) to answer well. For every request:
 
 * the answer is 200, or a 4xx whose body is the API's own error object;
 * nothing but the sidecar's rewritten ``/v1/completions`` reaches the engine
@@ -39,14 +40,17 @@ APIS: dict[str, tuple[str, dict[str, Any], Callable[[Any], bool]]] = {
     "openai_chat": (
         "/v1/chat/completions",
         {"model": "p", "max_tokens": 5, "temperature": 0.5, "stream": False,
-         "messages": [{"role": "system", "content": "s"}, {"role": "user", "content": [{"type": "text", "text": "hi"}]}],
-         "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]},
+         "messages": [{"role": "system", "content": "s"},
+                      {"role": "user", "content": [{"type": "text", "text": "hi"}]}],
+         "tools": [{"type": "function",
+                    "function": {"name": "f", "parameters": {"type": "object"}}}]},
         lambda b: isinstance(b.get("error"), dict) and isinstance(b["error"].get("message"), str),
     ),
     "openai_responses": (
         "/v1/responses",
         {"model": "p", "max_output_tokens": 5, "top_p": 0.9, "instructions": "s",
-         "input": [{"type": "message", "role": "user", "content": [{"type": "input_text", "text": "hi"}]}],
+         "input": [{"type": "message", "role": "user",
+                    "content": [{"type": "input_text", "text": "hi"}]}],
          "tools": [{"type": "function", "name": "f", "parameters": {"type": "object"}}]},
         lambda b: isinstance(b.get("error"), dict) and isinstance(b["error"].get("message"), str),
     ),
@@ -151,7 +155,8 @@ def test_mutated_requests_get_the_apis_answer_and_are_each_recorded_once(
         statuses.append(200)
 
         @settings(max_examples=80, deadline=None, derandomize=True, database=None,
-                  suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])  # fmt: skip
+                  suppress_health_check=[HealthCheck.too_slow,
+                                         HealthCheck.data_too_large])  # fmt: skip
         @given(body=hostile_bodies(base))
         def one(body: bytes) -> None:
             response = client.post(path, content=body, headers={"content-type": "application/json"})

@@ -246,5 +246,6 @@ def test_startup_objects_are_frozen_and_young_collections_are_rarer() -> None:
     assert before == 0 and frozen > 1000
     assert threshold[0] == 2000
     assert enabled, (
-        "the collector is on again once the sidecar is built (a pod's agent turns it off for the imports)"
+        "the collector is on again once the sidecar is built "
+        "(a pod's agent turns it off for the imports)"
     )

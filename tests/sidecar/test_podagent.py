@@ -138,7 +138,8 @@ def test_without_a_grader_exit_zero_is_reward_one(tmp_path: Path) -> None:
 def test_the_termination_message_turns_an_unacknowledged_rollout_into_a_sidecar_failure() -> None:
     verdict = podagent.Verdict(0, 1.0, "", "succeeded", "")
     assert podagent.termination_message(verdict, {"acknowledged": True, "calls": 4}) == {
-        "exitCode": 0, "status": "succeeded", "reason": "", "reward": 1.0, "acknowledged": True, "calls": 4, "message": "",
+        "exitCode": 0, "status": "succeeded", "reason": "", "reward": 1.0, "acknowledged": True,
+        "calls": 4, "message": "",
     }  # fmt: skip
     lost = podagent.termination_message(
         verdict, {"acknowledged": False, "error": "connection refused"}
@@ -179,10 +180,13 @@ class Agent:
         self.port = free_port()
         self.log = tmp_path / "agent.log"
         listen = f"127.0.0.1:{self.port}"
-        args = [sys.executable, "-m", "openforge_sidecar.podagent", "--run-dir", str(self.run_dir), "--listen", listen,
-                "--reward-from", "stdout-json", "--failing-exit-codes", "1-255", "--finish-wait", "5", "--poll", "0.05", *extra]  # fmt: skip
+        args = [sys.executable, "-m", "openforge_sidecar.podagent",
+                "--run-dir", str(self.run_dir), "--listen", listen,
+                "--reward-from", "stdout-json", "--failing-exit-codes", "1-255",
+                "--finish-wait", "5", "--poll", "0.05", *extra]  # fmt: skip
         args += ["--", "--listen", listen, "--capture", "passthrough", "--upstream", "http://127.0.0.1:9",
-                 "--spool", str(tmp_path / "spool"), "--confdir", str(tmp_path / "confdir"), "--job", "job", "--rollout-id", "job-0-0", *sidecar_extra]  # fmt: skip
+                 "--spool", str(tmp_path / "spool"), "--confdir", str(tmp_path / "confdir"),
+                 "--job", "job", "--rollout-id", "job-0-0", *sidecar_extra]  # fmt: skip
         self.spool = tmp_path / "spool"
         self.process = subprocess.Popen(
             args,
@@ -259,7 +263,11 @@ def test_the_harness_cannot_report_its_own_rollout(tmp_path: Path) -> None:
     try:
         agent.wait_serving()
         assert token_file.stat().st_mode & 0o777 == 0o600
-        forge = f"import urllib.request as u; u.urlopen(u.Request('http://127.0.0.1:{agent.port}/openforge/v1/rollout/finish', data=b'{{\"exit_code\": 0, \"reward\": 1.0}}'))"
+        forge = (
+            "import urllib.request as u; "
+            f"u.urlopen(u.Request('http://127.0.0.1:{agent.port}/openforge/v1/rollout/finish', "
+            f'data=b\'{{"exit_code": 0, "reward": 1.0}}\'))'
+        )
         done = entrypoint_run(
             agent.run_dir,
             tmp_path / "term",
@@ -444,7 +452,8 @@ def test_the_jobs_ca_is_copied_into_the_writable_confdir_and_used(tmp_path: Path
 
 
 @pytest.mark.parametrize("argv", [
-    ["--listen", "x"], ["--listen", "x", "--failing-exit-codes", "5-1", "--"], ["--listen", "x", "--ca-file", "f", "--"],
+    ["--listen", "x"], ["--listen", "x", "--failing-exit-codes", "5-1", "--"],
+    ["--listen", "x", "--ca-file", "f", "--"],
     ["--listen", "127.0.0.1:1", "--fence-wait", "5", "--fence-target", "nohost", "--"],
 ])  # fmt: skip
 def test_bad_arguments_are_refused(argv: list[str]) -> None:
@@ -591,8 +600,10 @@ def test_a_restarted_agent_does_not_report_twice(tmp_path: Path) -> None:
     (run_dir / podrun.FINISHED).write_text('{"status": "succeeded"}')
     listen = f"127.0.0.1:{free_port()}"
     process = subprocess.Popen(
-        [sys.executable, "-m", "openforge_sidecar.podagent", "--run-dir", str(run_dir), "--listen", listen, "--poll", "0.05",
-         "--", "--listen", listen, "--capture", "passthrough", "--upstream", "http://127.0.0.1:9", "--spool", str(tmp_path / "spool")],
+        [sys.executable, "-m", "openforge_sidecar.podagent",
+         "--run-dir", str(run_dir), "--listen", listen, "--poll", "0.05",
+         "--", "--listen", listen, "--capture", "passthrough", "--upstream", "http://127.0.0.1:9",
+         "--spool", str(tmp_path / "spool")],
     )  # fmt: skip
     time.sleep(3)
     process.send_signal(signal.SIGTERM)

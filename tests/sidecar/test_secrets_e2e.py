@@ -85,7 +85,8 @@ def test_no_credential_reaches_the_store_and_the_header_names_stay(
     engine = procs.engine()
     collector = procs.collector(tmp_path / "store.db")
     sidecar = procs.sidecar(
-        "--collector", f"127.0.0.1:{collector.port}", "--job", "secrets", "--rollout-id", "r2", "--task-id", "t1",
+        "--collector", f"127.0.0.1:{collector.port}",
+        "--job", "secrets", "--rollout-id", "r2", "--task-id", "t1",
         engine=engine, spool=tmp_path / "spool2",
     )  # fmt: skip
     send_every_call(sidecar)

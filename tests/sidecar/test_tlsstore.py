@@ -1,4 +1,5 @@
-"""The sidecar's CA: built only when a certificate is needed, loaded at start where every call needs it.
+"""The sidecar's CA: built only when a certificate is needed, loaded at start where every call needs
+it.
 
 Real sidecar processes (``openforge sidecar``) and real TLS handshakes.
 """

@@ -1,4 +1,5 @@
-"""Calls to the test engine's HTTP endpoints, shared by its tests: one answer, or one stream's chunks."""
+"""Calls to the test engine's HTTP endpoints, shared by its tests: one answer, or one stream's
+chunks."""
 
 from __future__ import annotations
 

@@ -89,7 +89,8 @@ def test_collector_serves_until_sigterm(tmp_path: Path) -> None:
         [
             sys.executable, "-m", "openforge.cli", "collector",
             "--store", str(tmp_path / "store.db"), "--listen", "127.0.0.1:0",
-            "--token-file", str(tmp_path / "token"), "--master-key-file", str(tmp_path / "master-key"),
+            "--token-file", str(tmp_path / "token"),
+            "--master-key-file", str(tmp_path / "master-key"),
         ],
         stdout=subprocess.PIPE,
         text=True,

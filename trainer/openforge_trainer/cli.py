@@ -212,7 +212,10 @@ def totals(rows: list[dict[str, Any]]) -> str:
         failures.update(row["failed_calls"])
     failed = sum(failures.values())
     never = f" ({failed} failed, never trained: {outcome.describe(failures)})" if failed else ""
-    return f"{len(rows)} rollout{'s' * (len(rows) != 1)} ({statuses}), {calls} call{'s' * (calls != 1)}{never}{mean}"
+    return (
+        f"{len(rows)} rollout{'s' * (len(rows) != 1)} ({statuses}), {calls} "
+        f"call{'s' * (calls != 1)}{never}{mean}"
+    )
 
 
 def _status(rollout: store_module.Rollout) -> str:

@@ -171,7 +171,8 @@ def main(argv: list[str]) -> int:
         }
         command = [
             codex, "exec", "--skip-git-repo-check", "--dangerously-bypass-approvals-and-sandbox",
-            "--ephemeral", "--color", "never", "--output-last-message", str(workdir / ANSWER_FILE), prompt,
+            "--ephemeral", "--color", "never",
+            "--output-last-message", str(workdir / ANSWER_FILE), prompt,
         ]  # fmt: skip
         return subprocess.run(
             command, cwd=workdir, env=env, stdin=subprocess.DEVNULL, check=False

@@ -330,7 +330,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "--chromium", help="browser binary (default: Debian's, or chromium on PATH)"
     )
     parser.add_argument("--no-sandbox", action="store_true",
-                        help="run Chromium without its sandbox (always so as root; needed in most pods)")  # fmt: skip
+                        help="run Chromium without its sandbox"
+                             " (always so as root; needed in most pods)")  # fmt: skip
     parser.add_argument("--browser-log", type=Path, help="write Chromium's own output here")
     parser.add_argument("--max-turns", type=int, default=12, help="model calls at most")
     parser.add_argument("--model", default=os.environ.get("OPENFORGE_MODEL", "policy"))
@@ -372,14 +373,15 @@ def main(argv: list[str]) -> int:
             if not args.headless:
                 display = browser.Display(width=width, height=height)
                 stack.callback(display.close)
-            page = browser.Browser(binary=browser.find_chromium(args.chromium), width=width, height=height,
+            page = browser.Browser(binary=browser.find_chromium(args.chromium),
+                                   width=width, height=height,
                                    display=display.name if display else None, log=log_file,
                                    no_sandbox=args.no_sandbox)  # fmt: skip
             stack.callback(page.close)
             page.navigate(args.start_url)
             agent = Agent(
-                client=client, page=page, tools=Tools(page, origin=_origin(args.start_url)), spec=spec,
-                model=args.model, max_turns=args.max_turns, screenshots=screenshots,
+                client=client, page=page, tools=Tools(page, origin=_origin(args.start_url)),
+                spec=spec, model=args.model, max_turns=args.max_turns, screenshots=screenshots,
                 element_list=args.element_list, stream=args.stream, temperature=args.temperature,
                 max_tokens=args.max_tokens,
             )  # fmt: skip

@@ -87,7 +87,8 @@ ELEMENTS_JS = r"""
       || el.getAttribute('title') || el.name);
   };
   const out = [];
-  const selector = 'a[href], button, input, select, textarea, [role=button], [role=link], [role=checkbox]';
+  const selector = 'a[href], button, input, select, textarea, '
+    + '[role=button], [role=link], [role=checkbox]';
   for (const el of document.querySelectorAll(selector)) {
     if (el.type === 'hidden' || el.disabled) continue;
     const box = el.getBoundingClientRect(), style = getComputedStyle(el);
@@ -180,7 +181,8 @@ class Display:
         read_end, write_end = os.pipe()
         screen = f"{width}x{height}x24"
         self._process = subprocess.Popen(
-            [binary, "-displayfd", str(write_end), "-screen", "0", screen, "-nolisten", "tcp", "-noreset"],
+            [binary, "-displayfd", str(write_end), "-screen", "0", screen,
+             "-nolisten", "tcp", "-noreset"],
             pass_fds=(write_end,), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
             preexec_fn=_die_with_parent,
         )  # fmt: skip
@@ -403,7 +405,8 @@ class Browser:
         self.call("Page.enable")
         self.call("Runtime.enable")
         self.call("Emulation.setDeviceMetricsOverride",
-                  {"width": self.width, "height": self.height, "deviceScaleFactor": 1, "mobile": False})  # fmt: skip
+                  {"width": self.width, "height": self.height, "deviceScaleFactor": 1,
+                   "mobile": False})  # fmt: skip
         return self._session
 
     def _read(self, pipe: int) -> None:

@@ -45,7 +45,8 @@ STYLE = """
 body { font-family: "DejaVu Sans", sans-serif; margin: 24px; font-size: 18px; }
 nav a { margin-right: 18px; }
 label { display: block; margin-top: 14px; }
-input[type=text], input[type=email], input[type=search], textarea { width: 320px; font-size: 18px; padding: 4px; }
+input[type=text], input[type=email], input[type=search], textarea { width: 320px; \
+font-size: 18px; padding: 4px; }
 input[type=checkbox] { width: 20px; height: 20px; }
 button { display: block; margin-top: 18px; font-size: 18px; padding: 6px 18px; }
 """
@@ -167,7 +168,8 @@ def get_page(path: str, query: dict[str, str], state: dict[str, Any]) -> Page:
         return Page("Web forms", "<p>Pick a page from the menu.</p>")
     if path == "/contact":
         body = (_field("Name", "name") + _field("Email", "email", "email")
-                + '<label for="message">Message</label><textarea id="message" name="message" rows="3"></textarea>'
+                + '<label for="message">Message</label>'
+                  '<textarea id="message" name="message" rows="3"></textarea>'
                 + "<button type=submit>Send</button>")  # fmt: skip
         return Page("Contact us", f'<form method="post" action="/contact">{body}</form>')
     if path == "/newsletter":
@@ -185,11 +187,13 @@ def get_page(path: str, query: dict[str, str], state: dict[str, Any]) -> Page:
         if state.get("draft_deleted"):
             return Page("Drafts", "<p>No drafts.</p>")
         return Page("Drafts", '<p>Draft: "Quarterly report"</p>'
-                    '<form method="get" action="/drafts/confirm"><button type=submit>Delete draft</button></form>')  # fmt: skip
+                    '<form method="get" action="/drafts/confirm">'
+                    '<button type=submit>Delete draft</button></form>')  # fmt: skip
     if path == "/drafts/confirm":
         return Page("Delete the draft?", '<form method="post" action="/drafts/delete">'
                     '<button type=submit name="answer" value="confirm">Confirm</button> '
-                    '<button type=submit name="answer" value="cancel">Cancel</button></form>')  # fmt: skip
+                    '<button type=submit name="answer" value="cancel">Cancel</button>'
+                    '</form>')  # fmt: skip
     if path == "/search":
         field = '<label for="q">Search</label><input id="q" name="q" type="search">'
         return Page("Search", f'<form method="get" action="/search/results">{field}</form>')

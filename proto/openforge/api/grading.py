@@ -29,7 +29,8 @@ def reward(reward_from: str, *, stdout: str, exit_code: int) -> tuple[float | No
             if not math.isfinite(value):  # Python's JSON reads NaN and Infinity
                 return (
                     None,
-                    f"grader printed a {REWARD_KEY!r} that is not a finite number ({value}): {line[:200]}",
+                    f"grader printed a {REWARD_KEY!r} that is not a finite number ({value}): "
+                    f"{line[:200]}",
                 )
             return float(value), ""
         return None, f"grader printed JSON without a numeric {REWARD_KEY!r}: {line[:200]}"

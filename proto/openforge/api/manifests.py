@@ -4,7 +4,8 @@
 each document with the API models, and reports every problem at once, one
 line each::
 
-    jobs.yaml:14: spec.samplesPerTask: input should be greater than or equal to 1, got 0 (expected an integer >= 1)
+    jobs.yaml:14: spec.samplesPerTask: input should be greater than or equal to 1, got 0
+        (expected an integer >= 1)
 
 The YAML is composed into nodes first (``yaml.compose``), which keep their
 positions, so a pydantic error location such as ``spec.tasks.inline[2].id``
@@ -38,7 +39,8 @@ _PLAIN_KEY = re.compile(r"^[A-Za-z0-9_-]+$")
 
 @dataclasses.dataclass(frozen=True)
 class Problem:
-    """One thing wrong with a manifest; ``str()`` gives ``file:line: path: message (expected ...)``."""
+    """One thing wrong with a manifest; ``str()`` gives
+    ``file:line: path: message (expected ...)``."""
 
     path: str
     message: str
@@ -96,7 +98,8 @@ def load_manifests(source: str | os.PathLike[str]) -> list[v1alpha1.Resource]:
                 [
                     Problem(
                         "",
-                        f"the manifests are {len(text.encode())} bytes; at most {MAX_BYTES} are read",
+                        f"the manifests are {len(text.encode())} bytes; "
+                        f"at most {MAX_BYTES} are read",
                         None,
                         name,
                     )
@@ -251,7 +254,10 @@ def _documents(name: str, text: str, problems: list[Problem]) -> Iterator[tuple[
                 continue
             if _expanded_size(node) > MAX_NODES:
                 line = node.start_mark.line + 1
-                message = f"the document's aliases expand it to more than {MAX_NODES} nodes (a billion laughs?): write it out"
+                message = (
+                    f"the document's aliases expand it to more than {MAX_NODES} nodes (a billion "
+                    "laughs?): write it out"
+                )
                 problems.append(Problem("", message, None, name, line))
                 return
             yield node, loader.construct_document(node)

@@ -55,7 +55,8 @@ def base_env(
 
 
 def expand(arg: str, env: Mapping[str, str]) -> str:
-    """``arg`` with each ``${NAME}`` of :data:`EXPANDED` that ``env`` holds replaced by its value."""
+    """``arg`` with each ``${NAME}`` of :data:`EXPANDED` that ``env`` holds replaced by its
+    value."""
     for name in EXPANDED:
         if name in env:
             arg = arg.replace("${" + name + "}", env[name])

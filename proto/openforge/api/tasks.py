@@ -57,8 +57,8 @@ def check_rollouts(tasks: Sequence[Mapping[str, Any]], samples_per_task: int) ->
     total = len(tasks) * samples_per_task
     if total > MAX_ROLLOUTS:
         raise TaskError(
-            f"spec.samplesPerTask: {len(tasks)} tasks x {samples_per_task} samples is {total} rollouts; "
-            f"a job runs at most {MAX_ROLLOUTS} (split it into jobs)",
+            f"spec.samplesPerTask: {len(tasks)} tasks x {samples_per_task} samples is {total} "
+            f"rollouts; a job runs at most {MAX_ROLLOUTS} (split it into jobs)",
             loc=("spec", "samplesPerTask"),
         )
 
@@ -70,7 +70,8 @@ def _check_size(
     if size > MAX_TASK_BYTES:
         raise TaskError(
             f"{at}: the task is {size} bytes as JSON; a task holds at most {MAX_TASK_BYTES} "
-            "(it reaches the harness in OPENFORGE_TASK_JSON): put large inputs in files the harness reads",
+            "(it reaches the harness in OPENFORGE_TASK_JSON): "
+            "put large inputs in files the harness reads",
             loc=loc,
         )
 
@@ -99,7 +100,8 @@ def parse_jsonl(text: str, *, where: str) -> list[dict[str, Any]]:
             )
         if not _ID.match(task_id):
             raise TaskError(
-                f"{at}: id: {task_id[:80]!r} has a character ids may not: letters, digits, '.', '_' and '-', a letter or digit first"
+                f"{at}: id: {task_id[:80]!r} has a character ids may not: letters, digits, '.', "
+                "'_' and '-', a letter or digit first"
             )
         if task_id in seen:
             raise TaskError(f"{at}: id: {task_id!r} is already the id of line {seen[task_id]}")
@@ -108,7 +110,8 @@ def parse_jsonl(text: str, *, where: str) -> list[dict[str, Any]]:
         records.append(record)
         if len(records) > MAX_TASKS:
             raise TaskError(
-                f"{at}: more than {MAX_TASKS} tasks; a job holds at most {MAX_TASKS}, as spec.tasks.inline does (split it into jobs)"
+                f"{at}: more than {MAX_TASKS} tasks; a job holds at most {MAX_TASKS}, as "
+                "spec.tasks.inline does (split it into jobs)"
             )
     if not records:
         raise TaskError(f"{where}: holds no task")

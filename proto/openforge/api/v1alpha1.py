@@ -184,7 +184,8 @@ class Condition(Model):
 
 
 def set_condition(conditions: list[Condition], condition: Condition) -> list[Condition]:
-    """Conditions with ``condition`` in place of its type's; keep the transition time if status held.
+    """Conditions with ``condition`` in place of its type's; keep the transition time if status
+    held.
 
     Like apimachinery's ``meta.SetStatusCondition``: ``lastTransitionTime``
     moves only when the status changes.
@@ -263,7 +264,9 @@ class PodTemplate(OpenModel):
 
 
 class LocalOverrides(Model):
-    """How openforge run starts the harness as a local process instead of a container: each field set here replaces the harness container's (env is merged over it), a field left out falls back to the container's."""
+    """How openforge run starts the harness as a local process instead of a container: \
+each field set here replaces the harness container's (env is merged over it), a field left out \
+falls back to the container's."""
 
     command: list[str] | None = pydantic.Field(
         default=None, min_length=1, description="Executable and leading arguments."
@@ -294,8 +297,10 @@ class TaskFile(Model):
     )
     format: Literal["json", "text"] = pydantic.Field(
         default="json",
-        description="json: placeholders render as JSON values; no template writes the whole record. "
-        "text: placeholders render as text; a template is required.",
+        description=(
+            "json: placeholders render as JSON values; no template writes the whole record. "
+            "text: placeholders render as text; a template is required."
+        ),
     )
     template: str | None = pydantic.Field(
         default=None, description="File contents, with {{ task.<field> }} placeholders."
@@ -404,7 +409,9 @@ class HarnessEnvSpec(Model):
     """A harness, packaged to run rollouts: its pod, its task input, its model API, its grader."""
 
     template: PodTemplate = pydantic.Field(
-        description=f"Pod template; spec.containers must hold one container named {HARNESS_CONTAINER!r}.",
+        description=(
+            f"Pod template; spec.containers must hold one container named {HARNESS_CONTAINER!r}."
+        ),
         json_schema_extra={"x-openforge-opaque": True},
     )
     local: LocalOverrides | None = None
@@ -442,7 +449,8 @@ class HarnessEnvSpec(Model):
         if not command:
             raise ValueError(
                 "HarnessEnv needs a command to run locally: set spec.local.command or the "
-                f"{HARNESS_CONTAINER!r} container's command (a container image's entrypoint is not known locally)"
+                f"{HARNESS_CONTAINER!r} container's command "
+                "(a container image's entrypoint is not known locally)"
             )
         env: dict[str, str] = {}
         for var in container.env or []:
@@ -477,7 +485,8 @@ class HarnessEnvStatus(Model):
 
 
 class HarnessEnv(Model):
-    """A harness packaged for rollouts: what runs, how tasks and the model reach it, how it is graded."""
+    """A harness packaged for rollouts: what runs, how tasks and the model reach it, \
+how it is graded."""
 
     KIND: ClassVar[str] = "HarnessEnv"
     PLURAL: ClassVar[str] = "harnessenvs"
@@ -510,7 +519,8 @@ class TaskRecord(OpenModel):
 
     id: str = pydantic.Field(
         min_length=1, max_length=MAX_TASK_ID, pattern=TASK_ID_PATTERN,
-        description="Unique within the job: letters, digits, '.', '_' and '-', a letter or digit first.",
+        description="Unique within the job: letters, digits, '.', '_' and '-',"
+        " a letter or digit first.",
     )  # fmt: skip
 
 
@@ -524,7 +534,10 @@ class TaskSource(Model):
         json_schema_extra={
             "x-kubernetes-validations": [
                 {
-                    "rule": "[has(self.inline), has(self.configMapRef), has(self.file)].exists_one(x, x)",
+                    "rule": (
+                        "[has(self.inline), has(self.configMapRef), has(self.file)]"
+                        ".exists_one(x, x)"
+                    ),
                     "message": "set exactly one of tasks.inline, tasks.configMapRef, tasks.file",
                 }
             ]
@@ -652,7 +665,8 @@ class Trainer(Model):
 
 
 class Training(Model):
-    """Trainer settings for `openforge run` and the trainer Deployment; unset ones keep the trainer's defaults."""
+    """Trainer settings for `openforge run` and the trainer Deployment; \
+unset ones keep the trainer's defaults."""
 
     iterations: int | None = pydantic.Field(
         default=None, ge=1, description="Optimiser steps in total."
@@ -774,7 +788,9 @@ class RolloutJob(Model):
             "x-kubernetes-validations": [
                 {
                     "rule": "size(self.metadata.name) <= 63",
-                    "message": "a RolloutJob name has at most 63 characters (it labels the rollout pods)",
+                    "message": (
+                        "a RolloutJob name has at most 63 characters (it labels the rollout pods)"
+                    ),
                 }
             ]
         }
@@ -805,11 +821,13 @@ class RolloutJob(Model):
 
 
 def cluster_problems(job: RolloutJob) -> list[str]:
-    """What keeps a valid RolloutJob from running in a cluster (fields only `openforge run` can fill)."""
+    """What keeps a valid RolloutJob from running in a cluster (fields only `openforge run` can
+    fill)."""
     problems = []
     if job.spec.tasks.file is not None:
         problems.append(
-            "spec.tasks.file names a local file; in a cluster use tasks.inline or tasks.configMapRef"
+            "spec.tasks.file names a local file; in a cluster use tasks.inline or "
+            "tasks.configMapRef"
         )
     if job.spec.policy.endpoint is None:
         problems.append(

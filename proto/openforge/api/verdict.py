@@ -149,7 +149,10 @@ def judge(
     """The verdict before the report. ``grader`` is None when the HarnessEnv has none
     (``reward_from`` is then None too) or when it did not run."""
     if sidecar_start_failed:
-        message = "the sidecar failed before it served: the harness's first calls may have been refused unrecorded"
+        message = (
+            "the sidecar failed before it served: "
+            "the harness's first calls may have been refused unrecorded"
+        )
         return Verdict(exit_code, None, "", "failed", "SidecarFailed", message)
     if timed_out:
         after = f" ({timeout_seconds:g} s)" if timeout_seconds is not None else ""

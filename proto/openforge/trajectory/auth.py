@@ -4,7 +4,8 @@ The operator gives every RolloutJob its own token and the collector checks it,
 both from one master key and this module, so the collector keeps no list of
 tokens and learns of no job in advance::
 
-    token    = "ofj1." + b64url(identity) + "." + b64url(HMAC-SHA256(key, "ofj1." + b64url(identity)))
+    token    = "ofj1." + b64url(identity) + "."
+               + b64url(HMAC-SHA256(key, "ofj1." + b64url(identity)))
     identity = "<namespace>/<name>/<uid>"       (the RolloutJob's)
 
 (b64url: URL-safe base64 without padding.) A stream that presents such a token
@@ -138,7 +139,10 @@ def record_problem(
             " (<job>-<index>-<attempt>, the job's pod names)"
         )
     if not idempotency_key.startswith(rollout_id + "/"):
-        return f"idempotency_key {idempotency_key!r} does not start with its rollout_id {rollout_id!r} + '/'"
+        return (
+            f"idempotency_key {idempotency_key!r} does not start with its rollout_id "
+            f"{rollout_id!r} + '/'"
+        )
     return None
 
 

@@ -40,7 +40,8 @@ SAFE_HEADERS = frozenset(
 )
 """Headers kept verbatim: what they say is about the client and the request, never who it is."""
 SAFE_HEADER_PREFIXES = ("x-stainless-",)
-"""The OpenAI and Anthropic SDKs' own descriptions of themselves (language, version, retry count)."""
+"""The OpenAI and Anthropic SDKs' own descriptions of themselves (language, version, retry
+count)."""
 SECRET_QUERY_KEYS = frozenset({"key", "api_key", "apikey", "access_token", "token"})
 SECRET_BODY_FIELDS = frozenset(
     {
@@ -56,7 +57,8 @@ SECRET_BODY_FIELDS = frozenset(
         "sessiontoken",
     }
 )
-"""Top-level request fields that carry a credential, by their name lowercased without ``_`` and ``-``."""
+"""Top-level request fields that carry a credential, by their name lowercased without ``_`` and
+``-``."""
 REDACTED = "[redacted]"
 
 

@@ -23,7 +23,8 @@ INFLIGHT_JOURNAL = "inflight.journal"
 @dataclass(slots=True)
 class Resume:
     next_call: int = 0
-    """The index the next call gets: after the highest one begun, so idempotency keys never collide."""
+    """The index the next call gets: after the highest one begun, so idempotency keys never
+    collide."""
     next_lost: int = 0
     """The index the next loss report gets."""
     started: bool = False

@@ -94,7 +94,8 @@ def test_parse_chunk_reads_usage_chunk():
         ('{"object": "error", "message": "boom"}', "boom"),
         ('{"choices": [{"index": 0, "text": "x"}]}', "return_token_ids"),
         (
-            '{"choices": [{"index": 0, "token_ids": [1, 2], "logprobs": {"token_logprobs": [-1]}}]}',
+            '{"choices": [{"index": 0, "token_ids": [1, 2], '
+            '"logprobs": {"token_logprobs": [-1]}}]}',
             "2 token_ids but 1",
         ),
     ],

@@ -46,7 +46,10 @@ def whole(texts: list[str]) -> list[list[int]]:
 
 def test_the_policy_tokenizer_encodes_in_pieces_where_the_tokenizer_allows_it() -> None:
     assert POLICY._segments is not None
-    text = "<|im_start|>system\nYou are terse.<|im_end|>\n<|im_start|>user\nhi <tool_call> 日本<|im_end|>\n"
+    text = (
+        "<|im_start|>system\nYou are terse.<|im_end|>\n<|im_start|>user\n"
+        "hi <tool_call> 日本<|im_end|>\n"
+    )
     assert POLICY.encode(text) == whole([text])[0]
     assert POLICY.encode(text) == whole([text])[0]  # from the cache
 

@@ -329,7 +329,8 @@ def test_encode_gives_the_ids_of_the_tokenizers_own_encode(text: str) -> None:
     [
         "{{ m.role }}|{{ m.missing is defined }}|{{ m.missing }}|{{ m.get('role') }}",
         "{% for k, v in m.items() %}{{ k }}={{ v }};{% endfor %}{{ m.keys() | list | length }}",
-        "{{ m.items }}{{ m.values is defined }}{{ m.nested.deep }}{{ m.nested.missing is defined }}",
+        "{{ m.items }}{{ m.values is defined }}{{ m.nested.deep }}"
+        "{{ m.nested.missing is defined }}",
         "{{ m.__class__ }}|{{ m.copy is defined }}|{{ m.update is defined }}",
     ],
 )

@@ -22,7 +22,8 @@ def openforge(*args: str) -> list[str]:
 def call(index: int) -> pb.Record:
     return records.call(
         job=JOB, rollout_id=ROLLOUT,
-        model_call=pb.ModelCall(call_index=index, prompt_token_ids=[1, 2, index], completion_token_ids=[7]),
+        model_call=pb.ModelCall(call_index=index, prompt_token_ids=[1, 2, index],
+                                completion_token_ids=[7]),
     )  # fmt: skip
 
 
@@ -39,7 +40,8 @@ def killed_sidecar_spool(
         ])  # fmt: skip
         if finished:
             s.append([records.finished(job=JOB, rollout_id=ROLLOUT, exit_code=0, reward=1.0,
-                                       grader_output="", call_count=spooled, status="succeeded")])  # fmt: skip
+                                       grader_output="", call_count=spooled,
+                                       status="succeeded")])  # fmt: skip
     (directory / resume.INFLIGHT_JOURNAL).write_text("".join(f"{i}\n" for i in range(begun)))
 
 

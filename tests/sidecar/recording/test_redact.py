@@ -56,17 +56,22 @@ def test_headers_are_an_allow_list_a_credential_under_any_name_is_redacted() -> 
     kept = redact.headers(
         [
             ("openai-api-key", "sk-1"), ("X-Auth-Token", "t-2"), ("x-my-gateway-credential", "g-3"),
-            ("User-Agent", "codex/1.0"), ("x-stainless-lang", "js"), ("Accept", "text/event-stream"),
+            ("User-Agent", "codex/1.0"), ("x-stainless-lang", "js"),
+            ("Accept", "text/event-stream"),
         ]
     )  # fmt: skip
     assert kept == {
-        "openai-api-key": redact.REDACTED, "x-auth-token": redact.REDACTED, "x-my-gateway-credential": redact.REDACTED,
+        "openai-api-key": redact.REDACTED, "x-auth-token": redact.REDACTED,
+        "x-my-gateway-credential": redact.REDACTED,
         "user-agent": "codex/1.0", "x-stainless-lang": "js", "accept": "text/event-stream",
     }  # fmt: skip
 
 
 def test_top_level_credential_fields_of_a_body_are_redacted_and_the_conversation_kept() -> None:
-    raw = b'{"model": "m", "api_key": "sk-1", "accessToken": "t-2", "messages": [{"role": "user", "content": "my password is p", "api_key": "in-content"}]}'
+    raw = (
+        b'{"model": "m", "api_key": "sk-1", "accessToken": "t-2", "messages": [{"role": "user", '
+        b'"content": "my password is p", "api_key": "in-content"}]}'
+    )
     out = redact.body(raw, ["api_key", "accessToken"])
     assert b"sk-1" not in out and b"t-2" not in out
     assert b'"api_key":"[redacted]"' in out and b"in-content" in out and b"my password is p" in out

@@ -64,7 +64,8 @@ def episodes_of_a_run() -> list[trajectory_pb2.Record]:
         tools=("shell", "apply_patch", "update_plan"), steps=[
         Step("", [plan("pending", "pending")]),
         Step("", [Call("apply_patch", {"input": PATCH}, "Success.")]),
-        Step("", [Call("shell", {"command": ["bash", "-lc", "pytest -q"]}, "Exit code: 0\n1 passed")]),
+        Step("", [Call("shell", {"command": ["bash", "-lc", "pytest -q"]},
+                       "Exit code: 0\n1 passed")]),
         Step("", [plan("completed", "completed")]),
         Step("All done."),
     ])  # fmt: skip
@@ -262,7 +263,8 @@ def test_undecodable_calls_are_counted_and_reported(
     assert table_rows(out)["undecodable"] == ["1"]
     assert err == (
         "openforge analyze: 1 episode(s) have calls that did not decode and were measured"
-        " without them; first: rollout r call 0 request_json: messages: expected an array, got string\n"
+        " without them; first: rollout r call 0 request_json:"
+        " messages: expected an array, got string\n"
     )
     code, out, _ = run(["--store", str(path), "--json"], capsys)
     assert json.loads(out)["problems"] == [

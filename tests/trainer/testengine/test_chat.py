@@ -1,4 +1,5 @@
-"""The test engine's Chat Completions endpoint: what a harness gets from an engine without the sidecar."""
+"""The test engine's Chat Completions endpoint: what a harness gets from an engine without the
+sidecar."""
 
 from __future__ import annotations
 
@@ -145,7 +146,8 @@ def test_the_openai_sdk_reads_both_forms(engine: str) -> None:
             "stream must be a boolean",
         ),
         (
-            b'{"model": "tiny", "messages": [{"role": "user", "content": "x"}], "max_completion_tokens": -1}',
+            b'{"model": "tiny", "messages": [{"role": "user", "content": "x"}], '
+            b'"max_completion_tokens": -1}',
             400,
             "max_completion_tokens must be a positive integer",
         ),

@@ -36,7 +36,8 @@ def prompt(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = 
 
 def call(name: str, arguments: dict[str, Any], call_id: str) -> dict[str, Any]:
     return {"role": "assistant", "content": "",
-            "tool_calls": [{"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}]}  # fmt: skip
+            "tool_calls": [{"id": call_id, "type": "function",
+                            "function": {"name": name, "arguments": arguments}}]}  # fmt: skip
 
 
 def test_plan_reads_the_steps_in_order() -> None:

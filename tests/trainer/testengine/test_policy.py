@@ -111,7 +111,9 @@ def test_the_request_may_be_followed_by_system_and_context_turns() -> None:
         {"role": "system", "content": "You are Claude."},
         {
             "role": "user",
-            "content": "<system-reminder>run `rm -rf /` never</system-reminder>\nPlease run `echo hi`.",
+            "content": (
+                "<system-reminder>run `rm -rf /` never</system-reminder>\nPlease run `echo hi`."
+            ),
         },
         {"role": "system", "content": "# Environment\nYou may run `git status` to look around."},
     ]

@@ -95,7 +95,8 @@ def test_first_prompt_is_the_rendered_harness_request(random_player: policy_eval
 
 
 def test_the_committed_warm_start_leaves_room_for_rl() -> None:
-    """Sampled, it looks the color up only sometimes and copies it when it does; greedy, it guesses."""
+    """Sampled, it looks the color up only sometimes and copies it when it does; greedy, it
+    guesses."""
     model = model_build.load_model(COMMITTED)
     player = policy_eval.Player(
         model, warmstart.load_tokenizer(COMMITTED), warmstart.HarnessSpec.load()
@@ -138,14 +139,16 @@ def test_a_codex_player_renders_codex_requests_and_counts_its_lookup(
     player = policy_eval.Player(random_player.model, random_player.tokenizer, codex)
     task = policy_eval.load_tasks(split="eval")[0]
     messages, prompt = player.first_prompt(task)
-    assert (
-        messages[1]["content"]
-        == task["prompt"]
-        + "\nThe lookup tool here is your shell: the database is colors.json in the working directory."
+    assert messages[1]["content"] == task["prompt"] + (
+        "\nThe lookup tool here is your shell: "
+        "the database is colors.json in the working directory."
     )
     assert 1500 < len(prompt) < 1600  # Codex's four tool schemas are most of it
     episode = policy_eval.Episode(task["id"], task["answer"], messages=messages)
-    call = '<tool_call>\n{"name": "exec_command", "arguments": {"cmd": "cat colors.json"}}\n</tool_call><|im_end|>'
+    call = (
+        '<tool_call>\n{"name": "exec_command", "arguments": {"cmd": "cat colors.json"}}\n'
+        "</tool_call><|im_end|>"
+    )
     following = player.advance(episode, task, prompt, player.encode(call), last=False)
     assert episode.called_lookup and not episode.divergent
     assert "Process exited with code 0" in player.tokenizer.decode(

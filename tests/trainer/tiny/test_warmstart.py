@@ -198,7 +198,8 @@ CODEX = warmstart.HarnessSpec.load(
 )
 # A real exec_command result, as Codex CLI 0.171 sent it through the sidecar for `cat colors.json`.
 RECORDED_CODEX_OUTPUT = (
-    "Chunk ID: 11a9a7\nWall time: 0.0000 seconds\nProcess exited with code 0\nOriginal token count: 10\n"
+    "Chunk ID: 11a9a7\nWall time: 0.0000 seconds\nProcess exited with code 0\n"
+    "Original token count: 10\n"
     'Output:\n{\n  "items": {\n    "thoo": "blue"\n  }\n}\n'
 )
 
@@ -232,7 +233,10 @@ def test_codex_demos_look_the_color_up_with_codex_shell_tool() -> None:
     assert [
         text for text, assistant in warmstart.segments(tool.messages, CODEX.tools) if assistant
     ] == [
-        '<tool_call>\n{"name": "exec_command", "arguments": {"cmd": "cat colors.json"}}\n</tool_call>'
+        (
+            '<tool_call>\n{"name": "exec_command", "arguments": {"cmd": "cat colors.json"}}\n'
+            "</tool_call>"
+        )
         + EOT,
         color + EOT,
     ]

@@ -198,8 +198,10 @@ def _chat_request(*image_urls: str) -> bytes:
 
 
 def test_a_row_carries_the_images_of_its_segments_last_request(tmp_path: Path) -> None:
-    first, second, third = (call(i, c.prompt_token_ids, c.completion_token_ids, c.completion_logprobs)
-                            for i, c in enumerate(MULTI_TURN))  # fmt: skip
+    first, second, third = (
+        call(i, c.prompt_token_ids, c.completion_token_ids, c.completion_logprobs)
+        for i, c in enumerate(MULTI_TURN)
+    )  # fmt: skip
     first.wire_api = second.wire_api = third.wire_api = trajectory_pb2.WIRE_API_OPENAI_CHAT
     first.request_json = _chat_request("data:image/png;base64,QUFB")
     second.request_json = _chat_request("data:image/png;base64,QUFB", "data:image/png;base64,QkJC")

@@ -73,10 +73,12 @@ def put_rollout(
 def two_turns() -> list[trajectory_pb2.ModelCall]:
     """A tool call, then the answer after the tool result: one segment."""
     return [
-        chat_call(0, [SYSTEM, USER], ASSISTANT, prompt_token_ids=[10, 11, 12], completion_token_ids=[20, 21],
-                  completion_logprobs=[-0.1, -0.2], finish_reason="tool_calls", segment_reason="first"),
-        chat_call(1, [SYSTEM, USER, ASSISTANT, TOOL], {"content": "a.txt"}, prompt_token_ids=[10, 11, 12, 20, 21, 30],
-                  completion_token_ids=[40], completion_logprobs=[-0.3], finish_reason="stop", prefix_token_count=5),
+        chat_call(0, [SYSTEM, USER], ASSISTANT, prompt_token_ids=[10, 11, 12],
+                  completion_token_ids=[20, 21], completion_logprobs=[-0.1, -0.2],
+                  finish_reason="tool_calls", segment_reason="first"),
+        chat_call(1, [SYSTEM, USER, ASSISTANT, TOOL], {"content": "a.txt"},
+                  prompt_token_ids=[10, 11, 12, 20, 21, 30], completion_token_ids=[40],
+                  completion_logprobs=[-0.3], finish_reason="stop", prefix_token_count=5),
     ]  # fmt: skip
 
 
@@ -234,7 +236,8 @@ def test_untokenized_calls_and_losses_are_said(db: store.Store) -> None:
 def test_a_rollout_whose_calls_all_failed_says_so(db: store.Store) -> None:
     calls = [
         chat_call(0, [USER], {"content": "h"}, prompt_token_ids=[1, 2], completion_token_ids=[3],
-                  completion_logprobs=[-0.1], finish_reason="error", error="connection failed: client disconnected"),
+                  completion_logprobs=[-0.1], finish_reason="error",
+                  error="connection failed: client disconnected"),
         chat_call(1, [USER], {"content": ""}, prompt_token_ids=[1, 2], finish_reason="error",
                   error="rejected: max_tokens: must be at least 1"),
     ]  # fmt: skip

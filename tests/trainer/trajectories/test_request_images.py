@@ -30,9 +30,12 @@ def test_openai_chat_images_in_message_order_with_the_url_as_sent() -> None:
     request = {"messages": [
         {"role": "system", "content": "s"},
         {"role": "user", "content": [{"type": "text", "text": "a"},
-                                     {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{B64}"}}]},
+                                     {"type": "image_url",
+                                      "image_url": {"url": f"data:image/png;base64,{B64}"}}]},
         {"role": "assistant", "content": None, "tool_calls": []},
-        {"role": "tool", "tool_call_id": "c", "content": [{"type": "image_url", "image_url": {"url": "https://x/y.png", "detail": "low"}}]},
+        {"role": "tool", "tool_call_id": "c",
+         "content": [{"type": "image_url",
+                      "image_url": {"url": "https://x/y.png", "detail": "low"}}]},
         {"role": "user", "content": "plain text"},
     ]}  # fmt: skip
     urls = images("WIRE_API_OPENAI_CHAT", request)
@@ -42,8 +45,10 @@ def test_openai_chat_images_in_message_order_with_the_url_as_sent() -> None:
 
 def test_openai_responses_images_from_messages_and_tool_outputs() -> None:
     request = {"input": [
-        {"role": "user", "content": [{"type": "input_image", "image_url": "data:image/png;base64,AAAA"}]},
-        {"type": "function_call_output", "call_id": "c", "output": [{"type": "input_image", "image_url": "data:image/png;base64,BBBB"}]},
+        {"role": "user",
+         "content": [{"type": "input_image", "image_url": "data:image/png;base64,AAAA"}]},
+        {"type": "function_call_output", "call_id": "c",
+         "output": [{"type": "input_image", "image_url": "data:image/png;base64,BBBB"}]},
         {"type": "function_call_output", "call_id": "d", "output": "text only"},
     ]}  # fmt: skip
     assert images("WIRE_API_OPENAI_RESPONSES", request) == [
@@ -55,7 +60,8 @@ def test_anthropic_tool_result_images_come_before_the_turns_own() -> None:
     own = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "OWN="}}
     nested = {"type": "image", "source": {"type": "url", "url": "https://x/n.png"}}
     request = {"system": "s", "messages": [
-        {"role": "user", "content": [own, {"type": "tool_result", "tool_use_id": "t", "content": [nested]}]},
+        {"role": "user",
+         "content": [own, {"type": "tool_result", "tool_use_id": "t", "content": [nested]}]},
         {"role": "user", "content": "text"},
     ]}  # fmt: skip
     assert images("WIRE_API_ANTHROPIC_MESSAGES", request) == [
@@ -66,9 +72,11 @@ def test_anthropic_tool_result_images_come_before_the_turns_own() -> None:
 def test_gemini_inline_and_file_data_in_both_spellings() -> None:
     request = {"contents": [
         {"role": "user", "parts": [{"inline_data": {"mime_type": "image/png", "data": "SNAKE="}},
-                                   {"functionResponse": {"name": "f", "response": {},
-                                                         "parts": [{"inlineData": {"mimeType": "image/png", "data": "NESTED="}}]}}]},
-        {"role": "user", "parts": [{"fileData": {"mimeType": "image/png", "fileUri": "gs://b/f.png"}}, {"text": "t"}]},
+                                   {"functionResponse": {"name": "f", "response": {}, "parts": [
+                                       {"inlineData": {"mimeType": "image/png", "data": "NESTED="}},
+                                   ]}}]},
+        {"role": "user", "parts": [{"fileData": {"mimeType": "image/png", "fileUri": "gs://b/f.png"}},
+                                   {"text": "t"}]},
     ]}  # fmt: skip
     assert images("WIRE_API_GEMINI", request) == [
         "data:image/png;base64,NESTED=", "data:image/png;base64,SNAKE=", "gs://b/f.png",

@@ -39,24 +39,29 @@ CLAUDE_CODE_REQUEST: dict[str, Any] = {
     "system": [
         {"type": "text", "text": "You are Claude Code, Anthropic's official CLI for Claude.",
          "cache_control": {"type": "ephemeral"}},
-        {"type": "text", "text": "\nYou are an interactive CLI tool.", "cache_control": {"type": "ephemeral"}},
+        {"type": "text", "text": "\nYou are an interactive CLI tool.",
+         "cache_control": {"type": "ephemeral"}},
     ],
     "messages": [
         {"role": "user", "content": [
             {"type": "text", "text": "<system-reminder>be careful</system-reminder>"},
-            {"type": "text", "text": "fix the failing test", "cache_control": {"type": "ephemeral"}},
+            {"type": "text", "text": "fix the failing test",
+             "cache_control": {"type": "ephemeral"}},
         ]},
         {"role": "assistant", "content": [
             {"type": "thinking", "thinking": "Run the tests first.", "signature": "EqQBCkgIBxAB"},
             {"type": "text", "text": "I'll run them."},
             {"type": "tool_use", "id": "toolu_01", "name": "Bash",
              "input": {"command": "pytest -x", "description": "Run tests"}},
-            {"type": "tool_use", "id": "toolu_02", "name": "Read", "input": {"file_path": "/repo/a.py"}},
+            {"type": "tool_use", "id": "toolu_02", "name": "Read",
+             "input": {"file_path": "/repo/a.py"}},
         ]},
         {"role": "user", "content": [
-            {"type": "tool_result", "tool_use_id": "toolu_01", "content": "1 failed", "is_error": True},
+            {"type": "tool_result", "tool_use_id": "toolu_01", "content": "1 failed",
+             "is_error": True},
             {"type": "tool_result", "tool_use_id": "toolu_02",
-             "content": [{"type": "text", "text": "x = 1"}], "cache_control": {"type": "ephemeral"}},
+             "content": [{"type": "text", "text": "x = 1"}],
+             "cache_control": {"type": "ephemeral"}},
             {"type": "text", "text": "<system-reminder>todo list empty</system-reminder>"},
         ]},
         {"role": "assistant", "content": [
@@ -255,29 +260,42 @@ def test_tool_choice_is_normalised(choice: dict[str, str], expected: str) -> Non
         (b'{"max_tokens": 1, "messages": []}', "model"),
         (b'{"model": "m", "messages": []}', "max_tokens"),
         (b'{"model": "m", "max_tokens": "1", "messages": []}', "max_tokens"),
-        (b'{"model": "m", "max_tokens": 1, "messages": [{"role": "tool", "content": "x"}]}', "messages[0].role"),
-        (b'{"model": "m", "max_tokens": 1, "messages": [{"role": "system", "content": [{"type": "image"}]}]}',
-         "messages[0].content[0].type"),
+        (b'{"model": "m", "max_tokens": 1, "messages": [{"role": "tool", "content": "x"}]}',
+         "messages[0].role"),
+        (b'{"model": "m", "max_tokens": 1, "messages": [{"role": "system",'
+         b' "content": [{"type": "image"}]}]}', "messages[0].content[0].type"),
         (b'{"model": "m", "max_tokens": 1, "messages": [{"role": "user"}]}', "messages[0].content"),
-        (b'{"model": "m", "max_tokens": 1, "messages": [{"role": "user", "content": [{"type": "document"}]}]}',
-         "messages[0].content[0].type"),
-        (b'{"model": "m", "max_tokens": 1, "messages": [{"role": "user", "content": [{"type": "tool_result"}]}]}',
-         "messages[0].content[0].tool_use_id"),
-        (b'{"model": "m", "max_tokens": 1, "messages": [{"role": "assistant", "content": [{"type": "tool_use",'
-         b' "id": "t", "name": "n", "input": []}]}]}', "messages[0].content[0].input"),
-        (b'{"model": "m", "max_tokens": 1, "messages": [{"role": "user", "content": [{"type": "image",'
-         b' "source": {"type": "file", "file_id": "f"}}]}]}', "messages[0].content[0].source.type"),
-        (b'{"model": "m", "max_tokens": 1, "messages": [], "system": [{"type": "image"}]}', "system[0].type"),
-        (b'{"model": "m", "max_tokens": 1, "messages": [{"role": "user", "content": "x"}], "tools": [{"name": "t"}]}', "tools[0].input_schema"),
-        (b'{"model": "m", "max_tokens": 1, "messages": [{"role": "user", "content": "x"}], "tool_choice": "auto"}', "tool_choice"),
+        (b'{"model": "m", "max_tokens": 1, "messages": [{"role": "user",'
+         b' "content": [{"type": "document"}]}]}', "messages[0].content[0].type"),
+        (b'{"model": "m", "max_tokens": 1, "messages": [{"role": "user",'
+         b' "content": [{"type": "tool_result"}]}]}', "messages[0].content[0].tool_use_id"),
+        (b'{"model": "m", "max_tokens": 1, "messages": [{"role": "assistant",'
+         b' "content": [{"type": "tool_use", "id": "t", "name": "n", "input": []}]}]}',
+         "messages[0].content[0].input"),
+        (b'{"model": "m", "max_tokens": 1, "messages": [{"role": "user",'
+         b' "content": [{"type": "image", "source": {"type": "file", "file_id": "f"}}]}]}',
+         "messages[0].content[0].source.type"),
+        (b'{"model": "m", "max_tokens": 1, "messages": [], "system": [{"type": "image"}]}',
+         "system[0].type"),
+        (b'{"model": "m", "max_tokens": 1, "messages": [{"role": "user", "content": "x"}],'
+         b' "tools": [{"name": "t"}]}', "tools[0].input_schema"),
+        (b'{"model": "m", "max_tokens": 1, "messages": [{"role": "user", "content": "x"}],'
+         b' "tool_choice": "auto"}', "tool_choice"),
         (b'{"model": "m", "max_tokens": 1, "messages": []}', "messages"),
-        (b'{"model": "m", "max_tokens": 0, "messages": [{"role": "user", "content": "x"}]}', "max_tokens"),
-        (b'{"model": "m", "max_tokens": -1, "messages": [{"role": "user", "content": "x"}]}', "max_tokens"),
-        (b'{"model": "m", "max_tokens": 1, "messages": [{"role": "user", "content": "x"}], "temperature": 1e11}', "temperature"),
-        (b'{"model": "m", "max_tokens": 1, "messages": [{"role": "user", "content": "x"}], "top_p": -0.5}', "top_p"),
-        (b'{"model": "m", "max_tokens": 1, "messages": [{"role": "user", "content": "x"}], "tools": [{"type": "x", "name": "t"}]}', "tools[0].type"),
-        (b'{"model": "\\ud800", "max_tokens": 1, "messages": [{"role": "user", "content": "x"}]}', "model"),
-        (b'{"model": "m", "max_tokens": 1, "messages": [{"role": "user", "content": "a\\udfffb"}]}', "messages[0].content"),
+        (b'{"model": "m", "max_tokens": 0, "messages": [{"role": "user", "content": "x"}]}',
+         "max_tokens"),
+        (b'{"model": "m", "max_tokens": -1, "messages": [{"role": "user", "content": "x"}]}',
+         "max_tokens"),
+        (b'{"model": "m", "max_tokens": 1, "messages": [{"role": "user", "content": "x"}],'
+         b' "temperature": 1e11}', "temperature"),
+        (b'{"model": "m", "max_tokens": 1, "messages": [{"role": "user", "content": "x"}],'
+         b' "top_p": -0.5}', "top_p"),
+        (b'{"model": "m", "max_tokens": 1, "messages": [{"role": "user", "content": "x"}],'
+         b' "tools": [{"type": "x", "name": "t"}]}', "tools[0].type"),
+        (b'{"model": "\\ud800", "max_tokens": 1, "messages": [{"role": "user", "content": "x"}]}',
+         "model"),
+        (b'{"model": "m", "max_tokens": 1, "messages": [{"role": "user", "content": "a\\udfffb"}]}',
+         "messages[0].content"),
     ],
 )  # fmt: skip
 def test_bad_requests_name_the_field_at_fault(body: bytes, field: str) -> None:

@@ -27,7 +27,9 @@ def test_a_codec_module_is_imported_when_a_request_first_needs_it() -> None:
 import json, sys
 from openforge_sidecar import capture
 from openforge.wire import codecs
-loaded = lambda: sorted(m.rsplit(".", 1)[1] for m in sys.modules if m.startswith("openforge.wire.codecs."))
+loaded = lambda: sorted(
+    m.rsplit(".", 1)[1] for m in sys.modules if m.startswith("openforge.wire.codecs.")
+)
 before = loaded()
 codecs.for_path("/v1/chat/completions"); codecs.counter_for_path("/v1/chat/completions")
 chat = loaded()

@@ -105,12 +105,12 @@ def test_parse_request_raises_only_codec_errors(body: bytes) -> None:
 
 
 _keys = st.sampled_from(
-    ["contents", "role", "parts", "text", "thought", "thoughtSignature", "inlineData", "inline_data",
-     "mimeType", "data", "fileData", "fileUri", "functionCall", "functionResponse", "name", "args",
-     "response", "id", "output", "error", "systemInstruction", "tools", "functionDeclarations",
-     "parameters", "parametersJsonSchema", "toolConfig", "functionCallingConfig", "mode",
-     "allowedFunctionNames", "generationConfig", "maxOutputTokens", "stopSequences",
-     "thinkingConfig", "includeThoughts", "generateContentRequest"]
+    ["contents", "role", "parts", "text", "thought", "thoughtSignature", "inlineData",
+     "inline_data", "mimeType", "data", "fileData", "fileUri", "functionCall", "functionResponse",
+     "name", "args", "response", "id", "output", "error", "systemInstruction", "tools",
+     "functionDeclarations", "parameters", "parametersJsonSchema", "toolConfig",
+     "functionCallingConfig", "mode", "allowedFunctionNames", "generationConfig", "maxOutputTokens",
+     "stopSequences", "thinkingConfig", "includeThoughts", "generateContentRequest"]
 )  # fmt: skip
 _values = st.sampled_from(
     ["user", "model", "function", "image/png", "text/plain", "ANY", "NONE", "AUTO", "x"]
@@ -161,9 +161,11 @@ def test_stream_decoder_and_response_parser_raise_only_codec_errors(values: list
 @pytest.mark.parametrize(
     ("path", "model", "method", "alt_sse"),
     [
-        ("/v1beta/models/gemini-2.5-pro:generateContent", "gemini-2.5-pro", "generateContent", False),
+        ("/v1beta/models/gemini-2.5-pro:generateContent",
+         "gemini-2.5-pro", "generateContent", False),
         (STREAM_PATH, "policy", "streamGenerateContent", True),
-        ("/proxy/v1/models/m.1:streamGenerateContent?key=k&alt=sse", "m.1", "streamGenerateContent", True),
+        ("/proxy/v1/models/m.1:streamGenerateContent?key=k&alt=sse",
+         "m.1", "streamGenerateContent", True),
         ("/v1beta/tunedModels/t-1:generateContent/", "t-1", "generateContent", False),
     ],
 )  # fmt: skip
@@ -235,14 +237,16 @@ def test_parts_roles_and_ids() -> None:
                 {"text": "Checking.", "thought": True, "thoughtSignature": "sig1"},
                 {"text": "Two reads."},
                 {"functionCall": {"name": "read", "args": {"path": "a"}}},
-                {"functionCall": {"name": "read", "args": {"path": "b"}}, "thoughtSignature": "sig2"},
+                {"functionCall": {"name": "read", "args": {"path": "b"}},
+                 "thoughtSignature": "sig2"},
                 {"functionCall": {"id": "c9", "name": "ls"}},
             ]},
             {"role": "user", "parts": [
                 {"functionResponse": {"id": "c9", "name": "ls", "response": {"output": "a b"}}},
                 {"functionResponse": {"name": "read", "response": {"output": {"bytes": 3}}}},
                 {"functionResponse": {"name": "read", "response": {"error": "no such file"},
-                                      "parts": [{"inlineData": {"mimeType": "image/gif", "data": "R0lG"}}]}},
+                                      "parts": [{"inlineData": {"mimeType": "image/gif",
+                                                                "data": "R0lG"}}]}},
                 {"text": "and now?"},
             ]},
         ],
@@ -281,17 +285,22 @@ def test_parts_roles_and_ids() -> None:
 def test_snake_case_fields_parse_like_camel_case() -> None:
     camel = {
         "systemInstruction": {"parts": [{"text": "s"}]},
-        "contents": [{"role": "user", "parts": [{"inlineData": {"mimeType": "image/png", "data": "AA=="}}]}],
-        "tools": [{"functionDeclarations": [{"name": "f", "parametersJsonSchema": {"type": "object"}}]}],
+        "contents": [{"role": "user",
+                      "parts": [{"inlineData": {"mimeType": "image/png", "data": "AA=="}}]}],
+        "tools": [{"functionDeclarations": [{"name": "f",
+                                             "parametersJsonSchema": {"type": "object"}}]}],
         "toolConfig": {"functionCallingConfig": {"mode": "ANY", "allowedFunctionNames": ["f"]}},
         "generationConfig": {"maxOutputTokens": 9, "topP": 0.5, "stopSequences": ["X"],
                              "thinkingConfig": {"includeThoughts": True}},
     }  # fmt: skip
     snake = {
         "system_instruction": {"parts": [{"text": "s"}]},
-        "contents": [{"role": "user", "parts": [{"inline_data": {"mime_type": "image/png", "data": "AA=="}}]}],
-        "tools": [{"function_declarations": [{"name": "f", "parameters_json_schema": {"type": "object"}}]}],
-        "tool_config": {"function_calling_config": {"mode": "ANY", "allowed_function_names": ["f"]}},
+        "contents": [{"role": "user",
+                      "parts": [{"inline_data": {"mime_type": "image/png", "data": "AA=="}}]}],
+        "tools": [{"function_declarations": [{"name": "f",
+                                              "parameters_json_schema": {"type": "object"}}]}],
+        "tool_config": {"function_calling_config": {"mode": "ANY",
+                                                    "allowed_function_names": ["f"]}},
         "generation_config": {"max_output_tokens": 9, "top_p": 0.5, "stop_sequences": ["X"],
                               "thinking_config": {"include_thoughts": True}},
     }  # fmt: skip
@@ -361,25 +370,29 @@ C0 = '{"contents": [{"parts": [{"text": "x"}]}]'
         (b'{"contents": [{"role": "user"}]}', "contents[0].parts"),
         (b'{"contents": [{"parts": [{}]}]}', "contents[0].parts[0]"),
         (b'{"contents": [{"parts": [{"text": 1}]}]}', "contents[0].parts[0].text"),
-        (b'{"contents": [{"parts": [{"inlineData": {"data": "AA=="}}]}]}', "contents[0].parts[0].inlineData.mimeType"),
-        (b'{"contents": [{"parts": [{"inlineData": {"mimeType": "application/pdf", "data": "AA=="}}]}]}',
+        (b'{"contents": [{"parts": [{"inlineData": {"data": "AA=="}}]}]}',
          "contents[0].parts[0].inlineData.mimeType"),
-        (b'{"contents": [{"parts": [{"inline_data": {"mime_type": "audio/wav", "data": "AA=="}}]}]}',
-         "contents[0].parts[0].inline_data.mime_type"),
-        (b'{"contents": [{"parts": [{"functionCall": {"name": "f"}}]}]}', "contents[0].parts[0].functionCall"),
-        (b'{"contents": [{"role": "model", "parts": [{"functionCall": {"name": "f", "args": []}}]}]}',
-         "contents[0].parts[0].functionCall.args"),
+        (b'{"contents": [{"parts": [{"inlineData": {"mimeType": "application/pdf",'
+         b' "data": "AA=="}}]}]}', "contents[0].parts[0].inlineData.mimeType"),
+        (b'{"contents": [{"parts": [{"inline_data": {"mime_type": "audio/wav",'
+         b' "data": "AA=="}}]}]}', "contents[0].parts[0].inline_data.mime_type"),
+        (b'{"contents": [{"parts": [{"functionCall": {"name": "f"}}]}]}',
+         "contents[0].parts[0].functionCall"),
+        (b'{"contents": [{"role": "model", "parts": [{"functionCall": {"name": "f",'
+         b' "args": []}}]}]}', "contents[0].parts[0].functionCall.args"),
         (b'{"contents": [{"role": "model", "parts": [{"functionCall": {"args": {}}}]}]}',
          "contents[0].parts[0].functionCall.name"),
         (b'{"contents": [{"parts": [{"functionResponse": {"name": "f"}}]}]}',
          "contents[0].parts[0].functionResponse.response"),
         (b'{"contents": [{"parts": [{"functionResponse": {"name": "f", "response": {},'
          b' "parts": [{"text": "t"}]}}]}]}', "contents[0].parts[0].functionResponse.parts[0].text"),
-        (b'{"contents": [{"role": "model", "parts": [{"inlineData": {"mimeType": "image/png", "data": ""}}]}]}',
-         "contents[0].parts[0].inlineData"),
-        (b'{"contents": [{"parts": [{"executableCode": {}}]}]}', "contents[0].parts[0].executableCode"),
+        (b'{"contents": [{"role": "model", "parts": [{"inlineData": {"mimeType": "image/png",'
+         b' "data": ""}}]}]}', "contents[0].parts[0].inlineData"),
+        (b'{"contents": [{"parts": [{"executableCode": {}}]}]}',
+         "contents[0].parts[0].executableCode"),
         (C0.encode() + b', "systemInstruction": "be nice"}', "systemInstruction"),
-        (C0.encode() + b', "systemInstruction": {"parts": [{"fileData": {}}]}}', "systemInstruction.parts[0].fileData"),
+        (C0.encode() + b', "systemInstruction": {"parts": [{"fileData": {}}]}}',
+         "systemInstruction.parts[0].fileData"),
         (C0.encode() + b', "tools": {}}', "tools"),
         (C0.encode() + b', "tools": [{"functionDeclarations": [{"name": "f", "parameters": []}]}]}',
          "tools[0].functionDeclarations[0].parameters"),
@@ -387,14 +400,20 @@ C0 = '{"contents": [{"parts": [{"text": "x"}]}]'
          "tools[0].function_declarations[0].name"),
         (C0.encode() + b', "toolConfig": {"functionCallingConfig": {"mode": "SOME"}}}',
          "toolConfig.functionCallingConfig.mode"),
-        (C0.encode() + b', "generationConfig": {"temperature": "hot"}}', "generationConfig.temperature"),
-        (C0.encode() + b', "generationConfig": {"maxOutputTokens": 0}}', "generationConfig.maxOutputTokens"),
-        (C0.encode() + b', "generationConfig": {"maxOutputTokens": -1}}', "generationConfig.maxOutputTokens"),
-        (C0.encode() + b', "generationConfig": {"temperature": 1e11}}', "generationConfig.temperature"),
+        (C0.encode() + b', "generationConfig": {"temperature": "hot"}}',
+         "generationConfig.temperature"),
+        (C0.encode() + b', "generationConfig": {"maxOutputTokens": 0}}',
+         "generationConfig.maxOutputTokens"),
+        (C0.encode() + b', "generationConfig": {"maxOutputTokens": -1}}',
+         "generationConfig.maxOutputTokens"),
+        (C0.encode() + b', "generationConfig": {"temperature": 1e11}}',
+         "generationConfig.temperature"),
         (C0.encode() + b', "generationConfig": {"topP": -1}}', "generationConfig.topP"),
         (b'{"contents": [{"parts": [{"text": "\\ud800"}]}]}', "contents[0].parts[0].text"),
-        (C0.encode() + b', "generation_config": {"max_output_tokens": 1.5}}', "generation_config.max_output_tokens"),
-        (C0.encode() + b', "generationConfig": {"stopSequences": [1]}}', "generationConfig.stopSequences[0]"),
+        (C0.encode() + b', "generation_config": {"max_output_tokens": 1.5}}',
+         "generation_config.max_output_tokens"),
+        (C0.encode() + b', "generationConfig": {"stopSequences": [1]}}',
+         "generationConfig.stopSequences[0]"),
         (C0.encode() + b', "generationConfig": {"thinkingConfig": {"includeThoughts": "yes"}}}',
          "generationConfig.thinkingConfig.includeThoughts"),
         (C0.encode() + b', "generationConfig": {"thinkingConfig": {"thinkingBudget": "lots"}}}',
@@ -442,7 +461,8 @@ def test_responses_have_gemini_shape_with_whole_function_calls() -> None:
         "candidates": [{
             "content": {"parts": [
                 {"text": "Running."},  # thoughts hidden: the request did not ask to include them
-                {"functionCall": {"id": "call_1", "name": "run_shell_command", "args": {"command": "ls"}}},
+                {"functionCall": {"id": "call_1", "name": "run_shell_command",
+                                  "args": {"command": "ls"}}},
             ], "role": "model"},
             "finishReason": "STOP",
             "index": 0,
@@ -503,8 +523,8 @@ def test_upstream_replies_without_call_ids_get_ids_and_thoughts_count_as_generat
             {"functionCall": {"name": "f", "args": {"a": 1}}, "thoughtSignature": "s"},
             {"functionCall": {"name": "g"}},
         ]}, "finishReason": "STOP", "index": 0}],
-        "usageMetadata": {"promptTokenCount": 10, "candidatesTokenCount": 4, "thoughtsTokenCount": 6,
-                          "totalTokenCount": 20},
+        "usageMetadata": {"promptTokenCount": 10, "candidatesTokenCount": 4,
+                          "thoughtsTokenCount": 6, "totalTokenCount": 20},
         "responseId": "abc",
     }  # fmt: skip
     completion = CODEC.parse_response(json.dumps(body).encode())
@@ -531,9 +551,9 @@ def test_tool_call_ids_are_deterministic() -> None:
 
 @pytest.mark.parametrize(
     ("status", "kind"),
-    [(400, "INVALID_ARGUMENT"), (401, "UNAUTHENTICATED"), (404, "NOT_FOUND"), (413, "INVALID_ARGUMENT"),
-     (429, "RESOURCE_EXHAUSTED"), (500, "INTERNAL"), (502, "UNAVAILABLE"), (503, "UNAVAILABLE"),
-     (418, "FAILED_PRECONDITION"), (599, "INTERNAL")],
+    [(400, "INVALID_ARGUMENT"), (401, "UNAUTHENTICATED"), (404, "NOT_FOUND"),
+     (413, "INVALID_ARGUMENT"), (429, "RESOURCE_EXHAUSTED"), (500, "INTERNAL"),
+     (502, "UNAVAILABLE"), (503, "UNAVAILABLE"), (418, "FAILED_PRECONDITION"), (599, "INTERNAL")],
 )  # fmt: skip
 def test_error_bodies_have_the_google_shape(status: int, kind: str) -> None:
     assert CODEC.error_body(status, "no") == {

@@ -262,7 +262,8 @@ def test_a_chat_request_with_images_tools_and_history_parses_to_the_canonical_fo
         ),
         (b'{"model": "m", "messages": [{"role": "user", "content": "x"}], "stop": [1]}', "stop[0]"),
         (
-            b'{"model": "m", "messages": [{"role": "user", "content": "x"}], "tool_choice": "maybe"}',
+            b'{"model": "m", "messages": [{"role": "user", "content": "x"}], "tool_choice": '
+            b'"maybe"}',
             "tool_choice",
         ),
         (
@@ -274,7 +275,8 @@ def test_a_chat_request_with_images_tools_and_history_parses_to_the_canonical_fo
             "max_tokens",
         ),
         (
-            b'{"model": "m", "messages": [{"role": "user", "content": "x"}], "max_completion_tokens": 0}',
+            b'{"model": "m", "messages": [{"role": "user", "content": "x"}], '
+            b'"max_completion_tokens": 0}',
             "max_completion_tokens",
         ),
         (
@@ -287,11 +289,13 @@ def test_a_chat_request_with_images_tools_and_history_parses_to_the_canonical_fo
         ),
         (b'{"model": "m", "messages": [{"role": "user", "content": "x"}], "top_p": 2}', "top_p"),
         (
-            b'{"model": "m", "messages": [{"role": "user", "content": "x"}], "tools": [{"type": "x"}]}',
+            b'{"model": "m", "messages": [{"role": "user", "content": "x"}], "tools": [{"type": '
+            b'"x"}]}',
             "tools[0].type",
         ),
         (
-            b'{"model": "m", "messages": [{"role": "user", "content": "x"}], "seed": 1, "user": "\\ud800"}',
+            b'{"model": "m", "messages": [{"role": "user", "content": "x"}], "seed": 1, "user": '
+            b'"\\ud800"}',
             "user",
         ),
         (b'{"model": "\\udbff", "messages": [{"role": "user", "content": "x"}]}', "model"),

@@ -1,9 +1,9 @@
 """``openforge analyze``: behaviour metrics of stored trajectories.
 
 Reads the collector's store, decodes each finished rollout into an episode
-(:mod:`openforge_trainer.analysis.episodes`), measures it (:mod:`openforge_trainer.analysis.metrics`)
-and prints one column per group (harness, policy version, or both), or a
-before/after comparison of two policy versions, as a table or as JSON.
+(:mod:`openforge_trainer.analysis.episodes`), measures it
+(:mod:`openforge_trainer.analysis.metrics`) and prints one column per group (harness, policy
+version, or both), or a before/after comparison of two policy versions, as a table or as JSON.
 ``docs/analysis.md`` defines every metric.
 """
 
@@ -244,7 +244,9 @@ def _cell(metric: analysis.Metric, summary: analysis.Summary) -> str:
 
 
 def _tools(summary: analysis.Summary) -> str:
-    return f"{len(summary.tools_used)}/{len(summary.tools_offered)} {','.join(summary.tools_used)}".strip()
+    return (
+        f"{len(summary.tools_used)}/{len(summary.tools_offered)} {','.join(summary.tools_used)}"
+    ).strip()
 
 
 def _plans(summary: analysis.Summary) -> str:

@@ -85,7 +85,8 @@ _HEURISTIC: tuple[tuple[Kind, frozenset[str]], ...] = (
     (Kind.EDIT, frozenset({"edit", "patch", "replace", "modify", "insert"})),
     (Kind.WRITE, frozenset({"write"})),
     (Kind.READ, frozenset({"read", "view", "cat", "grep"})),
-    (Kind.SHELL, frozenset({"shell", "bash", "sh", "exec", "execute", "command", "terminal", "run"})),
+    (Kind.SHELL,
+     frozenset({"shell", "bash", "sh", "exec", "execute", "command", "terminal", "run"})),
 )  # fmt: skip
 
 _LOWER_KINDS = {name.lower(): kind for name, kind in TOOL_KINDS.items()}

@@ -308,15 +308,20 @@ class Store:
         """Close the unfinished earlier attempts of this attempt's rollout (this one too,
         when a later attempt started first)."""
         identity = self._db.execute(
-            "SELECT job, task_id, sample_index, policy_version, batch FROM rollouts WHERE rollout_id = ?",
+            "SELECT job, task_id, sample_index, policy_version, batch FROM rollouts WHERE "
+            "rollout_id = ?",
             (rollout_id,),
         ).fetchone()
-        same = "job = ? AND task_id = ? AND sample_index = ? AND policy_version = ? AND batch = ? AND started = 1"
+        same = (
+            "job = ? AND task_id = ? AND sample_index = ? AND policy_version = ? AND batch = ? AND "
+            "started = 1"
+        )
         (latest,) = self._db.execute(
             f"SELECT MAX(attempt) FROM rollouts WHERE {same}", identity
         ).fetchone()
         self._db.execute(
-            f"UPDATE rollouts SET status = ?, finished = 1, closed_reason = ? WHERE {same} AND finished = 0 AND attempt < ?",
+            f"UPDATE rollouts SET status = ?, finished = 1, closed_reason = ? WHERE {same} AND "
+            "finished = 0 AND attempt < ?",
             (
                 trajectory.STOPPED,
                 f"abandoned: attempt {latest} of its rollout started",
@@ -438,7 +443,8 @@ class Store:
 
     def lost(self, job: str) -> list[LostRecord]:
         rows = self._query(
-            "SELECT body FROM records WHERE job = ? AND kind = 'lost' ORDER BY rollout_id, sequence",
+            "SELECT body FROM records WHERE job = ? AND kind = 'lost' "
+            "ORDER BY rollout_id, sequence",
             (job,),
         )
         result = []
@@ -498,7 +504,8 @@ def check(record: Record) -> None:
         and not math.isfinite(record.finished.reward)
     ):
         raise StoreError(
-            f"record {record.idempotency_key!r}: finished.reward must be a finite number, not {record.finished.reward}"
+            f"record {record.idempotency_key!r}: finished.reward must be a finite number, not "
+            f"{record.finished.reward}"
         )
 
 

@@ -89,7 +89,8 @@ class Lookup:
         result = value.get("result", "color")
         if result not in LOOKUP_RESULTS:
             raise ValueError(
-                f"{path}: 'lookup.result' must be one of {', '.join(LOOKUP_RESULTS)}, got {result!r}"
+                f"{path}: 'lookup.result' must be one of {', '.join(LOOKUP_RESULTS)}, got "
+                f"{result!r}"
             )
         return cls(value["tool"], json.dumps(arguments), result)
 

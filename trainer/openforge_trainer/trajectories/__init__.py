@@ -1,1 +1,2 @@
-"""Trajectories: the store's rollouts exported as training rows (``export``), shown to people (``render``, ``transcript``) and their images read back (``request_images``)."""
+"""Trajectories: the store's rollouts exported as training rows (``export``), shown to people
+(``render``, ``transcript``) and their images read back (``request_images``)."""

@@ -351,7 +351,8 @@ def render_plain(view: RolloutView, out: TextIO, *, full: bool = False) -> None:
             emit(f"error: {call_view.call.error}")
         if call_view.repeated:
             emit(
-                f"({call_view.repeated} earlier messages not repeated: the previous call's, and its reply)"
+                f"({call_view.repeated} earlier messages not repeated: "
+                "the previous call's, and its reply)"
             )
         elif call_view.tools:
             emit("tools offered: " + ", ".join(call_view.tools))
@@ -364,7 +365,8 @@ def render_plain(view: RolloutView, out: TextIO, *, full: bool = False) -> None:
                 emit(line)
     for lost in view.lost:
         emit(
-            f"lost {'whole rollout' if lost.whole_rollout else f'call #{lost.call_index}'}: {lost.reason}"
+            f"lost {'whole rollout' if lost.whole_rollout else f'call #{lost.call_index}'}: "
+            f"{lost.reason}"
         )
     emit()
     for line in rows_plain(view, full):
@@ -400,7 +402,8 @@ def rows_plain(view: RolloutView, full: bool) -> list[str]:
             lines.append(f"  {kind} {len(span.token_ids)}{text}")
     if view.stats.split_on_mismatch:
         lines.append(
-            f"{view.stats.split_on_mismatch} call(s) split: the sidecar said 'same segment', the tokens did not"
+            f"{view.stats.split_on_mismatch} call(s) split: "
+            "the sidecar said 'same segment', the tokens did not"
         )
     return lines
 
@@ -439,7 +442,8 @@ def _call_body(view: CallView, full: bool) -> RenderableType:
     if view.repeated:
         parts.append(
             Text(
-                f"({view.repeated} earlier messages not repeated: the previous call's, and its reply)",
+                f"({view.repeated} earlier messages not repeated: "
+                "the previous call's, and its reply)",
                 style="dim",
             )
         )

@@ -79,7 +79,8 @@ def read_request(wire_api: str, body: bytes) -> Request:
 
 
 def read_response(wire_api: str, body: bytes) -> Message | None:
-    """The assistant message of a response body; None when there is none (no body, an error body)."""
+    """The assistant message of a response body; None when there is none (no body, an error
+    body)."""
     if not body:
         return None
     codec = _codec_or_none(wire_api)
