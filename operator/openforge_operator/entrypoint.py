@@ -131,7 +131,7 @@ if [ -e "$run/finished" ]; then
   cat "$run/finished" > "$termination" 2> /dev/null
 fi
 exit "$code"
-"""  # noqa: E501, RUF100 (the printf's JSON is one single-quoted shell word)
+"""  # noqa: E501 (the printf's JSON is one single-quoted shell word)
 
 COMMAND = ["/bin/sh", "-c", SCRIPT, ARGV0]
 

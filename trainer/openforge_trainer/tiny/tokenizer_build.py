@@ -107,7 +107,7 @@ CHAT_TEMPLATE = r"""{%- if tools %}
 {%- if add_generation_prompt %}
 {{- '<|im_start|>assistant\n' }}
 {%- endif %}
-"""  # noqa: E501, RUF100 (the template is byte for byte the committed tokenizer's)
+"""  # noqa: E501 (the template is byte for byte the committed tokenizer's)
 
 
 def committed_assets() -> Path:

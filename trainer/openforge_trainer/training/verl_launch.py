@@ -214,6 +214,8 @@ def overrides(plan: Plan) -> list[str]:
         f"trainer.default_local_dir={_hydra(str(run / 'checkpoints'))}",
         f"trainer.rollout_data_dir={_hydra(str(run / 'rollouts'))}",
         "transfer_queue.backend.SimpleStorage.num_data_storage_units=1",
+        # the reward comes with each rollout (its harness was graded); one idle reward worker
+        "reward.num_workers=1",
     ]
     if plan.rollout_is:
         keys += [
@@ -228,9 +230,10 @@ def overrides(plan: Plan) -> list[str]:
             "actor_rollout_ref.actor.fsdp_config.dtype=float32",
             f"+actor_rollout_ref.actor.fsdp_config.mixed_precision={_hydra(fp32)}",
             "actor_rollout_ref.actor.fsdp_config.use_torch_compile=false",
-            # one logical GPU per worker, and CPUs for Ray's TaskRunner, TransferQueue, loops
+            # one logical GPU per worker; logical CPUs for the TaskRunner, TransferQueue's
+            # controller and storage, and each worker's placement bundle (veRL asks 3 CPUs)
             f"+ray_kwargs.ray_init.num_gpus={plan.workers}",
-            f"+ray_kwargs.ray_init.num_cpus={plan.workers + 8}",
+            f"+ray_kwargs.ray_init.num_cpus={3 * plan.workers + 4}",
             "+ray_kwargs.ray_init.include_dashboard=false",
         ]
     return keys + list(plan.verl)
@@ -243,6 +246,8 @@ def environment(plan: Plan) -> dict[str, str]:
         "VERL_FILE_LOGGER_PATH": str((plan.run_dir / METRICS).resolve()),
         "TOKENIZERS_PARALLELISM": "false",
         "RAY_DEDUP_LOGS": "0",
+        # Ray keeps up to num_cpus idle workers alive, each ~0.8 GB once it has imported veRL
+        "RAY_num_workers_soft_limit": "2",
     }
     if plan.device == "cpu":
         env[verl_platform.ENV] = verl_platform.PLATFORM
