@@ -8,6 +8,7 @@ real ``openforge serve``.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
@@ -93,6 +94,13 @@ def test_a_bad_verl_key_is_named(tmp_path: Path) -> None:
         ({"workers": 3}, "workers"),
         ({"batch": "{step}"}, "batch"),
         ({"verl": ("novalue",)}, "novalue"),
+        ({"steps": 0}, "steps"),
+        ({"workers": 0}, "workers"),
+        ({"groups_per_step": 0}, "groups_per_step"),
+        ({"verl": ("trainer.v1.trainer_mode=colocate_async",)}, "trainer_mode"),
+        ({"verl": ("trainer.use_v1=false",)}, "use_v1"),
+        ({"run_dir": Path("/tmp/${oops}")}, "run_dir"),
+        ({"store": Path('/tmp/a"b.db')}, "store"),
         ({"rollout_is": "batch"}, "rollout_is"),
         ({"rollout_is_threshold": 0.5}, "rollout_is_threshold"),
     ],
@@ -102,6 +110,13 @@ def test_a_bad_plan_is_refused_naming_the_setting(
 ) -> None:
     with pytest.raises(verl_launch.LaunchError, match=named):
         verl_launch.check(plan_for(tmp_path, **changes))
+
+
+def test_every_bad_setting_is_named_at_once(tmp_path: Path) -> None:
+    found = verl_launch.problems(plan_for(tmp_path, tasks=("a", "a"), steps=0, device="tpu"))
+    assert [p.split(":")[0] for p in found] == ["tasks", "steps", "device"]
+    assert "a" in found[0]
+    assert verl_launch.problems(plan_for(tmp_path)) == []
 
 
 @pytest.mark.parametrize(
@@ -117,6 +132,73 @@ def test_a_bad_plan_is_refused_naming_the_setting(
 def test_bad_rollout_options_are_named(custom: dict[str, Any], named: str) -> None:
     with pytest.raises(verl_rollout.OptionsError, match=named):
         verl_rollout.options(custom)
+
+
+def _weights(seed: int) -> dict[str, torch.Tensor]:
+    generator = torch.Generator().manual_seed(seed)
+    return {"w": torch.randn(4, 4, generator=generator)}
+
+
+@pytest.fixture(scope="module")
+def tiny_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, str]]:
+    model_dir = rollout_sampler.build_tiny_model(tmp_path_factory.mktemp("tiny") / "model")
+    url, _, stop = serve.start_in_thread(serve.ServeConfig(model_dir=model_dir))
+    yield model_dir, url
+    stop()
+
+
+def test_a_version_is_a_directory_that_serve_loads_by_path_and_by_bytes(
+    tmp_path: Path, tiny_server: tuple[Path, str]
+) -> None:
+    model_dir, url = tiny_server
+    tensors = safetensors_torch.load_file(model_dir / "model.safetensors")
+    for version, mode in ((1, "path"), (2, "bytes")):
+        opts = verl_rollout.options(
+            {"openforge": {"weights_dir": str(tmp_path), "publish": [{"url": url, "mode": mode}]}}
+        )
+        (result,) = verl_rollout.publish_version(opts, tensors=tensors, version=version)
+        assert result.ok, result.detail
+        assert publish.ServePublisher(url).policy()["policy_version"] == version
+    assert (tmp_path / "policy-2" / verl_rollout.SINGLE_FILE).is_file()
+    assert not list(tmp_path.glob(".policy-*"))  # no partial left
+
+
+def test_a_failed_publish_is_recorded_and_old_versions_pruned(tmp_path: Path) -> None:
+    opts = verl_rollout.options(
+        {
+            "openforge": {
+                "weights_dir": str(tmp_path),
+                "keep": 2,
+                "publish": [{"url": "http://127.0.0.1:9"}],
+            }
+        }
+    )
+    (tmp_path / "policy-x").mkdir(parents=True)  # not a version: left alone
+    for version in range(4):
+        (result,) = verl_rollout.publish_version(opts, tensors=_weights(version), version=version)
+        assert not result.ok  # nothing listens there; recorded, not raised
+    assert sorted(p.name for p in tmp_path.glob("policy-*")) == ["policy-2", "policy-3", "policy-x"]
+    lines = (tmp_path / verl_rollout.RESULTS_FILE).read_text().splitlines()
+    assert [(json.loads(line)["policy_version"], json.loads(line)["ok"]) for line in lines] == [
+        (v, False) for v in range(4)
+    ]
+
+
+def test_the_rollout_publishes_a_steps_weights_and_nothing_without_a_step(
+    tmp_path: Path, tiny_server: tuple[Path, str]
+) -> None:
+    model_dir, url = tiny_server
+    tensors = safetensors_torch.load_file(model_dir / "model.safetensors")
+    rollout = verl_rollout.ExternalRollout.__new__(verl_rollout.ExternalRollout)
+    rollout.options = verl_rollout.options(
+        {"openforge": {"weights_dir": str(tmp_path), "publish": [{"url": url}]}}
+    )
+    asyncio.run(rollout.update_weights(iter(tensors.items()), global_steps=None))
+    assert not list(tmp_path.glob("policy-*"))
+    asyncio.run(rollout.update_weights(iter(tensors.items()), global_steps=7))
+    assert publish.ServePublisher(url).policy()["policy_version"] == 7
+    with pytest.raises(ValueError, match="LoRA"):
+        asyncio.run(rollout.update_weights(iter(()), global_steps=8, peft_config={"r": 8}))
 
 
 def test_each_step_reads_its_iterations_batch() -> None:
@@ -175,6 +257,7 @@ def trained(captured: Path, served: str) -> Path:
         *("--model", str(captured / "model"), "--store", str(captured / "store.db")),
         *("--job", "job", "--task", "a", "--task", "b", "--run-dir", str(run_dir)),
         *("--group-size", str(SAMPLES), "--steps", "2", "--workers", "2", "--serve", served),
+        *("--serve-publish", "bytes"),
         # recompute the old log-probs (veRL's decoupled mode) to measure them against the
         # captured ones, with truncated IS; OpenForge's default takes the captured ones
         *("--recompute-old-log-probs", "--rollout-is", "token"),
@@ -209,6 +292,8 @@ def _decoded_rows(base: Path, batch: str) -> dict[str, set[tuple[str, str]]]:
     return out
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(1200)  # the fixture's veRL run: ~3-4 min
 def test_verl_trains_each_step_on_its_groups_of_distinct_captured_rollouts(
     captured: Path, trained: Path
 ) -> None:
@@ -228,6 +313,8 @@ def test_verl_trains_each_step_on_its_groups_of_distinct_captured_rollouts(
         assert all(len(g) == SAMPLES for g in groups.values())
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(1200)
 def test_verl_recomputes_the_captured_log_probs(trained: Path) -> None:
     steps = {entry["step"]: entry["data"] for entry in verl_launch.metrics(trained)}
     assert sorted(steps) == [1, 2]
@@ -242,6 +329,8 @@ def test_verl_recomputes_the_captured_log_probs(trained: Path) -> None:
     assert any(key.startswith("rollout_corr/rollout_is") for key in first), sorted(first)
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(1200)
 def test_the_weights_of_each_step_reach_openforge_serve(
     captured: Path, served: str, trained: Path
 ) -> None:
@@ -256,6 +345,6 @@ def test_the_weights_of_each_step_reach_openforge_serve(
     ]
     assert publish.ServePublisher(served).policy()["policy_version"] == 2
     initial = safetensors_torch.load_file(captured / "model" / "model.safetensors")
-    final = safetensors_torch.load_file(trained / "weights" / "policy-2.safetensors")
+    final = safetensors_torch.load_file(trained / "weights" / "policy-2" / verl_rollout.SINGLE_FILE)
     moved = [name for name in initial if not torch.equal(initial[name], final[name])]
     assert moved, "two GRPO steps changed no weight"

@@ -81,38 +81,66 @@ class Plan:
     verl: tuple[str, ...] = ()  # the user's own veRL keys, KEY=VALUE
 
     def tasks_per_step(self) -> int:
-        return self.groups_per_step or len(self.tasks)
+        return len(self.tasks) if self.groups_per_step is None else self.groups_per_step
 
 
-def check(plan: Plan) -> None:
-    """Refuse a plan veRL would choke on later, naming the setting."""
+# the trainer modes whose step s reads the rollouts of iteration s - 1 (veRL's async modes
+# tag batches with the step they were submitted at, and warm up ahead)
+SYNC_KEYS = {"trainer.v1.trainer_mode": "sync", "trainer.use_v1": "true"}
+
+
+def problems(plan: Plan) -> list[str]:
+    """Everything wrong with the plan, each naming its setting and value ([] when none)."""
+    out: list[str] = []
     if not plan.tasks:
-        raise LaunchError("tasks: at least one task")
-    if len(set(plan.tasks)) != len(plan.tasks):
-        raise LaunchError("tasks: a task is named twice")
+        out.append("tasks: at least one task")
+    twice = sorted({task for task in plan.tasks if plan.tasks.count(task) > 1})
+    if twice:
+        out.append(f"tasks: named twice: {', '.join(twice)}")
     if plan.group_size < 2:
-        raise LaunchError("group_size: GRPO needs >= 2 samples per task")
+        out.append(f"group_size: GRPO needs >= 2 samples per task, got {plan.group_size}")
+    if plan.steps < 1:
+        out.append(f"steps: >= 1, got {plan.steps}")
+    if plan.workers < 1:
+        out.append(f"workers: >= 1, got {plan.workers}")
     if plan.device not in ("cpu", "cuda"):
-        raise LaunchError(f"device: cpu or cuda, got {plan.device!r}")
+        out.append(f"device: cpu or cuda, got {plan.device!r}")
     per_step = plan.tasks_per_step()
-    if not 1 <= per_step <= len(plan.tasks):
-        raise LaunchError(f"groups_per_step: 1..{len(plan.tasks)} (the tasks), got {per_step}")
-    if (per_step * plan.group_size) % plan.workers:
-        raise LaunchError(
+    if plan.groups_per_step is not None and not 1 <= per_step <= len(plan.tasks):
+        out.append(f"groups_per_step: 1..{len(plan.tasks)} (the tasks), got {per_step}")
+    elif plan.workers >= 1 and (per_step * plan.group_size) % plan.workers:
+        out.append(
             f"workers: {plan.workers} must divide the samples of a step "
             f"({per_step} tasks x {plan.group_size})"
         )
     if plan.rollout_is not in (None, "token", "sequence"):
-        raise LaunchError(f"rollout_is: token or sequence, got {plan.rollout_is!r}")
+        out.append(f"rollout_is: token or sequence, got {plan.rollout_is!r}")
     if not plan.rollout_is_threshold > 1:
-        raise LaunchError(f"rollout_is_threshold: > 1, got {plan.rollout_is_threshold}")
+        out.append(f"rollout_is_threshold: > 1, got {plan.rollout_is_threshold}")
     try:
         plan.batch.format(iteration=0)
-    except (KeyError, IndexError, ValueError) as exc:
-        raise LaunchError(f"batch: {plan.batch!r} is not a template of {{iteration}}") from exc
+    except (KeyError, IndexError, ValueError):
+        out.append(f"batch: {plan.batch!r} is not a template of {{iteration}}")
     for item in plan.verl:
-        if "=" not in item or item.startswith("="):
-            raise LaunchError(f"verl option {item!r}: expected KEY=VALUE")
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            out.append(f"verl option {item!r}: expected KEY=VALUE")
+        elif key.lstrip("+~") in SYNC_KEYS and value.strip().lower() != SYNC_KEYS[key.lstrip("+~")]:
+            out.append(
+                f"verl option {item!r}: only veRL's synchronous v1 trainer reads each step's "
+                "own rollouts"
+            )
+    for name, path in (("model", plan.model), ("store", plan.store), ("run_dir", plan.run_dir)):
+        if any(bad in str(path) for bad in UNQUOTABLE):
+            out.append(f"{name}: {str(path)!r} has one of {UNQUOTABLE}, which veRL's config reads")
+    return out
+
+
+def check(plan: Plan) -> None:
+    """Refuse a plan veRL would choke on later, naming every setting at fault."""
+    found = problems(plan)
+    if found:
+        raise LaunchError("; ".join(found))
 
 
 def dataset_rows(plan: Plan) -> list[dict[str, Any]]:
@@ -147,14 +175,21 @@ def agent_loops(plan: Plan) -> list[dict[str, Any]]:
     ]
 
 
+# Hydra escapes a backslash only before a quote, and OmegaConf interpolates ``${`` even in
+# quoted strings: such values are refused (check) rather than quoted wrongly
+UNQUOTABLE = ("\\", '"', "${")
+
+
 def _hydra(value: Any) -> str:
-    """A value in Hydra's override grammar: bare dict keys, quoted strings."""
+    """A value in Hydra's override grammar: bare dict keys, double-quoted strings."""
     if isinstance(value, dict):
         return "{" + ",".join(f"{key}:{_hydra(item)}" for key, item in value.items()) + "}"
     if isinstance(value, list | tuple):
         return "[" + ",".join(_hydra(item) for item in value) + "]"
     if isinstance(value, str):
-        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+        if any(bad in value for bad in UNQUOTABLE):
+            raise LaunchError(f"{value!r}: has one of {UNQUOTABLE}, which veRL's config reads")
+        return f'"{value}"'
     return json.dumps(value)  # numbers, true/false, null
 
 
@@ -217,6 +252,9 @@ def overrides(plan: Plan) -> list[str]:
         # the reward comes with each rollout (its harness was graded); one idle reward worker
         "reward.num_workers=1",
     ]
+    # what veRL's processes need, also for Ray workers on other nodes (a local cluster's
+    # inherit the driver's environment; a remote one's get only the runtime env)
+    keys.append(f"+ray_kwargs.ray_init.runtime_env.env_vars={_hydra(environment(plan))}")
     if plan.rollout_is:
         keys += [
             f"algorithm.rollout_correction.rollout_is={plan.rollout_is}",
@@ -345,6 +383,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     cli.add_argument("--rollout-is-threshold", type=float, default=2.0)
     cli.add_argument("--serve", action="append", default=[], metavar="URL")
+    cli.add_argument(
+        "--serve-publish",
+        choices=("path", "bytes"),
+        default="path",
+        help="how --serve servers get the weights: a path they read, or the bytes",
+    )
     cli.add_argument("--vllm", action="append", default=[], metavar="URL")
     cli.add_argument("--verl", action="append", default=[], metavar="KEY=VALUE")
     return cli
@@ -368,7 +412,7 @@ def main(argv: Sequence[str]) -> int:
         recompute_old_log_probs=args.recompute_old_log_probs,
         rollout_is=args.rollout_is,
         rollout_is_threshold=args.rollout_is_threshold,
-        publish=tuple(verl_rollout.Target(url=u) for u in args.serve)
+        publish=tuple(verl_rollout.Target(url=u, mode=args.serve_publish) for u in args.serve)
         + tuple(verl_rollout.Target(url=u, kind="vllm") for u in args.vllm),
         verl=tuple(args.verl),
     )

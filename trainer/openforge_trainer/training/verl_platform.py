@@ -15,9 +15,9 @@ veRL's platform registry under :data:`PLATFORM` and chosen with
 Ray still schedules veRL's workers on ``GPU`` resources, so the local Ray
 cluster declares logical GPUs, one per worker (:mod:`verl_launch`).
 
-This is for tests, laptops and CI: the same config with the device keys
-swapped runs on GPUs (docs/trainer.md). It touches veRL internals, so veRL is
-pinned and the veRL trainer test is the alarm when an upgrade breaks them.
+This is for tests, laptops and CI; on GPUs the same plan drops these keys
+(docs/trainer.md; not run on a GPU here). It touches veRL internals, so veRL
+is pinned and the veRL trainer test is the alarm when an upgrade breaks them.
 """
 
 from __future__ import annotations

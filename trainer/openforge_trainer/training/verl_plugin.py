@@ -10,7 +10,5 @@ from __future__ import annotations
 
 from openforge_trainer.training import verl_platform, verl_rollout
 
-MODULE = __name__
-
 verl_platform.install()
 verl_rollout.install()

@@ -8,7 +8,7 @@ serve``, or vLLM); veRL only trains. This rollout is veRL's hook for that:
 * :class:`ExternalRollout` lives in every actor worker (veRL's hybrid
   engine). After each step veRL hands it the full parameters, one tensor at a
   time; every rank walks the generator (the FSDP gathers are collectives), and
-  rank 0 writes them to one safetensors file and publishes it through the
+  rank 0 writes them to a checkpoint directory and publishes it through the
   OpenForge publishers with ``policy_version`` = veRL's global step (the
   weights after step *s* are version *s*, as in ``openforge train``).
 * :class:`ExternalReplica` is the replica veRL's server manager launches: it
@@ -23,19 +23,28 @@ Options, under ``actor_rollout_ref.rollout.custom.openforge`` (checked by
     weights_dir: /data/openforge/verl-weights   # where rank 0 writes each version
     keep: 2            # versions kept on disk (the servers may still be loading one)
 
-A publish that fails is logged and recorded, never raised, as in ``openforge
-train``: the servers keep serving the old version and the rollouts say so.
+Each version is a directory ``weights_dir/policy-{step}/model.safetensors``
+(written whole, then renamed); the last ``keep`` are kept, and every publish's
+result is a line of ``weights_dir/publishes.jsonl``. A publish that fails is
+logged and recorded, never raised, as in ``openforge train``: ``openforge
+serve`` keeps serving the old version and the rollouts say so (a vLLM server
+whose load failed stays paused, as ``VLLMPublisher`` says). A weight sync
+veRL makes without a step (outside training) publishes nothing. LoRA adapters
+are refused (merge them: ``actor_rollout_ref.model.lora.merge=true``).
 """
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import json
 import logging
+import os
+import shutil
 import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, cast
 
 import torch
 from safetensors.torch import save_file
@@ -45,6 +54,7 @@ from verl.workers.rollout.replica import RolloutReplica
 from openforge_trainer.serving import publish as publishing
 
 NAME = "external"
+SINGLE_FILE = "model.safetensors"
 log = logging.getLogger(__name__)
 
 RESULTS_FILE = "publishes.jsonl"  # one line per publish, in weights_dir
@@ -57,8 +67,8 @@ class OptionsError(ValueError):
 @dataclasses.dataclass(frozen=True)
 class Target:
     url: str
-    kind: str = "serve"  # serve | vllm
-    mode: str = "path"  # serve only: path | bytes
+    kind: Literal["serve", "vllm"] = "serve"
+    mode: Literal["path", "bytes"] = "path"  # serve only
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,7 +83,7 @@ class Options:
             if target.kind == "vllm":
                 out.append(publishing.VLLMPublisher(target.url, set_weight_version=True))
             else:
-                out.append(publishing.ServePublisher(target.url, mode=target.mode))  # type: ignore[arg-type]
+                out.append(publishing.ServePublisher(target.url, mode=target.mode))
         return out
 
 
@@ -95,16 +105,18 @@ def options(custom: Mapping[str, Any] | None) -> Options:
         extra = sorted(set(item) - {"url", "kind", "mode"})
         if extra:
             raise OptionsError(f"{where}.{extra[0]}: unknown key (known: kind, mode, url)")
-        target = Target(
-            url=str(item["url"]),
-            kind=str(item.get("kind", "serve")),
-            mode=str(item.get("mode", "path")),
+        kind, mode = item.get("kind", "serve"), item.get("mode", "path")
+        if kind not in ("serve", "vllm"):
+            raise OptionsError(f"{where}.kind: must be serve or vllm, got {kind!r}")
+        if mode not in ("path", "bytes"):
+            raise OptionsError(f"{where}.mode: must be path or bytes, got {mode!r}")
+        targets.append(
+            Target(
+                url=str(item["url"]),
+                kind=cast(Literal["serve", "vllm"], kind),
+                mode=cast(Literal["path", "bytes"], mode),
+            )
         )
-        if target.kind not in ("serve", "vllm"):
-            raise OptionsError(f"{where}.kind: must be serve or vllm, got {target.kind!r}")
-        if target.mode not in ("path", "bytes"):
-            raise OptionsError(f"{where}.mode: must be path or bytes, got {target.mode!r}")
-        targets.append(target)
     keep = raw.get("keep", 2)
     if not isinstance(keep, int) or keep < 1:
         raise OptionsError(f"{PREFIX}.keep: must be an integer >= 1, got {keep!r}")
@@ -118,37 +130,58 @@ def options(custom: Mapping[str, Any] | None) -> Options:
     )
 
 
-def write_version(weights_dir: Path, tensors: dict[str, torch.Tensor], version: int) -> Path:
-    """The tensors as ``policy-{version}.safetensors``, written whole before it is named."""
+def version_dir(weights_dir: Path, version: int) -> Path:
+    return weights_dir / f"policy-{version}"
+
+
+def write_version(*, weights_dir: Path, tensors: dict[str, torch.Tensor], version: int) -> Path:
+    """The tensors as ``policy-{version}/model.safetensors``, a directory (what ``openforge
+    serve``, its bytes mode and the vLLM worker extension all read), complete and fsync'd
+    before it is named."""
     weights_dir.mkdir(parents=True, exist_ok=True)
-    final = weights_dir / f"policy-{version}.safetensors"
-    partial = final.with_suffix(".partial")
-    save_file({name: t.contiguous() for name, t in tensors.items()}, str(partial))
+    final = version_dir(weights_dir, version)
+    partial = weights_dir / f".policy-{version}.partial"
+    shutil.rmtree(partial, ignore_errors=True)  # a failed write's leftovers
+    partial.mkdir()
+    target = partial / SINGLE_FILE
+    save_file({name: t.contiguous() for name, t in tensors.items()}, str(target))
+    with target.open("rb") as written:
+        os.fsync(written.fileno())
+    shutil.rmtree(final, ignore_errors=True)  # a version written again (a restarted run)
     partial.replace(final)
     return final
 
 
-def prune(weights_dir: Path, keep: int) -> None:
-    """Delete all but the ``keep`` newest versions."""
+def _version_of(path: Path) -> int | None:
+    number = path.name.removeprefix("policy-")
+    return int(number) if path.is_dir() and number.isdigit() else None
+
+
+def prune(*, weights_dir: Path, keep: int) -> None:
+    """Delete all but the ``keep`` newest versions (other files are left alone)."""
     versions = sorted(
-        weights_dir.glob("policy-*.safetensors"), key=lambda p: int(p.stem.split("-", 1)[1])
+        (version, path)
+        for path in weights_dir.glob("policy-*")
+        if (version := _version_of(path)) is not None
     )
-    for old in versions[:-keep]:
-        old.unlink(missing_ok=True)
+    for _, old in versions[:-keep]:
+        shutil.rmtree(old, ignore_errors=True)
 
 
 def publish_version(
-    opts: Options, tensors: dict[str, torch.Tensor], version: int
-) -> list[dict[str, Any]]:
-    """Write one version and publish it to every target; the results, also logged to disk."""
-    if opts.weights_dir is None:
+    opts: Options, *, tensors: dict[str, torch.Tensor], version: int
+) -> list[publishing.PublishResult]:
+    """Write one version and publish it to every target; each result logged and appended
+    to ``publishes.jsonl`` (a failed publish is recorded, not raised). Nothing is written
+    without targets: veRL's own checkpoints (``trainer.save_freq``) keep the weights."""
+    if opts.weights_dir is None or not opts.publish:
         return []
-    path = write_version(opts.weights_dir, tensors, version)
+    path = write_version(weights_dir=opts.weights_dir, tensors=tensors, version=version)
     results = publishing.publish_all(opts.publishers(), path, version)
-    lines = [dataclasses.asdict(r) for r in results]
     with (opts.weights_dir / RESULTS_FILE).open("a") as out:
-        for line in lines or [{"policy_version": version, "ok": True, "url": "", "kind": "none"}]:
-            out.write(json.dumps({**line, "path": str(path), "time": time.time()}) + "\n")
+        for r in results:
+            line = {**dataclasses.asdict(r), "path": str(path), "time": time.time()}
+            out.write(json.dumps(line) + "\n")
     for r in results:
         (log.info if r.ok else log.warning)(
             "publish policy %d to %s %s: %s (%s)",
@@ -158,8 +191,8 @@ def publish_version(
             "ok" if r.ok else "FAILED",
             r.detail,
         )
-    prune(opts.weights_dir, opts.keep)
-    return lines
+    prune(weights_dir=opts.weights_dir, keep=opts.keep)
+    return results
 
 
 def _rank() -> int:
@@ -179,7 +212,6 @@ class ExternalRollout(BaseRollout):
     async def release(self) -> None:
         pass
 
-    @torch.no_grad()
     async def update_weights(
         self,
         weights: Iterable[tuple[str, torch.Tensor]],
@@ -189,13 +221,29 @@ class ExternalRollout(BaseRollout):
     ) -> None:
         if wire_format != "named_tensors":
             raise ValueError(f"external rollout: wire_format {wire_format!r} (named_tensors only)")
+        if kwargs.get("peft_config") is not None:
+            # veRL then sends the base weights and the adapter apart, under one version
+            raise ValueError(
+                "external rollout: LoRA adapters are not published; set "
+                "actor_rollout_ref.model.lora.merge=true to publish merged weights"
+            )
         leader = _rank() == 0
         tensors: dict[str, torch.Tensor] = {}
-        for name, tensor in weights:  # every rank: the gathers behind each tensor are collectives
-            if leader:
-                tensors[name] = tensor.detach().to("cpu", copy=True)
-        if leader:
-            publish_version(self.options, tensors, int(global_steps or 0))
+        with torch.no_grad():
+            for name, tensor in weights:  # every rank: each tensor's gather is a collective
+                if leader:
+                    tensors[name] = tensor.detach().to("cpu", copy=True)
+        if not leader:
+            return
+        if global_steps is None:
+            # veRL syncs without a step outside training (e.g. around validation): the
+            # weights are a version already published, and version 0 they are not
+            log.info("external rollout: weight sync without a step, nothing published")
+            return
+        # writing and HTTP off the worker's event loop
+        await asyncio.to_thread(
+            publish_version, self.options, tensors=tensors, version=int(global_steps)
+        )
 
 
 class ExternalReplica(RolloutReplica):
