@@ -41,7 +41,8 @@ from typing import Any
 
 from openforge_trainer.collection import store
 from openforge_trainer.training import loop as trainer_loop
-from openforge_trainer.training import rollout_sampler
+from openforge_trainer.training import metrics as train_metrics
+from openforge_trainer.training import rollout_sampler, verl_launch
 
 JOB = "bench"
 
@@ -88,8 +89,7 @@ def run_openforge(base: Path, *, tasks: int, samples: int, steps: int) -> dict[s
         ],
         base / "openforge.log",
     )
-    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
-    per_step = [json.loads(line) for line in lines if line.strip()]
+    per_step = train_metrics.read(run_dir / train_metrics.JSONL)
     return {
         "wall_s": wall,
         "steps": [
@@ -112,8 +112,7 @@ def run_verl(base: Path, *, task_ids: list[str], samples: int, steps: int) -> di
         *(arg for task in task_ids for arg in ("--task", task)),
     ]
     wall = _run(command, base / "verl.log")
-    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
-    per_step = [json.loads(line)["data"] for line in lines if line.strip()]
+    per_step = [entry["data"] for entry in verl_launch.metrics(run_dir)]
     return {
         "wall_s": wall,
         "steps": [

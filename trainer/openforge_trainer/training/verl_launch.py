@@ -39,9 +39,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from openforge_trainer.training import verl_agent_loop, verl_platform, verl_rollout
+from openforge_trainer.training import verl_agent_loop, verl_platform, verl_plugin, verl_rollout
 
-PLUGIN = "openforge_trainer.training.verl_plugin"
+PLUGIN = verl_plugin.__name__
 AGENT = "openforge"
 DATASET = "tasks.parquet"
 AGENT_LOOPS = "agent_loops.yaml"
@@ -325,8 +325,7 @@ def run(plan: Plan) -> None:
     prepare(plan)
     os.environ.update(environment(plan))
     # this process imported veRL before the environment named the plugin: install it here too
-    verl_platform.install()
-    verl_rollout.install()
+    verl_plugin.install()
     import ray
     from verl.trainer import main_ppo
     from verl.trainer.ppo.utils import need_critic, need_reference_policy
@@ -347,10 +346,9 @@ def run(plan: Plan) -> None:
 
 def metrics(run_dir: Path) -> list[dict[str, Any]]:
     """veRL's metrics, one dict per step (``{"step": s, "data": {...}}``)."""
-    path = run_dir / METRICS
-    if not path.is_file():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    from openforge_trainer.training import metrics as train_metrics  # matplotlib: only here
+
+    return train_metrics.read(run_dir / METRICS)
 
 
 def _parser() -> argparse.ArgumentParser:

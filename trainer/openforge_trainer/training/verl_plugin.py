@@ -10,5 +10,11 @@ from __future__ import annotations
 
 from openforge_trainer.training import verl_platform, verl_rollout
 
-verl_platform.install()
-verl_rollout.install()
+
+def install() -> None:
+    """Everything OpenForge registers with veRL (idempotent)."""
+    verl_platform.install()
+    verl_rollout.install()
+
+
+install()

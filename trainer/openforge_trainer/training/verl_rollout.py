@@ -182,15 +182,14 @@ def publish_version(
         for r in results:
             line = {**dataclasses.asdict(r), "path": str(path), "time": time.time()}
             out.write(json.dumps(line) + "\n")
-    for r in results:
-        (log.info if r.ok else log.warning)(
-            "publish policy %d to %s %s: %s (%s)",
-            version,
-            r.kind,
-            r.url,
-            "ok" if r.ok else "FAILED",
-            r.detail,
-        )
+            (log.info if r.ok else log.warning)(
+                "publish policy %d to %s %s: %s (%s)",
+                version,
+                r.kind,
+                r.url,
+                "ok" if r.ok else "FAILED",
+                r.detail,
+            )
     prune(weights_dir=opts.weights_dir, keep=opts.keep)
     return results
 
