@@ -1,14 +1,18 @@
 #!/usr/bin/env bash
-# pytest in two processes side by side, for a 2-core machine whose slowest tests mostly
-# wait: the paths in OPENFORGE_TEST_BESIDE (default: the real-cluster tier, which waits
-# on its pods, and the Codex CLI learning run, which waits on its harness) run in the
-# background while the rest runs in the foreground, serially as ever. The background's
+# pytest in two processes side by side, on a 2-core machine: the paths in
+# OPENFORGE_TEST_BESIDE (default: the Codex CLI learning run, then the real-cluster tier,
+# which mostly waits on its pods) run in the background, in that order, while the rest
+# runs in the foreground, serially as ever.
+# The Codex run goes first: one CPU-bound run (~175 CPU-seconds an iteration) under one
+# deadline; started after the kind tier, a CI run got 5 of its 10 iterations done in
+# 2,200 s beside the foreground's tail. The kind tier's tests each wait on their own
+# pods. The background's
 # output follows the foreground's. Arguments go to both. Naming a test path, or
 # OPENFORGE_TEST_SERIAL=1, runs one pytest, as given.
 # Exit status: the larger of the two, where 5 (nothing collected) counts only if both
 # collected nothing.
 set -uo pipefail
-read -r -a beside <<<"${OPENFORGE_TEST_BESIDE:-tests/kind tests/runner/test_learning_codex.py}"
+read -r -a beside <<<"${OPENFORGE_TEST_BESIDE:-tests/runner/test_learning_codex.py tests/kind}"
 split=1
 [ "${OPENFORGE_TEST_SERIAL:-0}" = 1 ] && split=0
 for arg in "$@"; do

@@ -58,6 +58,12 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
         "main",
         "train the policy on captured rollouts (GRPO) and publish new weights",
     ),
+    "train-verl": (
+        "openforge_trainer.training.verl_launch",
+        "main",
+        "train on captured rollouts with veRL's Ray trainer (GRPO, FSDP2 workers) and publish "
+        "new weights",
+    ),
     "model": (
         "openforge_trainer.tiny.cli",
         "main",

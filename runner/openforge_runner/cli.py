@@ -24,8 +24,13 @@ from openforge.api import manifests
 
 from openforge_runner import executor, plan, processes, progress, runner
 
-# `openforge train` prints one of these once its settings are valid and its policy is loaded
-TRAINER_READY = ("openforge train: starting", "openforge train: resumed")
+# `openforge train` prints one of these once its settings are valid and its policy is loaded;
+# `openforge train-verl` once its settings and veRL's config are, before its Ray cluster starts
+TRAINER_READY = (
+    "openforge train: starting",
+    "openforge train: resumed",
+    "openforge train-verl: starting",
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -84,13 +89,27 @@ def main(argv: list[str]) -> int:
     if problem:
         print(f"openforge run: RolloutJob {bundle.name}: spec.training: {problem}", file=sys.stderr)
         return 2
+    trainer_engine = plan.engine(bundle) if train else None
     run_dir.mkdir(parents=True, exist_ok=True)
     finished = runner.finished_history(
         bundle, runner.Journal(run_dir / "journal.jsonl"), iterations, train=train
     )
     if finished is not None:  # nothing to start any process for
-        print(progress.summary(finished, run_dir=run_dir, trained=train, nothing_left=True))
+        print(
+            progress.summary(
+                finished, run_dir=run_dir, trained=train, engine=trainer_engine, nothing_left=True
+            )
+        )
         return 0
+    trained_before = runner.resume_state(runner.Journal(run_dir / "journal.jsonl")).trained
+    if trainer_engine == "verl" and trained_before:
+        print(
+            f"openforge run: {run_dir}: an earlier run trained {len(trained_before)} iteration(s) "
+            "with engine verl, which cannot resume training (veRL's trainer would start again "
+            "from its first step); run with a new --run-dir",
+            file=sys.stderr,
+        )
+        return 2
     stop = threading.Event()
     _on_signal(stop)
     services: list[processes.Service] = []
@@ -169,7 +188,9 @@ def main(argv: list[str]) -> int:
                 ),
             )
             trainer.wait_for_line(TRAINER_READY)
-            supervisor.watch(trainer)  # a restarted trainer resumes from its checkpoint
+            if trainer_engine == "openforge":
+                supervisor.watch(trainer)  # a restarted trainer resumes from its checkpoint
+            # (veRL's trainer would restart from its first step: its death ends the run)
         base_version = runner.policy_version(engine_url)
         resume = runner.resume_state(runner.Journal(run_dir / "journal.jsonl"))
         endpoints = executor.Endpoints(engine_url, f"127.0.0.1:{collector.port}", base_version)
@@ -209,7 +230,11 @@ def main(argv: list[str]) -> int:
                     version = runner.wait_for_policy(
                         engine_url,
                         iteration + 1,
-                        alive=lambda: supervisor.alive(trainer),
+                        alive=lambda: (
+                            supervisor.alive(trainer)
+                            if trainer_engine == "openforge"
+                            else trainer.alive()
+                        ),
                         stop=stop,
                         timeout=1800,
                     )
@@ -227,7 +252,11 @@ def main(argv: list[str]) -> int:
             collector=f"127.0.0.1:{collector.port}",
             when="left with records unacknowledged",
         )
-        print(progress.summary(history, run_dir=run_dir, trained=trainer is not None))
+        print(
+            progress.summary(
+                history, run_dir=run_dir, trained=trainer is not None, engine=trainer_engine
+            )
+        )
         if stop.is_set():
             print(f"openforge run: stopped; run the same command again to continue ({run_dir})")
             return 130
@@ -284,7 +313,8 @@ CHECK_SERVE_URL = "http://127.0.0.1"
 
 
 def _check_training(train_args: list[str] | None) -> str:
-    """What ``openforge train`` (the trainer's own validation, ``--check``) says is wrong
+    """What the trainer's own validation (``openforge train --check``, or ``train-verl``'s,
+    which also composes veRL's config) says is wrong
     with these settings; "" when nothing is (or nothing is trained). Run before anything
     starts, so that a bad ``spec.training`` option costs no service start and no rollout."""
     if train_args is None:
@@ -294,8 +324,12 @@ def _check_training(train_args: list[str] | None) -> str:
     )
     if done.returncode == 0:
         return ""
-    lines = [line.removeprefix("openforge train: ") for line in done.stderr.strip().splitlines()]
-    return "\n".join(lines) or f"openforge train --check exited with {done.returncode}"
+    prefix = f"openforge {train_args[0]}: "
+    lines = done.stderr.strip().splitlines()
+    # from the trainer's own message on (veRL's imports log warnings before it); else all
+    first = next((i for i, line in enumerate(lines) if line.startswith(prefix)), 0)
+    lines = [line.removeprefix(prefix) for line in lines[first:]]
+    return "\n".join(lines) or f"openforge {train_args[0]} --check exited with {done.returncode}"
 
 
 def _start(services: list[processes.Service], service: processes.Service) -> processes.Service:

@@ -107,8 +107,7 @@ def run_rollout(
             str(SIDECAR_FLUSH_SECONDS),
             "--finish-on-stop",
             "--label",
-            f"{trajectory.BATCH_LABEL}={rollout.iteration}/"
-            f"{len(bundle.tasks) * bundle.job.spec.samples_per_task}",
+            f"{trajectory.BATCH_LABEL}={plan.batch_label(bundle, rollout.iteration)}",
         ),
         home / "sidecar.log",
         port=port,

@@ -345,16 +345,28 @@ def checkpoint_version(model_dir: Path) -> int:
     return int(json.loads(state.read_text()).get("policy_version", 0))
 
 
+def engine(bundle: Bundle) -> str:
+    """The trainer the job asks for: ``openforge`` (``openforge train``) or ``verl``."""
+    training = bundle.job.spec.training
+    return training.engine if training is not None else "openforge"
+
+
+def batch_label(bundle: Bundle, iteration: int | str) -> str:
+    """The ``openforge.dev/batch`` label of an iteration's rollouts (the sidecar's
+    ``--label``; the veRL engine's ``--batch`` template, with ``"{iteration}"``)."""
+    return f"{iteration}/{len(bundle.tasks) * bundle.job.spec.samples_per_task}"
+
+
 def trainer_args(
     bundle: Bundle, *, model: Path | None, run_dir: Path, store: Path, serve: str, iterations: int
 ) -> list[str]:
-    """``openforge train`` arguments for a local run: one step per iteration,
-    trained on every task's group of that iteration; ``spec.training.options``
-    become ``--option NAME=VALUE`` (the trainer validates them)."""
+    """The trainer's ``openforge`` arguments for a local run: one step per iteration,
+    trained on every task's group of that iteration. ``spec.training.options`` pass
+    through (``--option NAME=VALUE`` to ``openforge train``, ``--verl KEY=VALUE`` to
+    ``openforge train-verl``); the trainer validates them."""
     if model is None:
         raise PlanError("training locally needs spec.policy.model to be a local model directory")
-    args = [
-        "train",
+    common = [
         "--store",
         str(store),
         "--job",
@@ -367,21 +379,37 @@ def trainer_args(
         serve,
         "--steps",
         str(iterations),
-        "--groups-per-step",
-        str(len(bundle.tasks)),
         "--group-size",
         str(bundle.job.spec.samples_per_task),
     ]
     training = bundle.job.spec.training
     if training is not None:
-        if training.learning_rate is not None:
-            args += ["--lr", str(training.learning_rate)]
-        if training.seed is not None:
-            args += ["--seed", str(training.seed)]
+        # the settings both trainers take by the same flag
+        for flag, value in (
+            ("--lr", training.learning_rate),
+            ("--seed", training.seed),
+            ("--kl-coef", training.kl_coef),
+        ):
+            if value is not None:
+                common += [flag, str(value)]
+    if training is not None and training.engine == "verl":
+        return ["train-verl", *common, *_verl_args(bundle, training)]
+    args = ["train", *common, "--groups-per-step", str(len(bundle.tasks))]
+    if training is not None:
         if training.max_staleness is not None:
             args += ["--max-staleness", str(training.max_staleness)]
-        if training.kl_coef is not None:
-            args += ["--kl-coef", str(training.kl_coef)]
         for name, value in (training.options or {}).items():
             args += ["--option", f"{name}={json.dumps(value)}"]
+    return args
+
+
+def _verl_args(bundle: Bundle, training: v1alpha1.Training) -> list[str]:
+    """``openforge train-verl``'s own arguments: every task (a dataset row each, all of
+    them in every step), each step's batch label, and the options as veRL keys."""
+    args = ["--batch", batch_label(bundle, "{iteration}")]
+    for task in bundle.tasks:
+        args += ["--task", str(task["id"])]
+    for key, value in (training.options or {}).items():
+        # JSON is Hydra's override grammar for numbers, booleans, strings and lists
+        args += ["--verl", f"{key}={json.dumps(value)}"]
     return args

@@ -14,17 +14,30 @@ from rich.table import Table
 
 from openforge_runner import runner
 
+# veRL's metric (its file logger writes {"step": s, "data": {...}}) for each of ours
+VERL_METRICS = {
+    "reward_mean": "critic/score/mean",
+    "tokens_per_s": "perf/throughput",
+}
+
 
 def trainer_metrics(path: Path) -> list[dict[str, Any]]:
-    """The trainer's per-step metrics (JSON lines), or [] before its first step."""
+    """The trainer's per-step metrics (JSON lines), or [] before its first step; veRL's
+    records are read as ``openforge train``'s (:data:`VERL_METRICS`)."""
     if not path.exists():
         return []
     rows = []
     for line in path.read_text().splitlines():
         try:
-            rows.append(json.loads(line))
+            row = json.loads(line)
         except ValueError:
             continue
+        if isinstance(row, dict) and isinstance(row.get("data"), dict):
+            data = row["data"]
+            row = {"step": row.get("step")} | {
+                ours: data.get(theirs) for ours, theirs in VERL_METRICS.items()
+            }
+        rows.append(row)
     return rows
 
 
@@ -98,12 +111,14 @@ def summary(
     *,
     run_dir: Path | None = None,
     trained: bool = False,
+    engine: str | None = "openforge",
     nothing_left: bool = False,
 ) -> str:
     """What a run did, after it (pure): a row an iteration, a partial one marked with what
     it got to; the reward's change; where the run's files are and how to look at them.
 
-    ``trained``: the run trains (the curve and TensorBoard logs exist). ``nothing_left``:
+    ``trained``: the run trains (with ``engine`` openforge, the curve and TensorBoard logs
+    exist; with verl, veRL's metrics and what each step trained on). ``nothing_left``:
     an earlier run of the same command had finished everything (and, training, trained
     on it): :func:`runner.finished_history`.
     """
@@ -131,7 +146,13 @@ def summary(
     if run_dir is not None:
         store = run_dir / "store.db"
         lines += ["", f"run directory  {run_dir}", f"store          {store}"]
-        if trained:
+        if trained and engine == "verl":
+            lines += [
+                f"veRL metrics   {run_dir / 'train' / 'metrics.jsonl'}",
+                f"steps' samples {run_dir / 'train' / 'rollouts'}",
+                f"trainer log    {run_dir / 'trainer.log'}",
+            ]
+        elif trained:
             lines += [
                 f"reward curve   {run_dir / 'train' / 'reward_curve.png'}",
                 f"metrics        {run_dir / 'train' / 'metrics.jsonl'}",

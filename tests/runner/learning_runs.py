@@ -1,7 +1,8 @@
 """Running a learning job with ``openforge run`` and reading its curve back.
 
-Shared by tests/runner/test_learning.py (the ReAct demo) and
-tests/runner/test_learning_codex.py (inside Codex CLI).
+Shared by tests/runner/test_learning.py (the ReAct demo),
+tests/runner/test_learning_codex.py (inside Codex CLI) and
+tests/runner/test_verl_engine.py (the demo on veRL's trainer).
 """
 
 from __future__ import annotations
@@ -12,6 +13,24 @@ import signal
 import subprocess
 from pathlib import Path
 from typing import Any
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+
+
+def example_copy(tmp_path: Path, name: str, *, options: str = "") -> Path:
+    """``examples/{name}`` written to ``tmp_path`` with its paths made absolute and
+    ``options`` (YAML lines) added to its ``spec.training.options``."""
+    text = (EXAMPLES / name).read_text()
+    text = text.replace("$OPENFORGE_MANIFEST_DIR", str(EXAMPLES)).replace(
+        "${OPENFORGE_MANIFEST_DIR}", str(EXAMPLES)
+    )
+    text = text.replace("file: tasks/", f"file: {EXAMPLES}/tasks/")
+    text = text.replace("model: models/", f"model: {EXAMPLES}/models/")
+    assert text.count("    options:\n") == 1, f"{name}: one spec.training.options expected"
+    text = text.replace("    options:\n", "    options:\n" + options)
+    path = tmp_path / "job.yaml"
+    path.write_text(text)
+    return path
 
 
 def run_in_own_group(argv: list[str], *, timeout: float) -> subprocess.CompletedProcess[str]:

@@ -66,7 +66,9 @@ def codex_installed() -> bool:
     return binary is not None and Path(binary).is_file()
 
 
-@pytest.mark.timeout(2400)  # measured: 6-13 min wall for 8 iterations on 2 cores
+# measured: 6-13 min wall for 8 iterations on 2 idle cores, ~175 CPU-seconds an iteration;
+# beside the rest of the suite in CI, up to 440 s an iteration
+@pytest.mark.timeout(3200)
 def test_reward_rises_inside_codex_cli(tmp_path: Path) -> None:
     if not codex_installed():
         pytest.skip("Codex CLI is not installed; run scripts/install_harnesses.sh")
@@ -74,7 +76,7 @@ def test_reward_rises_inside_codex_cli(tmp_path: Path) -> None:
     learning_runs.train(
         [sys.executable, "-m", "openforge.cli", "run", str(CODEX_DIR / "learn.yaml"),
          "--run-dir", str(run_dir), "--iterations", str(ITERATIONS), "--quiet"],
-        timeout=2200,
+        timeout=3000,
     )  # fmt: skip
     by_iteration = learning_runs.rewards_by_iteration(run_dir)
     learning_runs.assert_rise(by_iteration, iterations=ITERATIONS, at_least=THRESHOLD)

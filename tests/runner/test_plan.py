@@ -195,13 +195,8 @@ def test_local_policy_model_must_be_a_model_directory(tmp_path: Path) -> None:
     assert plan.policy_model(bundle) == tmp_path / "model"
 
 
-def test_training_options_reach_the_trainer_as_options(tmp_path: Path) -> None:
-    job = JOB + (
-        "  training:\n    learningRate: 0.001\n"
-        "    options: {adamEps: 1.0e-5, lossAggMode: seq-mean-token-mean}\n"
-    )
-    bundle = plan.load([write(tmp_path, job=job)])
-    args = plan.trainer_args(
+def trainer_args(bundle: plan.Bundle, tmp_path: Path) -> list[str]:
+    return plan.trainer_args(
         bundle,
         model=tmp_path / "model",
         run_dir=tmp_path / "run",
@@ -209,6 +204,15 @@ def test_training_options_reach_the_trainer_as_options(tmp_path: Path) -> None:
         serve="http://x",
         iterations=3,
     )
+
+
+def test_training_options_reach_the_trainer_as_options(tmp_path: Path) -> None:
+    job = JOB + (
+        "  training:\n    learningRate: 0.001\n"
+        "    options: {adamEps: 1.0e-5, lossAggMode: seq-mean-token-mean}\n"
+    )
+    bundle = plan.load([write(tmp_path, job=job)])
+    args = trainer_args(bundle, tmp_path)
     assert args[args.index("--lr") + 1] == "0.001"
     options = [args[i + 1] for i, arg in enumerate(args) if arg == "--option"]
     assert options == ["adamEps=1e-05", 'lossAggMode="seq-mean-token-mean"']
@@ -241,3 +245,49 @@ def test_a_task_file_that_is_not_utf8_names_the_byte(tmp_path: Path) -> None:
         match=r"job.yaml: spec.tasks.file: .*tasks.jsonl is not UTF-8 text \(at byte offset 26\)",
     ):
         plan.load([path])
+
+
+def test_engine_verl_runs_openforge_train_verl_on_every_task_with_verl_keys(
+    tmp_path: Path,
+) -> None:
+    job = JOB + (
+        "  training:\n    engine: verl\n    learningRate: 0.001\n    seed: 3\n"
+        "    options: {trainer.n_gpus_per_node: 4, actor_rollout_ref.actor.clip_ratio: 0.2,"
+        " trainer.device: cuda}\n"
+    )
+    bundle = plan.load([write(tmp_path, job=job)])
+    args = trainer_args(bundle, tmp_path)
+    assert args[0] == "train-verl"
+    value = {arg: args[i + 1] for i, arg in enumerate(args[:-1]) if arg.startswith("--")}
+    assert (value["--steps"], value["--group-size"], value["--lr"], value["--seed"]) == (
+        "3",
+        "2",
+        "0.001",
+        "3",
+    )
+    assert value["--run-dir"] == str(tmp_path / "run" / "train")
+    # each step trains on every task's group of the iteration the sidecars labelled
+    assert [args[i + 1] for i, arg in enumerate(args) if arg == "--task"] == ["a", "b"]
+    assert value["--batch"] == "{iteration}/4"
+    assert value["--batch"].format(iteration=2) == plan.batch_label(bundle, 2) == "2/4"
+    assert [args[i + 1] for i, arg in enumerate(args) if arg == "--verl"] == [
+        "trainer.n_gpus_per_node=4",
+        "actor_rollout_ref.actor.clip_ratio=0.2",
+        'trainer.device="cuda"',
+    ]
+    assert "--option" not in args and "--groups-per-step" not in args
+
+
+def test_engine_verl_refuses_max_staleness_naming_the_field(tmp_path: Path) -> None:
+    job = JOB + "  training:\n    engine: verl\n    maxStaleness: 1\n"
+    with pytest.raises(manifests.ManifestError) as error:
+        plan.load([write(tmp_path, job=job)])
+    assert "spec.training.maxStaleness" in str(error.value)
+    assert "engine verl trains each step on that iteration's own rollouts" in str(error.value)
+
+
+def test_an_unknown_engine_is_refused_naming_the_field(tmp_path: Path) -> None:
+    job = JOB + "  training:\n    engine: ray\n"
+    with pytest.raises(manifests.ManifestError) as error:
+        plan.load([write(tmp_path, job=job)])
+    assert "spec.training.engine" in str(error.value)

@@ -46,3 +46,25 @@ def test_a_rerun_with_nothing_left_says_so() -> None:
         "nothing was run"
     )
     assert "already complete" not in progress.summary([stats(0, 2, [1.0, 1.0])])
+
+
+def test_a_verl_run_says_where_veRLs_metrics_and_samples_are(tmp_path: Path) -> None:
+    text = progress.summary(
+        [stats(0, 2, [1.0, 1.0])], run_dir=tmp_path, trained=True, engine="verl"
+    )
+    assert f"veRL metrics   {tmp_path / 'train' / 'metrics.jsonl'}" in text
+    assert f"steps' samples {tmp_path / 'train' / 'rollouts'}" in text
+    assert "reward curve" not in text and "TensorBoard" not in text  # veRL writes neither
+
+
+def test_the_live_view_reads_veRLs_metrics_as_openforge_trains(tmp_path: Path) -> None:
+    path = tmp_path / "metrics.jsonl"
+    path.write_text(
+        '{"step": 1, "data": {"critic/score/mean": 0.25, "perf/throughput": 310.0, "x": 1}}\n'
+        "not json\n"
+        '{"step": 2, "reward_mean": 0.5, "pass_rate": 0.5, "tokens_per_s": 4000.0}\n'
+    )
+    assert progress.trainer_metrics(path) == [
+        {"step": 1, "reward_mean": 0.25, "tokens_per_s": 310.0},
+        {"step": 2, "reward_mean": 0.5, "pass_rate": 0.5, "tokens_per_s": 4000.0},
+    ]

@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import learning_runs
 from openforge_trainer.collection import store
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -422,3 +423,45 @@ def test_a_stop_while_the_services_start_ends_the_run_there(tmp_path: Path) -> N
         ["pgrep", "-af", f"[-]-store {run_dir}"], capture_output=True, text=True, check=False
     )
     assert left.stdout == ""
+
+
+def test_a_bad_verl_key_stops_the_run_before_any_rollout(tmp_path: Path) -> None:
+    """engine verl: spec.training.options are veRL keys, checked against veRL's own config
+    (`openforge train-verl --check`) before anything starts."""
+    path = learning_runs.example_copy(
+        tmp_path, "react-toy-verl.yaml", options="      actor_rollout_ref.actor.no_such_key: 1\n"
+    )
+    done = run([str(path), "--run-dir", str(tmp_path / "run"), "--quiet"], env={**os.environ})
+    assert done.returncode == 2, done.stderr
+    assert "openforge run: RolloutJob react-toy: spec.training: veRL config:" in done.stderr
+    assert "actor_rollout_ref.actor.no_such_key" in done.stderr
+    assert "Traceback" not in done.stderr
+    assert not (tmp_path / "run").exists()
+    workers = learning_runs.example_copy(tmp_path, "react-toy-verl.yaml")
+    workers.write_text(
+        workers.read_text().replace("trainer.n_gpus_per_node: 2", "trainer.n_gpus_per_node: 3")
+    )
+    done = run([str(workers), "--run-dir", str(tmp_path / "run"), "--quiet"], env={**os.environ})
+    assert done.returncode == 2, done.stderr
+    assert "workers: 3 must divide the samples of a step (8 tasks x 4)" in done.stderr
+
+
+def test_a_verl_run_that_trained_is_not_resumed_from_veRLs_first_step(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "journal.jsonl").write_text(
+        '{"event": "trained", "iteration": 0, "policy_version": 1}\n'
+    )
+    done = run(
+        [
+            str(learning_runs.example_copy(tmp_path, "react-toy-verl.yaml")),
+            "--run-dir",
+            str(run_dir),
+        ],
+        env={**os.environ},
+    )
+    assert done.returncode == 2, done.stderr
+    assert "an earlier run trained 1 iteration(s) with engine verl, which cannot resume" in (
+        done.stderr
+    )
+    assert sorted(p.name for p in run_dir.iterdir()) == ["journal.jsonl"]  # nothing started

@@ -42,6 +42,7 @@ WireApi = Literal["openai-chat", "openai-responses", "anthropic-messages", "gemi
 CaptureMode = Literal["BaseURL", "Proxy", "Transparent"]
 RewardFrom = Literal["stdout-json", "exit-code"]
 FailureAction = Literal["Retry", "FailRollout", "Ignore"]
+TrainingEngine = Literal["openforge", "verl"]
 FailureReason = Literal[
     "Evicted",
     "OOMKilled",
@@ -684,11 +685,28 @@ unset ones keep the trainer's defaults."""
     max_staleness: int | None = pydantic.Field(
         default=None, ge=0, description="Skip groups sampled more than this many versions ago."
     )
+    engine: TrainingEngine = pydantic.Field(
+        default="openforge",
+        description="openforge: `openforge train` (one process). verl: veRL's Ray trainer "
+        "(`openforge train-verl`, FSDP2 workers); options are then veRL config keys.",
+    )
     options: dict[str, Any] | None = pydantic.Field(
         default=None,
-        description="Further `openforge train` settings by field name (e.g. adamEps: 1.0e-5), "
-        "passed as --option NAME=VALUE; the trainer validates them before any rollout runs.",
+        description="Further trainer settings, checked before any rollout runs. engine "
+        "openforge: `openforge train` fields by name (e.g. adamEps: 1.0e-5), passed as --option "
+        "NAME=VALUE. engine verl: veRL ppo_trainer keys (e.g. trainer.n_gpus_per_node: 8, "
+        "trainer.device: cuda), passed as --verl KEY=VALUE.",
     )
+
+    @pydantic.model_validator(mode="after")
+    def _engine_fields(self) -> Training:
+        if self.engine == "verl" and self.max_staleness is not None:
+            raise field_error(
+                ("maxStaleness",),
+                "engine verl trains each step on that iteration's own rollouts; "
+                "maxStaleness is for engine openforge",
+            )
+        return self
 
 
 class RolloutJobSpec(Model):

@@ -34,9 +34,11 @@ import argparse
 import dataclasses
 import json
 import os
+import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 from openforge_trainer.training import verl_agent_loop, verl_platform, verl_plugin, verl_rollout
@@ -67,6 +69,7 @@ class Plan:
     device: str = "cpu"  # cpu | cuda
     lr: float = 1e-4
     seed: int = 0
+    kl_coef: float = 0.0  # > 0: veRL's KL loss (low_var_kl) to the initial policy
     max_prompt_length: int = 4096
     max_response_length: int = 4096
     # rollout correction: recompute old log-probs (veRL's decoupled mode) instead of taking
@@ -87,6 +90,11 @@ class Plan:
 # the trainer modes whose step s reads the rollouts of iteration s - 1 (veRL's async modes
 # tag batches with the step they were submitted at, and warm up ahead)
 SYNC_KEYS = {"trainer.v1.trainer_mode": "sync", "trainer.use_v1": "true"}
+
+
+# veRL keys the plan decides itself (the platform, Ray's resources and the batch sizes follow
+# them): key -> the Plan field that sets it (and that `plan_from` reads it into)
+OWNED = {"trainer.device": "device", "trainer.n_gpus_per_node": "workers"}
 
 
 def problems(plan: Plan) -> list[str]:
@@ -117,6 +125,8 @@ def problems(plan: Plan) -> list[str]:
         out.append(f"rollout_is: token or sequence, got {plan.rollout_is!r}")
     if not plan.rollout_is_threshold > 1:
         out.append(f"rollout_is_threshold: > 1, got {plan.rollout_is_threshold}")
+    if plan.kl_coef < 0:
+        out.append(f"kl_coef: >= 0, got {plan.kl_coef}")
     try:
         plan.batch.format(iteration=0)
     except (KeyError, IndexError, ValueError):
@@ -125,6 +135,8 @@ def problems(plan: Plan) -> list[str]:
         key, sep, value = item.partition("=")
         if not sep or not key:
             out.append(f"verl option {item!r}: expected KEY=VALUE")
+        elif (owned := key.lstrip("+~")) in OWNED:
+            out.append(f"verl option {item!r}: {owned} is set by the plan's {OWNED[owned]}")
         elif key.lstrip("+~") in SYNC_KEYS and value.strip().lower() != SYNC_KEYS[key.lstrip("+~")]:
             out.append(
                 f"verl option {item!r}: only veRL's synchronous v1 trainer reads each step's "
@@ -225,7 +237,7 @@ def overrides(plan: Plan) -> list[str]:
         "actor_rollout_ref.actor.strategy=fsdp2",
         f"actor_rollout_ref.actor.ppo_mini_batch_size={plan.tasks_per_step()}",
         "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1",
-        "actor_rollout_ref.actor.use_kl_loss=false",
+        f"actor_rollout_ref.actor.use_kl_loss={_hydra(plan.kl_coef > 0)}",
         f"actor_rollout_ref.actor.optim.lr={plan.lr}",
         "actor_rollout_ref.rollout.name=external",
         f"actor_rollout_ref.rollout.n={plan.group_size}",
@@ -255,6 +267,12 @@ def overrides(plan: Plan) -> list[str]:
     # what veRL's processes need, also for Ray workers on other nodes (a local cluster's
     # inherit the driver's environment; a remote one's get only the runtime env)
     keys.append(f"+ray_kwargs.ray_init.runtime_env.env_vars={_hydra(environment(plan))}")
+    if plan.kl_coef > 0:
+        keys += [
+            f"actor_rollout_ref.actor.kl_loss_coef={plan.kl_coef}",
+            "actor_rollout_ref.actor.kl_loss_type=low_var_kl",
+            "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=1",
+        ]
     if plan.rollout_is:
         keys += [
             f"algorithm.rollout_correction.rollout_is={plan.rollout_is}",
@@ -319,8 +337,9 @@ def prepare(plan: Plan) -> None:
     (plan.run_dir / AGENT_LOOPS).write_text(yaml.safe_dump(agent_loops(plan)))
 
 
-def run(plan: Plan) -> None:
-    """Train ``plan.steps`` steps with veRL's Ray trainer, in this process and a local Ray."""
+def run(plan: Plan, *, ready: Callable[[], None] = lambda: None) -> None:
+    """Train ``plan.steps`` steps with veRL's Ray trainer, in this process and a local Ray;
+    ``ready`` is called once the plan and veRL's config are found valid."""
     check(plan)
     prepare(plan)
     os.environ.update(environment(plan))
@@ -338,6 +357,7 @@ def run(plan: Plan) -> None:
         use_reference_policy=need_reference_policy(config),
         use_critic=need_critic(config),
     )
+    ready()
     try:
         main_ppo.run_ppo(config, task_runner_class=main_ppo.TaskRunnerV1)
     finally:
@@ -351,23 +371,43 @@ def metrics(run_dir: Path) -> list[dict[str, Any]]:
     return train_metrics.read(run_dir / METRICS)
 
 
+PROG = "openforge train-verl"
+#: printed once the settings are valid and veRL's config composed, before Ray starts
+READY = f"{PROG}: starting"
+
+
 def _parser() -> argparse.ArgumentParser:
     cli = argparse.ArgumentParser(
-        prog="python -m openforge_trainer.training.verl_launch",
-        description="Train with veRL's Ray trainer (GRPO, FSDP2) on a job's captured rollouts.",
+        prog=PROG,
+        description="Train with veRL's Ray trainer (GRPO, FSDP2 workers) on a job's captured "
+        "rollouts, and publish each step's weights to the inference servers.",
     )
-    cli.add_argument("--model", type=Path, required=True)
-    cli.add_argument("--store", type=Path, required=True)
-    cli.add_argument("--job", required=True)
-    cli.add_argument("--task", dest="tasks", action="append", required=True)
+    cli.add_argument("--model", type=Path, required=True, help="initial policy (HF directory)")
+    cli.add_argument("--store", type=Path, required=True, help="the collector's store")
+    cli.add_argument("--job", required=True, help="the RolloutJob whose rollouts are trained on")
+    cli.add_argument(
+        "--task", dest="tasks", action="append", required=True, help="a task id (repeat: each)"
+    )
     cli.add_argument("--run-dir", type=Path, required=True)
-    cli.add_argument("--group-size", type=int, default=2)
-    cli.add_argument("--groups-per-step", type=int)
+    cli.add_argument("--group-size", type=int, default=2, help="samples per task (rollout.n)")
+    cli.add_argument("--groups-per-step", type=int, help="tasks per step (default: all)")
     cli.add_argument("--steps", type=int, default=1)
-    cli.add_argument("--batch", default="{iteration}")
-    cli.add_argument("--workers", type=int, default=2)
-    cli.add_argument("--device", default="cpu")
+    cli.add_argument(
+        "--batch",
+        default="{iteration}",
+        help="the openforge.dev/batch label of step s's rollouts; {iteration} is s - 1",
+    )
+    cli.add_argument(
+        "--workers", type=int, help="FSDP2 workers (default 2; or --verl trainer.n_gpus_per_node)"
+    )
+    cli.add_argument(
+        "--device", choices=("cpu", "cuda"), help="default cpu; or --verl trainer.device"
+    )
     cli.add_argument("--lr", type=float, default=1e-4)
+    cli.add_argument("--seed", type=int, default=0)
+    cli.add_argument(
+        "--kl-coef", type=float, default=0.0, help="KL loss (low_var_kl) to the initial policy"
+    )
     cli.add_argument(
         "--recompute-old-log-probs",
         action="store_true",
@@ -388,13 +428,52 @@ def _parser() -> argparse.ArgumentParser:
         help="how --serve servers get the weights: a path they read, or the bytes",
     )
     cli.add_argument("--vllm", action="append", default=[], metavar="URL")
-    cli.add_argument("--verl", action="append", default=[], metavar="KEY=VALUE")
+    cli.add_argument(
+        "--verl",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a veRL ppo_trainer key (checked against veRL's config), e.g. "
+        "actor_rollout_ref.actor.clip_ratio=0.2",
+    )
+    cli.add_argument(
+        "--check",
+        action="store_true",
+        help="check the settings against veRL's config, print its overrides as JSON, and exit",
+    )
     return cli
 
 
-def main(argv: Sequence[str]) -> int:
-    args = _parser().parse_args(list(argv))
-    plan = Plan(
+def plan_from(args: argparse.Namespace) -> Plan:
+    """The plan the command line asks for. ``trainer.device`` and ``trainer.n_gpus_per_node``
+    given as ``--verl`` keys set the device and workers (a flag that disagrees is an error)."""
+    owned: dict[str, str] = {}
+    rest: list[str] = []
+    for item in args.verl:
+        key, sep, text = item.partition("=")
+        field = OWNED.get(key.lstrip("+~"))
+        if sep and field is not None:
+            owned[field] = text.strip().strip("'\"")  # a quoted string, as Hydra reads it
+        else:
+            rest.append(item)
+    settings: dict[str, Any] = {"device": "cpu", "workers": 2}
+    for field, raw in owned.items():
+        given = getattr(args, field)
+        value: str | int = raw
+        if field == "workers":
+            try:
+                value = int(raw)
+            except ValueError:
+                raise LaunchError(
+                    f"verl option trainer.n_gpus_per_node={raw}: not a number"
+                ) from None
+        if given is not None and given != value:
+            raise LaunchError(f"--{field} {given} and the veRL key for it ({raw}) disagree")
+        settings[field] = value
+    for field in ("device", "workers"):
+        if getattr(args, field) is not None:
+            settings[field] = getattr(args, field)
+    return Plan(
         model=args.model,
         store=args.store,
         job=args.job,
@@ -404,22 +483,52 @@ def main(argv: Sequence[str]) -> int:
         groups_per_step=args.groups_per_step,
         steps=args.steps,
         batch=args.batch,
-        workers=args.workers,
-        device=args.device,
         lr=args.lr,
+        seed=args.seed,
+        kl_coef=args.kl_coef,
         recompute_old_log_probs=args.recompute_old_log_probs,
         rollout_is=args.rollout_is,
         rollout_is_threshold=args.rollout_is_threshold,
         publish=tuple(verl_rollout.Target(url=u, mode=args.serve_publish) for u in args.serve)
         + tuple(verl_rollout.Target(url=u, kind="vllm") for u in args.vllm),
-        verl=tuple(args.verl),
+        verl=tuple(rest),
+        **settings,
     )
+
+
+def main(argv: Sequence[str]) -> int:
+    args = _parser().parse_args(list(argv))
     try:
-        run(plan)
+        plan = plan_from(args)
+        if args.check:
+            check(plan)
+            verl_rollout.options(rollout_custom(plan))
+            compose(overrides(plan))
+            print(json.dumps(overrides(plan), indent=2))
+            return 0
+        _stop_on_sigterm()
+        run(
+            plan,
+            ready=lambda: print(f"{READY}: job {plan.job}, run dir {plan.run_dir}", flush=True),
+        )
     except (LaunchError, verl_rollout.OptionsError) as exc:
-        print(f"openforge veRL: {exc}", file=sys.stderr)
+        print(f"{PROG}: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print(f"{PROG}: stopped", file=sys.stderr)
+        return 130
     return 0
+
+
+def _stop_on_sigterm() -> None:
+    """SIGTERM (``openforge run`` stopping its services) ends the run as Ctrl-C does, so
+    that Ray's local cluster is shut down on the way out."""
+
+    def handle(signum: int, frame: FrameType | None) -> None:
+        del signum, frame
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, handle)
 
 
 if __name__ == "__main__":
