@@ -104,9 +104,9 @@ def main(argv: list[str]) -> int:
     trained_before = runner.resume_state(runner.Journal(run_dir / "journal.jsonl")).trained
     if trainer_engine == "verl" and trained_before:
         print(
-            f"openforge run: {run_dir}: an earlier run trained {len(trained_before)} iteration(s) "
-            "with engine verl, which cannot resume training (veRL's trainer would start again "
-            "from its first step); run with a new --run-dir",
+            f"openforge run: {run_dir}: an earlier run trained {len(trained_before)} iteration(s), "
+            "and engine verl cannot resume training (veRL's trainer would start again from its "
+            "first step); run with a new --run-dir",
             file=sys.stderr,
         )
         return 2
@@ -258,14 +258,11 @@ def main(argv: list[str]) -> int:
             )
         )
         if stop.is_set():
-            print(f"openforge run: stopped; run the same command again to continue ({run_dir})")
+            print(f"openforge run: stopped; {_how_to_continue(run_dir, trainer_engine)}")
             return 130
         return 0
     except processes.Stopped as exc:
-        print(
-            f"openforge run: {exc}; run the same command again to continue ({run_dir})",
-            file=sys.stderr,
-        )
+        print(f"openforge run: {exc}; {_how_to_continue(run_dir, trainer_engine)}", file=sys.stderr)
         return 130
     except (processes.ServiceError, RuntimeError, TimeoutError) as exc:
         print(f"openforge run: {exc}", file=sys.stderr)
@@ -274,6 +271,17 @@ def main(argv: list[str]) -> int:
         supervisor.close()
         for service in reversed(services):
             service.stop()
+
+
+def _how_to_continue(run_dir: Path, trainer_engine: str | None) -> str:
+    """What a stopped run's user can do next: run it again, unless veRL had trained."""
+    trained = runner.resume_state(runner.Journal(run_dir / "journal.jsonl")).trained
+    if trainer_engine == "verl" and trained:
+        return (
+            f"engine verl cannot continue training ({run_dir} has {len(trained)} trained "
+            "iteration(s)); run with a new --run-dir to start again"
+        )
+    return f"run the same command again to continue ({run_dir})"
 
 
 class _Null:

@@ -362,8 +362,8 @@ def trainer_args(
 ) -> list[str]:
     """The trainer's ``openforge`` arguments for a local run: one step per iteration,
     trained on every task's group of that iteration. ``spec.training.options`` pass
-    through (``--option NAME=VALUE`` to ``openforge train``, ``--verl KEY=VALUE`` to
-    ``openforge train-verl``); the trainer validates them."""
+    through as ``--option NAME=VALUE`` (JSON): ``openforge train``'s fields, or veRL's
+    keys for ``openforge train-verl``; the trainer validates them."""
     if model is None:
         raise PlanError("training locally needs spec.policy.model to be a local model directory")
     common = [
@@ -392,24 +392,14 @@ def trainer_args(
         ):
             if value is not None:
                 common += [flag, str(value)]
-    if training is not None and training.engine == "verl":
-        return ["train-verl", *common, *_verl_args(bundle, training)]
-    args = ["train", *common, "--groups-per-step", str(len(bundle.tasks))]
-    if training is not None:
-        if training.max_staleness is not None:
-            args += ["--max-staleness", str(training.max_staleness)]
+        # each trainer reads the JSON value and checks the name (train-verl: veRL's key)
         for name, value in (training.options or {}).items():
-            args += ["--option", f"{name}={json.dumps(value)}"]
-    return args
-
-
-def _verl_args(bundle: Bundle, training: v1alpha1.Training) -> list[str]:
-    """``openforge train-verl``'s own arguments: every task (a dataset row each, all of
-    them in every step), each step's batch label, and the options as veRL keys."""
-    args = ["--batch", batch_label(bundle, "{iteration}")]
-    for task in bundle.tasks:
-        args += ["--task", str(task["id"])]
-    for key, value in (training.options or {}).items():
-        # JSON is Hydra's override grammar for numbers, booleans, strings and lists
-        args += ["--verl", f"{key}={json.dumps(value)}"]
+            common += ["--option", f"{name}={json.dumps(value)}"]
+    if training is not None and training.engine == "verl":
+        # every task is a dataset row, all of them in every step, read from its iteration
+        tasks = [arg for task in bundle.tasks for arg in ("--task", str(task["id"]))]
+        return ["train-verl", *common, "--batch", batch_label(bundle, "{iteration}"), *tasks]
+    args = ["train", *common, "--groups-per-step", str(len(bundle.tasks))]
+    if training is not None and training.max_staleness is not None:
+        args += ["--max-staleness", str(training.max_staleness)]
     return args

@@ -15,10 +15,7 @@ from rich.table import Table
 from openforge_runner import runner
 
 # veRL's metric (its file logger writes {"step": s, "data": {...}}) for each of ours
-VERL_METRICS = {
-    "reward_mean": "critic/score/mean",
-    "tokens_per_s": "perf/throughput",
-}
+VERL_METRICS = {"reward_mean": "critic/score/mean"}
 
 
 def trainer_metrics(path: Path) -> list[dict[str, Any]]:
@@ -37,6 +34,10 @@ def trainer_metrics(path: Path) -> list[dict[str, Any]]:
             row = {"step": row.get("step")} | {
                 ours: data.get(theirs) for ours, theirs in VERL_METRICS.items()
             }
+            # veRL's perf/throughput is per GPU (worker): the step's tokens over its time
+            tokens, seconds = data.get("perf/total_num_tokens"), data.get("perf/time_per_step")
+            if isinstance(tokens, int | float) and isinstance(seconds, int | float) and seconds:
+                row["tokens_per_s"] = tokens / seconds
         rows.append(row)
     return rows
 

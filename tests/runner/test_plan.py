@@ -270,12 +270,12 @@ def test_engine_verl_runs_openforge_train_verl_on_every_task_with_verl_keys(
     assert [args[i + 1] for i, arg in enumerate(args) if arg == "--task"] == ["a", "b"]
     assert value["--batch"] == "{iteration}/4"
     assert value["--batch"].format(iteration=2) == plan.batch_label(bundle, 2) == "2/4"
-    assert [args[i + 1] for i, arg in enumerate(args) if arg == "--verl"] == [
+    assert [args[i + 1] for i, arg in enumerate(args) if arg == "--option"] == [
         "trainer.n_gpus_per_node=4",
         "actor_rollout_ref.actor.clip_ratio=0.2",
         'trainer.device="cuda"',
     ]
-    assert "--option" not in args and "--groups-per-step" not in args
+    assert "--groups-per-step" not in args
 
 
 def test_engine_verl_refuses_max_staleness_naming_the_field(tmp_path: Path) -> None:

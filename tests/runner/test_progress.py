@@ -60,11 +60,13 @@ def test_a_verl_run_says_where_veRLs_metrics_and_samples_are(tmp_path: Path) -> 
 def test_the_live_view_reads_veRLs_metrics_as_openforge_trains(tmp_path: Path) -> None:
     path = tmp_path / "metrics.jsonl"
     path.write_text(
-        '{"step": 1, "data": {"critic/score/mean": 0.25, "perf/throughput": 310.0, "x": 1}}\n'
+        '{"step": 1, "data": {"critic/score/mean": 0.25, "perf/throughput": 310.0, '
+        '"perf/total_num_tokens": 6200, "perf/time_per_step": 10.0}}\n'
         "not json\n"
         '{"step": 2, "reward_mean": 0.5, "pass_rate": 0.5, "tokens_per_s": 4000.0}\n'
     )
     assert progress.trainer_metrics(path) == [
-        {"step": 1, "reward_mean": 0.25, "tokens_per_s": 310.0},
+        # veRL's perf/throughput is per worker: the view shows the step's tokens per second
+        {"step": 1, "reward_mean": 0.25, "tokens_per_s": 620.0},
         {"step": 2, "reward_mean": 0.5, "pass_rate": 0.5, "tokens_per_s": 4000.0},
     ]

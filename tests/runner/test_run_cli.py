@@ -461,7 +461,5 @@ def test_a_verl_run_that_trained_is_not_resumed_from_veRLs_first_step(tmp_path: 
         env={**os.environ},
     )
     assert done.returncode == 2, done.stderr
-    assert "an earlier run trained 1 iteration(s) with engine verl, which cannot resume" in (
-        done.stderr
-    )
+    assert "an earlier run trained 1 iteration(s), and engine verl cannot resume" in done.stderr
     assert sorted(p.name for p in run_dir.iterdir()) == ["journal.jsonl"]  # nothing started

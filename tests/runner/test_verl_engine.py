@@ -119,9 +119,14 @@ def _store_rows(run_dir: Path, batch: str, tokenizer: Any) -> collections.Counte
     """Per task, the (prompt, response) texts of the batch's rollouts, as veRL decodes them."""
     rows: collections.Counter[Any] = collections.Counter()
     with store.Store(run_dir / "store.db") as db:
+        latest: dict[tuple[str, int], Any] = {}  # veRL trains a sample's latest attempt
         for rollout in db.rollouts("react-toy"):
-            if rollout.batch != batch:
-                continue
+            key = (rollout.task_id, rollout.sample_index)
+            if rollout.batch == batch and (
+                key not in latest or rollout.attempt > latest[key].attempt
+            ):
+                latest[key] = rollout
+        for rollout in latest.values():
             captured, _ = export.rollout_rows(rollout, db.calls(rollout.rollout_id))
             for row in captured:
                 rows[

@@ -232,8 +232,9 @@ def test_the_device_and_workers_come_from_flags_or_veRLs_own_keys() -> None:
     assert (config.trainer.device, config.trainer.n_gpus_per_node) == ("cuda", 8)
     with pytest.raises(verl_launch.LaunchError, match="--workers 4 and the veRL key"):
         verl_launch.plan_from(_args("--workers", "4", "--verl", "trainer.n_gpus_per_node=8"))
-    with pytest.raises(verl_launch.LaunchError, match="n_gpus_per_node=eight: not a number"):
+    with pytest.raises(verl_launch.LaunchError, match="n_gpus_per_node=eight: not a whole"):
         verl_launch.plan_from(_args("--verl", "trainer.n_gpus_per_node=eight"))
+    assert verl_launch.plan_from(_args("--option", "trainer.n_gpus_per_node=4.0")).workers == 4
     # a Plan built directly cannot pass them beside its own device and workers
     with pytest.raises(verl_launch.LaunchError, match="set by the plan's workers"):
         verl_launch.check(
@@ -252,6 +253,47 @@ def test_check_names_a_bad_key_and_prints_the_overrides(
     assert "actor_rollout_ref.actor.kl_loss_coef=0.05" in printed
     assert verl_launch.main([*base, "--verl", "trainer.no_such_key=1"]) == 2
     assert "openforge train-verl: veRL config:" in capsys.readouterr().err
+    # veRL's own validate_config runs too (a value its schema takes, its checks refuse)
+    assert verl_launch.main([*base, "--option", 'actor_rollout_ref.actor.loss_agg_mode="no"']) == 2
+    assert "Invalid loss_agg_mode: no" in capsys.readouterr().err
     assert verl_launch.main([*base, "--group-size", "1"]) == 2
     assert "group_size: GRPO needs >= 2 samples per task" in capsys.readouterr().err
     assert not (tmp_path / "r").exists()  # a check writes nothing
+
+
+def test_options_are_json_written_in_hydras_syntax_once_each() -> None:
+    plan = verl_launch.plan_from(
+        _args(
+            *("--option", 'trainer.device="cuda"', "--option", 'trainer.project_name="é x"'),
+            *("--option", '+ray_kwargs.ray_init.runtime_env={"env_vars": {"A": "1"}}'),
+            *("--option", "actor_rollout_ref.actor.clip_ratio=0.2"),
+        )
+    )
+    assert plan.device == "cuda"
+    assert plan.verl == (
+        'trainer.project_name="é x"',
+        '+ray_kwargs.ray_init.runtime_env={env_vars:{A:"1"}}',
+        "actor_rollout_ref.actor.clip_ratio=0.2",
+    )
+    with pytest.raises(verl_launch.LaunchError, match="already set"):
+        verl_launch.plan_from(_args("--option", "data.x=1", "--verl", "+data.x=2"))
+    with pytest.raises(verl_launch.LaunchError, match="which veRL's config reads"):
+        verl_launch.plan_from(_args("--option", 'trainer.project_name="a\\\\b"'))
+
+
+@pytest.mark.parametrize(
+    ("key", "owner"),
+    [
+        ("actor_rollout_ref.rollout.n=8", "group_size"),
+        ("data.train_batch_size=4", "groups_per_step"),
+        ("trainer.total_training_steps=9", "steps"),
+        ("actor_rollout_ref.actor.optim.lr=1e-6", "lr"),
+        ("trainer.logger=[console]", "run_dir"),
+        ("+actor_rollout_ref.rollout.custom.openforge.keep=3", "publish"),
+    ],
+)
+def test_a_key_the_plan_sets_is_refused_naming_its_setting(
+    tmp_path: Path, key: str, owner: str
+) -> None:
+    with pytest.raises(verl_launch.LaunchError, match=f"set by the plan's {owner}"):
+        verl_launch.check(plan_for(tmp_path, verl=(key,)))

@@ -31,6 +31,7 @@ trained on to ``{run_dir}/rollouts/{step}.jsonl`` (veRL's rollout dump).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import os
@@ -95,6 +96,30 @@ SYNC_KEYS = {"trainer.v1.trainer_mode": "sync", "trainer.use_v1": "true"}
 # veRL keys the plan decides itself (the platform, Ray's resources and the batch sizes follow
 # them): key -> the Plan field that sets it (and that `plan_from` reads it into)
 OWNED = {"trainer.device": "device", "trainer.n_gpus_per_node": "workers"}
+# veRL keys a user may not set: the plan sets them from its own fields (a second value would
+# win silently), or the loop depends on them (a group of rollout.n samples, one batch of
+# the tasks a step, one step an iteration, our rollout, agent loop, dataset and files)
+PINNED = {
+    "actor_rollout_ref.rollout.n": "group_size",
+    "data.train_batch_size": "groups_per_step",
+    "actor_rollout_ref.actor.ppo_mini_batch_size": "groups_per_step",
+    "trainer.total_training_steps": "steps",
+    "actor_rollout_ref.actor.optim.lr": "lr",
+    "data.seed": "seed",
+    "actor_rollout_ref.actor.use_kl_loss": "kl_coef",
+    "actor_rollout_ref.actor.kl_loss_coef": "kl_coef",
+    "actor_rollout_ref.model.path": "model",
+    "actor_rollout_ref.rollout.name": "the external rollout",
+    "actor_rollout_ref.rollout.custom": "publish",
+    "actor_rollout_ref.rollout.agent.default_agent_loop": "the OpenForge agent loop",
+    "actor_rollout_ref.rollout.agent.agent_loop_config_path": "the OpenForge agent loop",
+    "data.train_files": "tasks",
+    "data.val_files": "tasks",
+    "data.shuffle": "tasks (every task in every step)",
+    "trainer.logger": "run_dir (metrics.jsonl)",
+    "trainer.default_local_dir": "run_dir",
+    "trainer.rollout_data_dir": "run_dir",
+}
 
 
 def problems(plan: Plan) -> list[str]:
@@ -137,6 +162,9 @@ def problems(plan: Plan) -> list[str]:
             out.append(f"verl option {item!r}: expected KEY=VALUE")
         elif (owned := key.lstrip("+~")) in OWNED:
             out.append(f"verl option {item!r}: {owned} is set by the plan's {OWNED[owned]}")
+        elif owned in PINNED or any(owned.startswith(f"{k}.") for k in PINNED):
+            pinned = PINNED.get(owned) or next(v for k, v in PINNED.items() if owned.startswith(k))
+            out.append(f"verl option {item!r}: {owned} is set by the plan's {pinned}")
         elif key.lstrip("+~") in SYNC_KEYS and value.strip().lower() != SYNC_KEYS[key.lstrip("+~")]:
             out.append(
                 f"verl option {item!r}: only veRL's synchronous v1 trainer reads each step's "
@@ -273,6 +301,12 @@ def overrides(plan: Plan) -> list[str]:
             "actor_rollout_ref.actor.kl_loss_type=low_var_kl",
             "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=1",
         ]
+        if plan.device == "cpu":  # the reference model as the actor: fp32, not compiled
+            keys += [
+                "actor_rollout_ref.ref.fsdp_config.dtype=float32",
+                f"+actor_rollout_ref.ref.fsdp_config.mixed_precision={_hydra(fp32)}",
+                "actor_rollout_ref.ref.use_torch_compile=false",
+            ]
     if plan.rollout_is:
         keys += [
             f"algorithm.rollout_correction.rollout_is={plan.rollout_is}",
@@ -286,6 +320,7 @@ def overrides(plan: Plan) -> list[str]:
             "actor_rollout_ref.actor.fsdp_config.dtype=float32",
             f"+actor_rollout_ref.actor.fsdp_config.mixed_precision={_hydra(fp32)}",
             "actor_rollout_ref.actor.fsdp_config.use_torch_compile=false",
+            "actor_rollout_ref.actor.use_torch_compile=false",
             # one logical GPU per worker; logical CPUs for the TaskRunner, TransferQueue's
             # controller and storage, and each worker's placement bundle (veRL asks 3 CPUs)
             f"+ray_kwargs.ray_init.num_gpus={plan.workers}",
@@ -326,6 +361,30 @@ def compose(keys: Sequence[str]) -> Any:
         raise LaunchError(f"veRL config: {exc}".splitlines()[0]) from exc
 
 
+def validated_config(plan: Plan) -> Any:
+    """veRL's config for the plan, checked as veRL checks it before it starts anything
+    (the rollout options, the composed keys, then veRL's own ``validate_config``)."""
+    from hydra.errors import HydraException
+    from verl.trainer.ppo.utils import need_critic, need_reference_policy
+    from verl.utils.config import validate_config
+
+    check(plan)
+    verl_rollout.options(rollout_custom(plan))
+    config = compose(overrides(plan))
+    try:
+        with contextlib.redirect_stdout(sys.stderr):  # what it prints is not our output
+            validate_config(
+                config=config,
+                use_reference_policy=need_reference_policy(config),
+                use_critic=need_critic(config),
+            )
+    except (HydraException, AssertionError, ValueError, TypeError, KeyError) as exc:
+        said = "; ".join(line.strip() for line in str(exc).splitlines() if line.strip())
+        said = said.replace(":; ", ": ")
+        raise LaunchError(f"veRL config: {said}") from exc
+    return config
+
+
 def prepare(plan: Plan) -> None:
     """The run directory: the dataset of tasks and the agent-loop config."""
     import pyarrow as pa
@@ -347,16 +406,8 @@ def run(plan: Plan, *, ready: Callable[[], None] = lambda: None) -> None:
     verl_plugin.install()
     import ray
     from verl.trainer import main_ppo
-    from verl.trainer.ppo.utils import need_critic, need_reference_policy
-    from verl.utils.config import validate_config
 
-    verl_rollout.options(rollout_custom(plan))  # checked before Ray starts
-    config = compose(overrides(plan))
-    validate_config(
-        config=config,
-        use_reference_policy=need_reference_policy(config),
-        use_critic=need_critic(config),
-    )
+    config = validated_config(plan)
     ready()
     try:
         main_ppo.run_ppo(config, task_runner_class=main_ppo.TaskRunnerV1)
@@ -437,6 +488,15 @@ def _parser() -> argparse.ArgumentParser:
         "actor_rollout_ref.actor.clip_ratio=0.2",
     )
     cli.add_argument(
+        "--option",
+        dest="options",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a veRL ppo_trainer key with its value as JSON, else as a string (what a "
+        "RolloutJob's spec.training.options become), e.g. --option trainer.device='\"cuda\"'",
+    )
+    cli.add_argument(
         "--check",
         action="store_true",
         help="check the settings against veRL's config, print its overrides as JSON, and exit",
@@ -444,31 +504,56 @@ def _parser() -> argparse.ArgumentParser:
     return cli
 
 
+def _options(args: argparse.Namespace) -> tuple[dict[str, Any], list[str]]:
+    """The veRL keys of ``--verl KEY=VALUE`` (Hydra's syntax, passed as given) and
+    ``--option KEY=VALUE`` (JSON, else a string; written in Hydra's syntax here): the
+    values of :data:`OWNED` keys by Plan field, and the other keys as overrides."""
+    owned: dict[str, Any] = {}
+    rest: list[str] = []
+    seen: dict[str, str] = {}
+    for flag, items in (("--verl", args.verl), ("--option", args.options)):
+        for item in items:
+            key, sep, text = item.partition("=")
+            bare = key.strip().lstrip("+~")
+            if sep and bare in seen:
+                raise LaunchError(f"{flag} {item!r}: {bare} is already set (by {seen[bare]})")
+            seen[bare] = f"{flag} {item}"
+            if flag == "--verl":
+                value: Any = text.strip().strip("'\"")  # a quoted string, as Hydra reads it
+            else:
+                try:
+                    value = json.loads(text)
+                except ValueError:
+                    value = text
+            if sep and bare in OWNED:
+                owned[OWNED[bare]] = value
+            elif flag == "--verl" or not sep:
+                rest.append(item)
+            else:
+                try:
+                    rest.append(f"{key.strip()}={_hydra(value)}")
+                except LaunchError as exc:
+                    raise LaunchError(f"--option {item!r}: {exc}") from None
+    return owned, rest
+
+
 def plan_from(args: argparse.Namespace) -> Plan:
     """The plan the command line asks for. ``trainer.device`` and ``trainer.n_gpus_per_node``
-    given as ``--verl`` keys set the device and workers (a flag that disagrees is an error)."""
-    owned: dict[str, str] = {}
-    rest: list[str] = []
-    for item in args.verl:
-        key, sep, text = item.partition("=")
-        field = OWNED.get(key.lstrip("+~"))
-        if sep and field is not None:
-            owned[field] = text.strip().strip("'\"")  # a quoted string, as Hydra reads it
-        else:
-            rest.append(item)
+    given as veRL keys set the device and workers (a flag that disagrees is an error)."""
+    owned, rest = _options(args)
     settings: dict[str, Any] = {"device": "cpu", "workers": 2}
-    for field, raw in owned.items():
+    for field, value in owned.items():
         given = getattr(args, field)
-        value: str | int = raw
         if field == "workers":
             try:
-                value = int(raw)
-            except ValueError:
-                raise LaunchError(
-                    f"verl option trainer.n_gpus_per_node={raw}: not a number"
-                ) from None
+                number = float(value)
+            except (TypeError, ValueError):
+                number = float("nan")
+            if isinstance(value, bool) or not number.is_integer():
+                raise LaunchError(f"trainer.n_gpus_per_node={value}: not a whole number")
+            value = int(number)
         if given is not None and given != value:
-            raise LaunchError(f"--{field} {given} and the veRL key for it ({raw}) disagree")
+            raise LaunchError(f"--{field} {given} and the veRL key for it ({value}) disagree")
         settings[field] = value
     for field in ("device", "workers"):
         if getattr(args, field) is not None:
@@ -501,9 +586,7 @@ def main(argv: Sequence[str]) -> int:
     try:
         plan = plan_from(args)
         if args.check:
-            check(plan)
-            verl_rollout.options(rollout_custom(plan))
-            compose(overrides(plan))
+            validated_config(plan)
             print(json.dumps(overrides(plan), indent=2))
             return 0
         _stop_on_sigterm()
