@@ -101,14 +101,9 @@ def main(argv: list[str]) -> int:
             )
         )
         return 0
-    trained_before = runner.resume_state(runner.Journal(run_dir / "journal.jsonl")).trained
-    if trainer_engine == "verl" and trained_before:
-        print(
-            f"openforge run: {run_dir}: an earlier run trained {len(trained_before)} iteration(s), "
-            "and engine verl cannot resume training (veRL's trainer would start again from its "
-            "first step); run with a new --run-dir",
-            file=sys.stderr,
-        )
+    problem = _cannot_resume(run_dir, trainer_engine)
+    if problem:
+        print(f"openforge run: {run_dir}: {problem}; run with a new --run-dir", file=sys.stderr)
         return 2
     stop = threading.Event()
     _on_signal(stop)
@@ -241,7 +236,12 @@ def main(argv: list[str]) -> int:
                     if version is None:
                         break  # stopped while the trainer trained: the rerun waits for it again
                     job_runner.journal.write(
-                        {"event": "trained", "iteration": iteration, "policy_version": version}
+                        {
+                            "event": "trained",
+                            "iteration": iteration,
+                            "policy_version": version,
+                            "engine": trainer_engine,
+                        }
                     )
         supervisor.close()
         if supervisor.failure:
@@ -273,14 +273,27 @@ def main(argv: list[str]) -> int:
             service.stop()
 
 
+def _cannot_resume(run_dir: Path, trainer_engine: str | None) -> str:
+    """Why this run directory's training cannot be continued by ``trainer_engine`` ("" when
+    it can): veRL's trainer would start again from its first step, and a directory is
+    trained by one engine."""
+    resume = runner.resume_state(runner.Journal(run_dir / "journal.jsonl"))
+    if trainer_engine is None or not resume.trained:
+        return ""
+    earlier = f"an earlier run trained {len(resume.trained)} iteration(s) with engine " + (
+        ", ".join(sorted(resume.trained_by))
+    )
+    if resume.trained_by != {trainer_engine}:
+        return f"{earlier}, and spec.training.engine is {trainer_engine}"
+    if trainer_engine == "verl":
+        return f"{earlier}, which cannot resume training (it would start again from step 1)"
+    return ""
+
+
 def _how_to_continue(run_dir: Path, trainer_engine: str | None) -> str:
-    """What a stopped run's user can do next: run it again, unless veRL had trained."""
-    trained = runner.resume_state(runner.Journal(run_dir / "journal.jsonl")).trained
-    if trainer_engine == "verl" and trained:
-        return (
-            f"engine verl cannot continue training ({run_dir} has {len(trained)} trained "
-            "iteration(s)); run with a new --run-dir to start again"
-        )
+    """What a stopped run's user can do next: run it again, unless that cannot resume."""
+    if _cannot_resume(run_dir, trainer_engine):
+        return f"engine {trainer_engine} cannot continue this run; run with a new --run-dir"
     return f"run the same command again to continue ({run_dir})"
 
 

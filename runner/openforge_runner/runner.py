@@ -76,12 +76,15 @@ class Resume:
     trained: set[int]  # iterations whose training step completed
     tried: dict[tuple[int, int], list[retries.Tried]] = field(default_factory=dict)
     """The failed attempts each unfinished rollout was tried again after."""
+    trained_by: set[str] = field(default_factory=set)
+    """The engines (``spec.training.engine``) that trained them."""
 
 
 def resume_state(journal: Journal) -> Resume:
     finished: dict[tuple[int, int], dict[str, Any]] = {}
     next_attempt: dict[tuple[int, int], int] = {}
     trained: set[int] = set()
+    trained_by: set[str] = set()
     tried: dict[tuple[int, int], list[retries.Tried]] = {}
     for entry in journal.entries():
         key = (int(entry.get("iteration", -1)), int(entry.get("index", -1)))
@@ -93,7 +96,8 @@ def resume_state(journal: Journal) -> Resume:
             finished[key] = entry
         elif entry.get("event") == "trained":
             trained.add(int(entry["iteration"]))
-    return Resume(finished, next_attempt, trained, tried)
+            trained_by.add(str(entry.get("engine", "openforge")))  # the only one before
+    return Resume(finished, next_attempt, trained, tried, trained_by)
 
 
 def _tried(entry: dict[str, Any]) -> retries.Tried:

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import learning_runs
+import pytest
 from openforge_trainer.collection import store
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -446,20 +447,26 @@ def test_a_bad_verl_key_stops_the_run_before_any_rollout(tmp_path: Path) -> None
     assert "workers: 3 must divide the samples of a step (8 tasks x 4)" in done.stderr
 
 
-def test_a_verl_run_that_trained_is_not_resumed_from_veRLs_first_step(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("recorded", "example", "refused"),
+    [
+        # a journal from before engines were recorded: openforge trained it
+        ("", "react-toy-verl.yaml", "with engine openforge, and spec.training.engine is verl"),
+        (', "engine": "verl"', "react-toy-verl.yaml", "with engine verl, which cannot resume"),
+        (', "engine": "verl"', "react-toy.yaml", "with engine verl, and spec.training.engine is"),
+    ],
+)
+def test_a_run_dir_is_trained_by_one_engine_and_verl_does_not_resume(
+    tmp_path: Path, recorded: str, example: str, refused: str
+) -> None:
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     (run_dir / "journal.jsonl").write_text(
-        '{"event": "trained", "iteration": 0, "policy_version": 1}\n'
+        f'{{"event": "trained", "iteration": 0, "policy_version": 1{recorded}}}\n'
     )
-    done = run(
-        [
-            str(learning_runs.example_copy(tmp_path, "react-toy-verl.yaml")),
-            "--run-dir",
-            str(run_dir),
-        ],
-        env={**os.environ},
-    )
+    manifest = learning_runs.example_copy(tmp_path, example)
+    done = run([str(manifest), "--run-dir", str(run_dir)], env={**os.environ})
     assert done.returncode == 2, done.stderr
-    assert "an earlier run trained 1 iteration(s), and engine verl cannot resume" in done.stderr
+    assert f"an earlier run trained 1 iteration(s) {refused}" in done.stderr
+    assert done.stderr.rstrip().endswith("; run with a new --run-dir")
     assert sorted(p.name for p in run_dir.iterdir()) == ["journal.jsonl"]  # nothing started
