@@ -156,7 +156,12 @@ def main(argv: list[str]) -> int:
                 _start(
                     services,
                     processes.Service(
-                        "serve", serve_argv(), run_dir / "serve.log", port=eport, stopping=stop
+                        "serve",
+                        serve_argv(),
+                        run_dir / "serve.log",
+                        port=eport,
+                        env=processes.torch_threads_env(),
+                        stopping=stop,
                     ),
                 ),
                 argv=serve_argv,
@@ -179,6 +184,7 @@ def main(argv: list[str]) -> int:
                         )
                     ),
                     run_dir / "trainer.log",
+                    env=processes.torch_threads_env(),
                     stopping=stop,
                 ),
             )

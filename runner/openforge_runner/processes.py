@@ -16,7 +16,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -155,6 +155,20 @@ def tethered(argv: list[str]) -> list[str]:
     services and sidecars with it, instead of leaving them serving and writing. As it
     is where setpriv is missing."""
     return [SETPRIV, "--pdeathsig", "TERM", "--", *argv] if SETPRIV else list(argv)
+
+
+def torch_threads_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The environment for a torch service ``openforge run`` starts (serve, train).
+
+    They share this machine with each other and with the rollouts, so each takes half
+    its cores for torch's threads (``OMP_NUM_THREADS``), at least one: at torch's
+    default, both take every core and spin against each other and the harnesses (on 2
+    cores, 2 iterations of the Codex learning job took 140 CPU-seconds with torch's
+    default and 104 with one thread each, and no longer). An ``OMP_NUM_THREADS``
+    already set is the user's, and kept."""
+    if (os.environ if environ is None else environ).get("OMP_NUM_THREADS"):
+        return {}
+    return {"OMP_NUM_THREADS": str(max(1, len(os.sched_getaffinity(0)) // 2))}
 
 
 def openforge(*args: str) -> list[str]:

@@ -32,12 +32,14 @@ At 1e-3 the tiny policy sometimes collapsed into repeating the tool name
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import learning_runs
 import pytest
+from openforge_runner import processes
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -65,6 +67,10 @@ def test_reward_rises_inside_the_react_harness(tmp_path: Path) -> None:
     assert max(s["logprob_diff_max"] for s in steps) < 1e-4
     # the demo's training options reached the trainer: every step was guarded
     assert all(0.0 <= s["update_scale"] <= 1.0 for s in steps)
+    # serve and train shared the cores: half each (or the OMP_NUM_THREADS the run was given)
+    threads = {**processes.torch_threads_env(), **os.environ}["OMP_NUM_THREADS"]
+    assert f"(torch threads: {threads})" in (run_dir / "serve.log").read_text()
+    assert f", torch threads {threads}\n" in (run_dir / "trainer.log").read_text()
     readme_commands_work_on(run_dir, tmp_path)
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 import threading
 import time
@@ -90,3 +91,9 @@ def test_a_service_that_exits_0_is_done_not_dead(tmp_path: Path) -> None:
         assert not supervisor.alive(service)  # a waiter for its work learns it is over
     finally:
         supervisor.close()
+
+
+def test_serve_and_train_each_take_half_the_cores_unless_the_user_chose() -> None:
+    cores = len(os.sched_getaffinity(0))
+    assert processes.torch_threads_env({}) == {"OMP_NUM_THREADS": str(max(1, cores // 2))}
+    assert processes.torch_threads_env({"OMP_NUM_THREADS": "7"}) == {}

@@ -619,12 +619,14 @@ def test_cli_serves_and_stops_on_sigterm(models: dict[str, Path]) -> None:
         ],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        env={**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"},
     )
     try:
         assert process.stdout is not None
         line = process.stdout.readline().decode()
-        assert line == f"openforge serve: serving {NAME} on http://127.0.0.1:{port}\n"
+        assert line == (
+            f"openforge serve: serving {NAME} on http://127.0.0.1:{port} (torch threads: 1)\n"
+        )
         tokens, version = generate(f"http://127.0.0.1:{port}")
         assert version == "8" and len(tokens) == 12
     finally:

@@ -70,6 +70,7 @@ def test_two_steps_end_to_end(tmp_path: Path, model_dir: Path) -> None:
     assert done.returncode == 0, done.stdout + done.stderr
     lines = done.stdout.splitlines()
     assert lines[0].startswith("openforge train: starting (policy v0), job job")
+    assert lines[0].endswith(", torch threads 1")  # ENV's OMP_NUM_THREADS
     assert [line.split(":")[0] for line in lines if line.startswith("step ")] == [
         "step 1 (policy v1)",
         "step 2 (policy v2)",
@@ -96,6 +97,20 @@ def spawn(tmp_path: Path, model_dir: Path, *flags: str) -> subprocess.Popen[str]
     )
 
 
+def communicate_or_dump_stacks(process: subprocess.Popen[str], *, timeout: float) -> str:
+    """The rest of the trainer's output once it exits; if it has not within ``timeout``,
+    the failure shows where each of its threads waits (SIGUSR1: ``openforge train``'s
+    stack dump). A clean-clone run on 2026-12-03 saw this trainer not stop in 30 s once."""
+    try:
+        return process.communicate(timeout=timeout)[0]
+    except subprocess.TimeoutExpired:
+        process.send_signal(signal.SIGUSR1)
+        time.sleep(2)
+        process.kill()
+        rest = process.communicate()[0]
+        raise AssertionError(f"openforge train did not stop in {timeout} s:\n{rest}") from None
+
+
 def test_sigterm_stops_cleanly_after_the_step(tmp_path: Path, model_dir: Path) -> None:
     populate(tmp_path / "store.db", model_dir, ["a"])
     process = spawn(tmp_path, model_dir, "--groups-per-step", "1")
@@ -108,7 +123,7 @@ def test_sigterm_stops_cleanly_after_the_step(tmp_path: Path, model_dir: Path) -
             break
     time.sleep(0.3)
     process.send_signal(signal.SIGTERM)
-    rest, _ = process.communicate(timeout=30)
+    rest = communicate_or_dump_stacks(process, timeout=30)
     output = "".join(seen) + rest
     assert process.returncode == 0, output
     assert "SIGTERM: stopping after the current step" in output
@@ -129,10 +144,13 @@ def test_sigterm_while_waiting_does_not_train_a_partial_step(
         if line.startswith("openforge train: starting"):
             break
     time.sleep(3)  # waiting for a second group
+    process.send_signal(signal.SIGUSR1)  # where it waits, and it goes on waiting
+    time.sleep(1)
     process.send_signal(signal.SIGTERM)
-    rest, _ = process.communicate(timeout=30)
+    rest = communicate_or_dump_stacks(process, timeout=30)
     output = "".join(seen) + rest
     assert process.returncode == 0, output
+    assert "(most recent call first)" in output and "in wait_for_groups" in output, output
     assert "the partial step is not trained" in output
     assert output.rstrip().endswith("stopped after 0 step(s) this run (step 0, policy v0)"), output
     assert checkpoint.latest(tmp_path / "run") is None

@@ -690,7 +690,11 @@ def main(argv: list[str]) -> int:
     server = ServeServer((args.host, args.port), engine)
     signal.signal(signal.SIGTERM, _interrupt)
     url = f"http://{args.host}:{server.server_address[1]}"
-    print(f"openforge serve: serving {engine.name} on {url}", flush=True)
+    print(
+        f"openforge serve: serving {engine.name} on {url} "
+        f"(torch threads: {torch.get_num_threads()})",
+        flush=True,
+    )
     try:
         server.serve_forever()
     except KeyboardInterrupt:

@@ -4,11 +4,14 @@ SIGTERM and SIGINT stop the loop cleanly after the current step (its
 checkpoint, store marks and publish complete first); a stop while waiting for
 groups does not train the groups found so far (a partial step). A second signal aborts
 at once: an unfinished step is lost, and its groups are trained after a restart.
+SIGUSR1 prints every thread's Python stack to stderr and goes on (where a trainer
+that does not stop is waiting).
 """
 
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import json
 import re
 import signal
@@ -132,9 +135,9 @@ def main(argv: Sequence[str]) -> int:
     if not config.store.is_file():
         print(f"openforge train: --store: no store at {config.store}", file=sys.stderr)
         return 2
-    from openforge_trainer.training import (
-        loop as trainer_loop,  # torch, transformers, verl: only when training
-    )
+    import torch  # torch, transformers, verl: only when training
+
+    from openforge_trainer.training import loop as trainer_loop
 
     stop = threading.Event()
     _on_signals(stop)
@@ -143,7 +146,8 @@ def main(argv: Sequence[str]) -> int:
         where = f"resumed at step {trainer.state.step}" if trainer.state.step else "starting"
         print(
             f"openforge train: {where} (policy v{trainer.state.policy_version}), "
-            f"job {config.job}, run dir {config.run_dir}",
+            f"job {config.job}, run dir {config.run_dir}, "
+            f"torch threads {torch.get_num_threads()}",
             flush=True,
         )
         trained = trainer.run(stop)
@@ -170,6 +174,7 @@ def _on_signals(stop: threading.Event) -> None:
 
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, handle)
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
 
 
 if __name__ == "__main__":
