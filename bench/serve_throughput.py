@@ -109,7 +109,8 @@ def start_server(model_dir: Path, threads: int) -> tuple[subprocess.Popen[str], 
     if not line.startswith("openforge serve: serving"):
         process.kill()
         raise RuntimeError(f"openforge serve did not start: {line!r}")
-    return process, line.strip().rsplit(" ", 1)[1]
+    # "openforge serve: serving NAME on URL (torch threads: N)"
+    return process, line.split(" on ", 1)[1].split()[0]
 
 
 async def one_request(
