@@ -133,6 +133,7 @@ def main(argv: list[str]) -> int:
         _drain_leftovers(
             run_dir, collector=f"127.0.0.1:{collector.port}", when="left by an earlier run"
         )
+        torch_env = processes.torch_threads_env()  # serve's and train's
         engine_url = bundle.job.spec.policy.endpoint
         if engine_url is None:
             assert model is not None
@@ -160,7 +161,7 @@ def main(argv: list[str]) -> int:
                         serve_argv(),
                         run_dir / "serve.log",
                         port=eport,
-                        env=processes.torch_threads_env(),
+                        env=torch_env,
                         stopping=stop,
                     ),
                 ),
@@ -184,7 +185,7 @@ def main(argv: list[str]) -> int:
                         )
                     ),
                     run_dir / "trainer.log",
-                    env=processes.torch_threads_env(),
+                    env=torch_env,
                     stopping=stop,
                 ),
             )

@@ -68,7 +68,7 @@ def test_reward_rises_inside_the_react_harness(tmp_path: Path) -> None:
     # the demo's training options reached the trainer: every step was guarded
     assert all(0.0 <= s["update_scale"] <= 1.0 for s in steps)
     # serve and train shared the cores: half each (or the OMP_NUM_THREADS the run was given)
-    threads = {**processes.torch_threads_env(), **os.environ}["OMP_NUM_THREADS"]
+    threads = {**os.environ, **processes.torch_threads_env()}["OMP_NUM_THREADS"]  # as run
     assert f"(torch threads: {threads})" in (run_dir / "serve.log").read_text()
     assert f", torch threads {threads}\n" in (run_dir / "trainer.log").read_text()
     readme_commands_work_on(run_dir, tmp_path)

@@ -135,9 +135,11 @@ def main(argv: Sequence[str]) -> int:
     if not config.store.is_file():
         print(f"openforge train: --store: no store at {config.store}", file=sys.stderr)
         return 2
-    import torch  # torch, transformers, verl: only when training
+    import torch
 
-    from openforge_trainer.training import loop as trainer_loop
+    from openforge_trainer.training import (
+        loop as trainer_loop,  # torch, transformers, verl: only when training
+    )
 
     stop = threading.Event()
     _on_signals(stop)
