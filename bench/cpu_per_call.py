@@ -14,7 +14,7 @@ all of them alike. Each round sends the workload's ``tool_call`` then
 * ``sidecar``: ``openforge sidecar`` of this checkout, sent Chat Completions;
 * ``sidecar@PATH`` (``--compare PATH``, repeatable): the sidecar of another
   checkout, e.g. ``git worktree add /tmp/old <commit>``, run with that
-  tree's ``sidecar/`` and ``proto/`` first on ``sys.path``.
+  tree's ``sidecar/`` and ``common/`` first on ``sys.path``.
 
 Reports per proxy: CPU ms per call, the ``text`` call's latency p50/p99 and
 time to first token p50 at the client, and peak RSS (VmHWM).

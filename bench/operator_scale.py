@@ -106,7 +106,7 @@ async def finished_status(
         body = (
             await api.get(
                 k8s.namespaced(
-                    namespace, "rolloutjobs", "scale", api_version="openforge.dev/v1alpha1"
+                    namespace, "rolloutjobs", name="scale", api_version="openforge.dev/v1alpha1"
                 )
             )
             or {}
@@ -324,7 +324,7 @@ async def run(
 
 async def _wait_for_service_account(api: k8s.Api, namespace: str) -> None:
     for _ in range(600):
-        if await api.get(k8s.namespaced(namespace, "serviceaccounts", "default")) is not None:
+        if await api.get(k8s.namespaced(namespace, "serviceaccounts", name="default")) is not None:
             return
         await asyncio.sleep(0.1)
     raise TimeoutError(f"no default service account in {namespace}")
@@ -334,7 +334,9 @@ async def _wait_ready(
     api: k8s.Api, namespace: str, operator: subprocess.Popen[bytes], log: Path
 ) -> None:
     """The operator is up once it has set the HarnessEnv's Ready condition."""
-    path = k8s.namespaced(namespace, "harnessenvs", "scale", api_version="openforge.dev/v1alpha1")
+    path = k8s.namespaced(
+        namespace, "harnessenvs", name="scale", api_version="openforge.dev/v1alpha1"
+    )
     for _ in range(1200):
         if operator.poll() is not None:
             raise RuntimeError(

@@ -142,10 +142,12 @@ class Servers:
 
     def sidecar_of(self, tree: Path, engine: Server, tag: str) -> Server:
         """``openforge sidecar`` of the checkout at ``tree`` (its ``sidecar/`` and
-        ``proto/`` first on ``sys.path``), e.g. ``git worktree add /tmp/old <commit>``."""
+        shared package's folder first on ``sys.path``: ``common/``, or ``proto/`` in a
+        checkout older than that folder), e.g. ``git worktree add /tmp/old <commit>``."""
         port = free_port()
+        shared = tree / "common" if (tree / "common").is_dir() else tree / "proto"
         main = (
-            f"import sys; sys.path[:0] = [{str(tree / 'sidecar')!r}, {str(tree / 'proto')!r}]; "
+            f"import sys; sys.path[:0] = [{str(tree / 'sidecar')!r}, {str(shared)!r}]; "
             "from openforge_sidecar import cli; sys.exit(cli.main(sys.argv[1:]))"
         )
         flags = [

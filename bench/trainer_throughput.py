@@ -170,7 +170,7 @@ def pipeline_step(run: trainer_loop.Trainer) -> tuple[dict[str, float], Any]:
     timings: dict[str, float] = {}
     started = time.perf_counter()
     selection = trainer_loop.select_groups(
-        run.store, run.config, run.state, limit=run.config.groups_per_step
+        run.store, run.config, state=run.state, limit=run.config.groups_per_step
     )
     timings["select_export_s"] = time.perf_counter() - started
     mark = time.perf_counter()
@@ -200,8 +200,17 @@ def bare_parts(run: trainer_loop.Trainer, batch: Any) -> tuple[list[dict[str, An
         attention[:, width:].sum(-1).tolist(),
     )
     parts = [
-        trainer_loop._slice(tensors, rows, width, prompts, responses, "cpu")
-        for rows in trainer_loop.micro_batches(prompts, responses, run.config.micro_batch_tokens)
+        trainer_loop._slice(
+            tensors,
+            rows,
+            width=width,
+            prompt_lengths=prompts,
+            response_lengths=responses,
+            device="cpu",
+        )
+        for rows in trainer_loop.micro_batches(
+            prompts, responses, budget=run.config.micro_batch_tokens
+        )
     ]
     return parts, int(tensors["response_mask"].sum())
 
@@ -250,7 +259,7 @@ def measure(work: Workload, seed: int) -> dict[str, Any]:
                 else:
                     if batch is None:  # bare goes first: build this step's tensors untimed
                         probe = trainer_loop.select_groups(
-                            run.store, config, run.state, limit=work.groups
+                            run.store, config, state=run.state, limit=work.groups
                         )
                         batch = run.make_batch(probe.groups)
                     parts, tokens = bare_parts(run, batch)

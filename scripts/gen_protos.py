@@ -1,4 +1,4 @@
-"""Regenerate the committed Python code for proto/openforge/**/*.proto.
+"""Regenerate the committed Python code (in common/) for proto/openforge/**/*.proto.
 
 Run with the pinned grpcio-tools (see pyproject's `test` extra):
     python scripts/gen_protos.py [OUT_DIR]
@@ -16,6 +16,7 @@ from grpc_tools import protoc  # type: ignore[import-untyped]
 
 ROOT = Path(__file__).resolve().parent.parent
 PROTO_ROOT = ROOT / "proto"
+PACKAGE_ROOT = ROOT / "common"
 PINNED_GRPCIO_TOOLS = "1.85.1"
 
 
@@ -47,4 +48,4 @@ def generate(out_dir: Path) -> list[Path]:
 
 
 if __name__ == "__main__":
-    generate(Path(sys.argv[1]) if len(sys.argv) > 1 else PROTO_ROOT)
+    generate(Path(sys.argv[1]) if len(sys.argv) > 1 else PACKAGE_ROOT)

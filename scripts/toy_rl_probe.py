@@ -123,7 +123,9 @@ def update_size(
     summed per episode, ``seq_shift_max`` the largest change of one episode.
     """
     weights = torch.tensor(advs)
-    size = update_guard.measure(before, after, mask, weights[:, None].expand_as(mask))
+    size = update_guard.measure(
+        before, after, mask=mask, advantages=weights[:, None].expand_as(mask)
+    )
     log_ratio = (after - before).clamp(-20, 20)
     k3 = (torch.exp(log_ratio) - 1 - log_ratio) * mask
     shift = (log_ratio * mask).sum(1)
@@ -211,7 +213,9 @@ def main(argv: list[str]) -> int:
         else None
     )
     player = policy_eval.Player(
-        model, warmstart.load_tokenizer(args.model), warmstart.HarnessSpec.load(args.harness)
+        model,
+        warmstart.load_tokenizer(args.model),
+        harness=warmstart.HarnessSpec.load(args.harness),
     )
     train_tasks = policy_eval.load_tasks(args.tasks, None if args.all_tasks else "train")
     eval_tasks = train_tasks if args.all_tasks else policy_eval.load_tasks(args.tasks, "eval")
@@ -274,7 +278,9 @@ def main(argv: list[str]) -> int:
             for scale in update_guard.scales(5) if args.line_search or args.max_kl > 0 else []:
                 if acceptable(moved):
                     break
-                update_guard.interpolate(list(model.parameters()), old, scale / moved["scale"])
+                update_guard.interpolate(
+                    list(model.parameters()), old, ratio=scale / moved["scale"]
+                )
                 after = response_log_probs(model, episodes, player.pad_id)[0]
                 moved = {**update_size(before, after, mask, advs), "scale": scale}
         summary = policy_eval.summary(episodes)

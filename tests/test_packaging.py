@@ -74,7 +74,6 @@ def test_wheel_holds_every_package_and_the_tokenizer_assets(wheel: Path) -> None
         "openforge/cli.py",
         "openforge/trajectory/v1/trajectory_pb2.py",
         "openforge/trajectory/v1/trajectory_pb2_grpc.py",
-        "openforge/trajectory/v1/trajectory.proto",
         "openforge_sidecar/capture.py",
         "openforge_sidecar/addon.py",
         "openforge/wire/codecs/openai_responses.py",

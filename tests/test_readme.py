@@ -111,7 +111,7 @@ REGISTRY: dict[str, tuple[Exercise, ...]] = {
     ),
     "openforge --help": (
         Exercise(HERE),
-        Exercise("tests/proto/test_cli.py::test_help_lists_every_command", ('["--help"]',)),
+        Exercise("tests/common/test_cli.py::test_help_lists_every_command", ('["--help"]',)),
     ),
 }
 CHEAP = ("openforge crds --check", "openforge --help")

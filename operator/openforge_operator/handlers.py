@@ -90,9 +90,11 @@ def build_registry(runtime: Runtime) -> kopf.OperatorRegistry:
         runtime.api = await k8s.Api.connect(
             runtime.kubeconfig, pool_size=runtime.config.create_concurrency + 16
         )
-        runtime.reconciler = reconciler.Reconciler(runtime.api, runtime.cache, runtime.config)
+        runtime.reconciler = reconciler.Reconciler(
+            runtime.api, runtime.cache, config=runtime.config
+        )
         runtime.watches = [
-            asyncio.create_task(podwatch.watch(runtime.api, runtime.cache, namespace))
+            asyncio.create_task(podwatch.watch(runtime.api, runtime.cache, namespace=namespace))
             for namespace in (runtime.namespaces if runtime.namespaces is not None else [None])
         ]
 
@@ -123,7 +125,10 @@ def build_registry(runtime: Runtime) -> kopf.OperatorRegistry:
             status = readiness.status(body, now)
             if status is not None:
                 path = k8s.namespaced(
-                    namespace, v1alpha1.HarnessEnv.PLURAL, name, api_version=v1alpha1.API_VERSION
+                    namespace,
+                    v1alpha1.HarnessEnv.PLURAL,
+                    name=name,
+                    api_version=v1alpha1.API_VERSION,
                 )
                 await runtime.api.merge_patch(path + "/status", {"status": status})
         for uid in runtime.reconciler.jobs_using(namespace, name):
@@ -151,7 +156,14 @@ def build_registry(runtime: Runtime) -> kopf.OperatorRegistry:
         stopped: kopf.DaemonStopped,
         **kwargs: Any,
     ) -> None:
-        await run_job(runtime, body, uid, namespace or "default", stopped, kwargs[ENV_INDEX])
+        await run_job(
+            runtime,
+            body,
+            uid=uid,
+            namespace=namespace or "default",
+            stopped=stopped,
+            envs=kwargs[ENV_INDEX],
+        )
 
     if runtime.webhook is not None:
 
@@ -174,6 +186,7 @@ def build_registry(runtime: Runtime) -> kopf.OperatorRegistry:
 async def run_job(
     runtime: Runtime,
     body: kopf.Body,
+    *,
     uid: str,
     namespace: str,
     stopped: kopf.DaemonStopped,

@@ -33,7 +33,7 @@ then resumed from its last resourceVersion."""
 class ApiError(Exception):
     """The API server answered with an error status."""
 
-    def __init__(self, method: str, path: str, status: int, body: str) -> None:
+    def __init__(self, method: str, path: str, *, status: int, body: str) -> None:
         self.status = status
         self.reason = ""
         self.message = body[:500]
@@ -87,7 +87,7 @@ class Api:
         finally:
             response.release()
         if not 200 <= response.status < 300:
-            raise ApiError(method, path, response.status, text)
+            raise ApiError(method, path, status=response.status, body=text)
         return json.loads(text) if text else None
 
     async def create(self, path: str, body: Mapping[str, Any]) -> bool:
@@ -167,7 +167,7 @@ class Api:
         response = await self._send("GET", path, query=query, timeout=None)
         try:
             if not 200 <= response.status < 300:
-                raise ApiError("WATCH", path, response.status, await response.text())
+                raise ApiError("WATCH", path, status=response.status, body=await response.text())
             while True:
                 line = await response.content.readline()
                 if not line:
@@ -175,7 +175,9 @@ class Api:
                 event = json.loads(line)
                 if event.get("type") == "ERROR":
                     status = event.get("object") or {}
-                    raise ApiError("WATCH", path, int(status.get("code", 500)), json.dumps(status))
+                    raise ApiError(
+                        "WATCH", path, status=int(status.get("code", 500)), body=json.dumps(status)
+                    )
                 yield event
         finally:
             response.release()
@@ -246,7 +248,7 @@ def pods_path(namespace: str | None) -> str:
 
 
 def namespaced(
-    namespace: str, resource: str, name: str | None = None, *, api_version: str = "v1"
+    namespace: str, resource: str, *, name: str | None = None, api_version: str = "v1"
 ) -> str:
     """The path of a namespaced collection or object of ``api_version`` (``v1``,
     ``group/version``)."""

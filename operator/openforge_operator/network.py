@@ -60,7 +60,7 @@ DEFAULT_PORTS = (80, 443)
 
 
 def build_network_policy(
-    job: v1alpha1.RolloutJob, env: v1alpha1.HarnessEnv, config: settings.Settings
+    job: v1alpha1.RolloutJob, env: v1alpha1.HarnessEnv, *, config: settings.Settings
 ) -> dict[str, Any]:
     """The job's NetworkPolicy over its rollout pods (selected by the job's uid)."""
     namespace = job.metadata.namespace or "default"

@@ -45,10 +45,10 @@ def job_uid(job: v1alpha1.RolloutJob) -> str:
     return job.metadata.uid
 
 
-def pod_name(job: str, index: int, attempt: int) -> str:
+def pod_name(job: str, index: int, *, attempt: int) -> str:
     """``<job>-<index>-<attempt>``, cut to 63 characters (``rollouts.pod_name``: the
     collector checks a per-job token's records against the same rule)."""
-    return rollouts.pod_name(job, index, attempt)
+    return rollouts.pod_name(job, index, attempt=attempt)
 
 
 def ca_secret_name(job: str) -> str:

@@ -73,7 +73,7 @@ class Plan:
 
 
 def rollout_state(
-    index: int, attempts: Sequence[attempts_.Attempt], spec: v1alpha1.RolloutJobSpec
+    index: int, attempts: Sequence[attempts_.Attempt], *, spec: v1alpha1.RolloutJobSpec
 ) -> RolloutState:
     """Where rollout ``index`` stands, given every attempt of it seen so far: the shared
     failure-policy rule (``openforge.api.retries``, which ``openforge run`` follows too)
@@ -111,8 +111,8 @@ def plan(
     attempts = list(attempts)
     live = [a for a in attempts if a.live]
     if _terminal(old) is not None:
-        return _after_finish(job, old, live, now)
-    states = _states(attempts, total, spec)
+        return _after_finish(job, old, live=live, now=now)
+    states = _states(attempts, total, spec=spec)
     counts = _counts(states, live)
     failed = [s.index for s in states if s.state == "failed"]
     conditions = list(old.conditions)
@@ -123,7 +123,9 @@ def plan(
     create: list[tuple[int, int]] = []
     requeue: float | None = None
 
-    def condition(type_: str, status: v1alpha1.ConditionStatus, reason: str, message: str) -> None:
+    def condition(
+        type_: str, status: v1alpha1.ConditionStatus, *, reason: str, message: str
+    ) -> None:
         nonlocal conditions
         conditions = v1alpha1.set_condition(
             conditions,
@@ -135,7 +137,12 @@ def plan(
 
     was_suspended = _is_true(old.conditions, v1alpha1.SUSPENDED)
     if spec.suspend:
-        condition(v1alpha1.SUSPENDED, "True", "JobSuspended", "suspended: no new attempts start")
+        condition(
+            v1alpha1.SUSPENDED,
+            "True",
+            reason="JobSuspended",
+            message="suspended: no new attempts start",
+        )
         if not was_suspended:
             events.append(
                 Event(
@@ -145,7 +152,7 @@ def plan(
         start_time = None
     else:
         if was_suspended:
-            condition(v1alpha1.SUSPENDED, "False", "JobResumed", "resumed")
+            condition(v1alpha1.SUSPENDED, "False", reason="JobResumed", message="resumed")
             events.append(Event("Normal", "Resumed", "resumed: new attempts start again"))
         if start_time is None:
             start_time = now
@@ -166,17 +173,17 @@ def plan(
         and now >= start_time + datetime.timedelta(seconds=deadline)
     ):
         message = f"ran past activeDeadlineSeconds ({deadline} s); {len(live)} live pods deleted"
-        condition(v1alpha1.FAILED, "True", "DeadlineExceeded", message)
+        condition(v1alpha1.FAILED, "True", reason="DeadlineExceeded", message=message)
         events.append(Event("Warning", "DeadlineExceeded", message))
         delete = [a.name for a in live if not a.deleting]
         completion_time = now
     elif finished:
         summary = f"{counts.succeeded} rollouts succeeded, {counts.failed} failed"
         if counts.succeeded == 0 and counts.failed > 0:
-            condition(v1alpha1.FAILED, "True", "NoRolloutSucceeded", summary)
+            condition(v1alpha1.FAILED, "True", reason="NoRolloutSucceeded", message=summary)
             events.append(Event("Warning", "Failed", summary))
         else:
-            condition(v1alpha1.COMPLETE, "True", "RolloutsFinished", summary)
+            condition(v1alpha1.COMPLETE, "True", reason="RolloutsFinished", message=summary)
             events.append(Event("Normal", "Completed", summary))
         completion_time = now
     else:
@@ -208,6 +215,7 @@ def plan(
 def _after_finish(
     job: v1alpha1.RolloutJob,
     old: v1alpha1.RolloutJobStatus,
+    *,
     live: list[attempts_.Attempt],
     now: datetime.datetime,
 ) -> Plan:
@@ -224,14 +232,14 @@ def _after_finish(
 
 
 def _states(
-    attempts: Sequence[attempts_.Attempt], total: int | None, spec: v1alpha1.RolloutJobSpec
+    attempts: Sequence[attempts_.Attempt], total: int | None, *, spec: v1alpha1.RolloutJobSpec
 ) -> list[RolloutState]:
     by_index: dict[int, list[attempts_.Attempt]] = defaultdict(list)
     for attempt in attempts:
         if total is None or attempt.index < total:
             by_index[attempt.index].append(attempt)
     indexes: Iterable[int] = range(total) if total is not None else sorted(by_index)
-    return [rollout_state(i, by_index.get(i, []), spec) for i in indexes]
+    return [rollout_state(i, by_index.get(i, []), spec=spec) for i in indexes]
 
 
 def _counts(
@@ -249,7 +257,7 @@ def _counts(
     )
 
 
-def _failed_message(indexes: list[int], states: Sequence[RolloutState], shown: int = 5) -> str:
+def _failed_message(indexes: list[int], states: Sequence[RolloutState], *, shown: int = 5) -> str:
     by_index = {s.index: s for s in states}
     details = []
     for index in indexes[:shown]:

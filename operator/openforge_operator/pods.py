@@ -104,7 +104,7 @@ class PodError(ValueError):
 
 
 def rollout_timeout(
-    job: v1alpha1.RolloutJob, env: v1alpha1.HarnessEnv, config: settings.Settings
+    job: v1alpha1.RolloutJob, env: v1alpha1.HarnessEnv, *, config: settings.Settings
 ) -> int:
     """Seconds one attempt's harness may run: the job's, else the HarnessEnv's, else the default."""
     return (
@@ -115,12 +115,12 @@ def rollout_timeout(
 
 
 def deadline_seconds(
-    job: v1alpha1.RolloutJob, env: v1alpha1.HarnessEnv, config: settings.Settings
+    job: v1alpha1.RolloutJob, env: v1alpha1.HarnessEnv, *, config: settings.Settings
 ) -> int:
     """The pod's ``activeDeadlineSeconds``: harness, grader, the collector's ack, start-up slack."""
     grader = env.spec.grader.timeout_seconds if env.spec.grader is not None else 0
     return (
-        rollout_timeout(job, env, config)
+        rollout_timeout(job, env, config=config)
         + grader
         + config.finish_wait_seconds
         + config.pod_deadline_slack_seconds
@@ -146,7 +146,9 @@ class PodInputs:
     @property
     def name(self) -> str:
         """The pod's name, which is also the rollout id its records carry."""
-        return objects.pod_name(objects.job_name(self.job), self.rollout.index, self.attempt)
+        return objects.pod_name(
+            objects.job_name(self.job), self.rollout.index, attempt=self.attempt
+        )
 
 
 def build_pod(
@@ -176,12 +178,12 @@ def build_pod(
     # template's own are held back by a startup probe, as in an injected pod.
     probed = bool(init) or len(containers) > 1
     sidecar = _sidecar(inputs, startup_probe=probed)
-    spec["initContainers"] = [*_redirect(job, env, config), sidecar, *init]
-    spec["volumes"] = [*spec.get("volumes", []), *_volumes(job, env, config)]
+    spec["initContainers"] = [*_redirect(job, env, config=config), sidecar, *init]
+    spec["volumes"] = [*spec.get("volumes", []), *_volumes(job, env, config=config)]
     if env.spec.task.file is not None:
         spec["volumes"].append(task_volume(job, rollout))
     spec["restartPolicy"] = "Never"
-    spec["activeDeadlineSeconds"] = deadline_seconds(job, env, config)
+    spec["activeDeadlineSeconds"] = deadline_seconds(job, env, config=config)
     spec["automountServiceAccountToken"] = False
     spec.setdefault("enableServiceLinks", False)
     security = spec.setdefault("securityContext", {})
@@ -238,14 +240,16 @@ def _harness(
     except templates.TemplateError as error:
         raise PodError(f"HarnessEnv {env.metadata.name}: spec.task: {error}") from None
     grader = (
-        _expanded(spec.grader.command, base, f"HarnessEnv {env.metadata.name}: spec.grader.command")
+        _expanded(
+            spec.grader.command, base, where=f"HarnessEnv {env.metadata.name}: spec.grader.command"
+        )
         if spec.grader is not None
         else None
     )
     harness = {**container}
     harness["command"] = entrypoint.COMMAND
     harness["args"] = entrypoint.arguments(
-        _expanded(argv, base, f"{where}.command/args, spec.task.args"), grader
+        _expanded(argv, base, where=f"{where}.command/args, spec.task.args"), grader
     )
     harness["env"] = _merge_env(
         [{"name": k, "value": v} for k, v in base.items()],
@@ -269,7 +273,7 @@ def _harness(
             }
         )
     harness["volumeMounts"] = mounts
-    harness["securityContext"] = _harness_security(container, pod_security, config)
+    harness["securityContext"] = _harness_security(container, pod_security, config=config)
     return harness
 
 
@@ -348,6 +352,7 @@ def _sidecar(inputs: PodInputs, *, startup_probe: bool) -> dict[str, Any]:
         "--sample-index", str(rollout.sample),
         "--attempt", str(inputs.attempt),
         "--harness", env.metadata.name or "",
+        "--api", env.spec.api,
         "--policy-version", str(job.spec.policy.version),
         "--control-token-file", CONTROL_TOKEN,
     ]  # fmt: skip
@@ -362,9 +367,9 @@ def _sidecar(inputs: PodInputs, *, startup_probe: bool) -> dict[str, Any]:
     return sidecar_container(
         image,
         AGENT_COMMAND,
-        [*agent, "--", *sidecar],
-        mounts,
-        config,
+        args=[*agent, "--", *sidecar],
+        mounts=mounts,
+        config=config,
         startup_probe=startup_probe,
         ready_file=ready_file,
     )
@@ -373,10 +378,10 @@ def _sidecar(inputs: PodInputs, *, startup_probe: bool) -> dict[str, Any]:
 def sidecar_container(
     image: str,
     command: list[str],
+    *,
     args: list[str],
     mounts: list[dict[str, Any]],
     config: settings.Settings,
-    *,
     startup_probe: bool = True,
     ready_file: str | None = None,
 ) -> dict[str, Any]:
@@ -439,7 +444,7 @@ def sidecar_can_read_secrets(pod_security: dict[str, Any], config: settings.Sett
 
 
 def _redirect(
-    job: v1alpha1.RolloutJob, env: v1alpha1.HarnessEnv, config: settings.Settings
+    job: v1alpha1.RolloutJob, env: v1alpha1.HarnessEnv, *, config: settings.Settings
 ) -> list[dict[str, Any]]:
     """Transparent mode's iptables init container (none in the other modes)."""
     if env.spec.capture.mode != "Transparent":
@@ -469,7 +474,7 @@ def _redirect(
 
 
 def _volumes(
-    job: v1alpha1.RolloutJob, env: v1alpha1.HarnessEnv, config: settings.Settings
+    job: v1alpha1.RolloutJob, env: v1alpha1.HarnessEnv, *, config: settings.Settings
 ) -> list[dict[str, Any]]:
     name = objects.job_name(job)
     volumes: list[dict[str, Any]] = [
@@ -539,7 +544,7 @@ def _task_path(env: v1alpha1.HarnessEnv, workdir: str | None) -> str:
 
 
 def _harness_security(
-    container: Mapping[str, Any], pod_security: Mapping[str, Any], config: settings.Settings
+    container: Mapping[str, Any], pod_security: Mapping[str, Any], *, config: settings.Settings
 ) -> dict[str, Any]:
     security = dict(container.get("securityContext") or {})
     security["runAsNonRoot"] = True
@@ -570,7 +575,7 @@ def _merge_env(*layers: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return list(merged.values())
 
 
-def _expanded(argv: Sequence[str], base: Mapping[str, str], where: str) -> list[str]:
+def _expanded(argv: Sequence[str], base: Mapping[str, str], *, where: str) -> list[str]:
     """``argv`` with its ``${NAME}`` references expanded (``rollout_env.expand``); a reference
     to a folder only ``openforge run`` has is an error naming the field."""
     for arg in argv:

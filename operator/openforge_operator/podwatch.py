@@ -92,7 +92,7 @@ class PodCache:
             await self.synced(namespace).wait()
 
 
-async def watch(api: k8s.Api, cache: PodCache, namespace: str | None) -> None:
+async def watch(api: k8s.Api, cache: PodCache, *, namespace: str | None) -> None:
     """List and watch the rollout pods of ``namespace`` (None: all) forever."""
     path = k8s.pods_path(namespace)
     while True:

@@ -105,7 +105,9 @@ class Inputs:
 class Reconciler:
     """Reconciles RolloutJobs; one per operator process, shared by every job's loop."""
 
-    def __init__(self, api: k8s.Api, cache: podwatch.PodCache, config: settings.Settings) -> None:
+    def __init__(
+        self, api: k8s.Api, cache: podwatch.PodCache, *, config: settings.Settings
+    ) -> None:
         self._api = api
         self._cache = cache
         self._config = config
@@ -139,10 +141,10 @@ class Reconciler:
         try:
             job = manifests.parse(current)
         except manifests.ManifestError as error:
-            await self._warn(body, memory, Blocked("InvalidSpec", str(error)))
+            await self._warn(body, memory, blocked=Blocked("InvalidSpec", str(error)))
             return self._config.resync_seconds
         assert isinstance(job, v1alpha1.RolloutJob)
-        inputs = await self._inputs(job, env_body, memory)
+        inputs = await self._inputs(job, env_body, memory=memory)
         blocked, env, records = inputs.blocked, inputs.env, inputs.records
         total = tasks.count(records, job.spec.samples_per_task) if records is not None else None
         observed = self._observe(job, memory)
@@ -150,7 +152,7 @@ class Reconciler:
         plan_blocked = blocked.message if blocked else None
         plan = planner.plan(job=job, total=total, attempts=observed, now=now, blocked=plan_blocked)
         if blocked is not None:
-            await self._warn(body, memory, blocked)
+            await self._warn(body, memory, blocked=blocked)
         else:
             memory.warned = None
         failed_create = False
@@ -161,7 +163,9 @@ class Reconciler:
             and records is not None
             and time.monotonic() >= memory.backoff_until
         ):
-            failed_create = not await self._create(body, job, env, records, plan.create, memory)
+            failed_create = not await self._create(
+                body, job, env=env, records=records, todo=plan.create, memory=memory
+            )
             # count what was just created in the status written now, not one reconcile later
             after = planner.plan(
                 job=job,
@@ -172,17 +176,20 @@ class Reconciler:
             )
             status = after.status
         await asyncio.gather(
-            *(self._api.delete(k8s.namespaced(namespace, "pods", name)) for name in plan.delete)
+            *(
+                self._api.delete(k8s.namespaced(namespace, "pods", name=name))
+                for name in plan.delete
+            )
         )
         # Events before the status: a status that finishes the job stops this loop (the
         # daemon's filter), and the Events of the transition must not be lost to that
         for event in plan.events:
-            await self._event(body, event.type, event.reason, event.message)
-        await self._write_status(body, status, memory)
+            await self._event(body, event.type, reason=event.reason, message=event.message)
+        await self._write_status(body, status, memory=memory)
         if plan.delete_job:
             await self._api.delete(
                 k8s.namespaced(
-                    namespace, "rolloutjobs", meta["name"], api_version=v1alpha1.API_VERSION
+                    namespace, "rolloutjobs", name=meta["name"], api_version=v1alpha1.API_VERSION
                 ),
                 uid=uid,
             )
@@ -199,7 +206,7 @@ class Reconciler:
     # -- inputs ---------------------------------------------------------------------------
 
     async def _inputs(
-        self, job: v1alpha1.RolloutJob, env_body: Mapping[str, Any] | None, memory: JobMemory
+        self, job: v1alpha1.RolloutJob, env_body: Mapping[str, Any] | None, *, memory: JobMemory
     ) -> Inputs:
         found = await self._tasks(job, memory)
         records = None if isinstance(found, Blocked) else found
@@ -240,7 +247,7 @@ class Reconciler:
         if records is None and ref is not None:
             namespace = job.metadata.namespace or "default"
             where = f"ConfigMap {ref.name!r} key {ref.key!r}"
-            config_map = await self._api.get(k8s.namespaced(namespace, "configmaps", ref.name))
+            config_map = await self._api.get(k8s.namespaced(namespace, "configmaps", name=ref.name))
             if config_map is None:
                 return Blocked("TasksUnavailable", f"spec.tasks.configMapRef: {where} not found")
             text = (config_map.get("data") or {}).get(ref.key)
@@ -280,6 +287,7 @@ class Reconciler:
         self,
         body: Mapping[str, Any],
         job: v1alpha1.RolloutJob,
+        *,
         env: v1alpha1.HarnessEnv,
         records: list[dict[str, Any]],
         todo: list[tuple[int, int]],
@@ -287,19 +295,19 @@ class Reconciler:
     ) -> bool:
         """Create the per-job objects, then the pods; False (and a Warning) when any failed."""
         try:
-            await self._companions(job, env, records, memory)
+            await self._companions(job, env, records=records, memory=memory)
             bodies = [
                 pods.build_pod(
                     job=job,
                     env=env,
-                    rollout=tasks.rollout(records, job.spec.samples_per_task, index),
+                    rollout=tasks.rollout(records, job.spec.samples_per_task, index=index),
                     attempt=attempt,
                     config=self._config,
                 )
                 for index, attempt in todo
             ]
         except (pods.PodError, task_records.TaskError, k8s.ApiError) as error:
-            await self._warn(body, memory, Blocked("FailedCreate", str(error)))
+            await self._warn(body, memory, blocked=Blocked("FailedCreate", str(error)))
             memory.backoff_until = time.monotonic() + CREATE_BACKOFF_SECONDS
             return False
         namespace = job.metadata.namespace or "default"
@@ -322,7 +330,7 @@ class Reconciler:
             await self._warn(
                 body,
                 memory,
-                Blocked("FailedCreate", f"{len(errors)} pods not created: {errors[0]}"),
+                blocked=Blocked("FailedCreate", f"{len(errors)} pods not created: {errors[0]}"),
             )
             memory.backoff_until = now + CREATE_BACKOFF_SECONDS
             return False
@@ -336,6 +344,7 @@ class Reconciler:
         self,
         job: v1alpha1.RolloutJob,
         env: v1alpha1.HarnessEnv,
+        *,
         records: list[dict[str, Any]],
         memory: JobMemory,
     ) -> None:
@@ -364,7 +373,7 @@ class Reconciler:
                 k8s.namespaced(namespace, "configmaps"), objects.build_task_files(job, files)
             )
             memory.made.add(Made.TASK_FILES)
-        policy = network.build_network_policy(job, env, self._config)
+        policy = network.build_network_policy(job, env, config=self._config)
         digest = hashlib.sha256(json.dumps(policy["spec"], sort_keys=True).encode()).hexdigest()
         if digest != memory.policy_digest:
             path = k8s.namespaced(namespace, "networkpolicies", api_version="networking.k8s.io/v1")
@@ -375,7 +384,7 @@ class Reconciler:
             memory.policy_digest = digest
 
     async def _write_status(
-        self, body: Mapping[str, Any], status: dict[str, Any], memory: JobMemory
+        self, body: Mapping[str, Any], status: dict[str, Any], *, memory: JobMemory
     ) -> None:
         old = memory.status if memory.status is not None else dict(body.get("status") or {})
         if status == old:
@@ -387,7 +396,7 @@ class Reconciler:
             k8s.namespaced(
                 meta.get("namespace") or "default",
                 "rolloutjobs",
-                meta["name"],
+                name=meta["name"],
                 api_version=v1alpha1.API_VERSION,
             )
             + "/status"
@@ -395,7 +404,7 @@ class Reconciler:
         if await self._api.merge_patch(path, {"status": patch}) is not None:
             memory.status = status
 
-    async def _warn(self, body: Mapping[str, Any], memory: JobMemory, blocked: Blocked) -> None:
+    async def _warn(self, body: Mapping[str, Any], memory: JobMemory, *, blocked: Blocked) -> None:
         """A Warning Event for a problem, once until the problem changes."""
         if memory.warned == blocked.message:
             return
@@ -406,9 +415,11 @@ class Reconciler:
             body["metadata"]["name"],
             blocked.message,
         )
-        await self._event(body, "Warning", blocked.reason, blocked.message)
+        await self._event(body, "Warning", reason=blocked.reason, message=blocked.message)
 
-    async def _event(self, body: Mapping[str, Any], type_: str, reason: str, message: str) -> None:
+    async def _event(
+        self, body: Mapping[str, Any], type_: str, *, reason: str, message: str
+    ) -> None:
         try:
             await self._api.post_event(
                 body, type_=type_, reason=reason, message=message, component=COMPONENT

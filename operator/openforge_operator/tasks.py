@@ -43,7 +43,7 @@ def count(tasks: Sequence[Mapping[str, Any]], samples_per_task: int) -> int:
     return rollouts.rollout_count(len(tasks), samples_per_task)
 
 
-def rollout(tasks: Sequence[Mapping[str, Any]], samples_per_task: int, index: int) -> Rollout:
+def rollout(tasks: Sequence[Mapping[str, Any]], samples_per_task: int, *, index: int) -> Rollout:
     """Rollout ``index`` of a job with these tasks."""
     task_index, sample = rollouts.task_and_sample(index, samples_per_task)
     if task_index >= len(tasks):

@@ -203,7 +203,7 @@ def inject(pod: dict[str, Any], config: settings.Settings) -> dict[str, Any]:
                 }
             )
     sidecar = pods.sidecar_container(
-        config.sidecar_image, pods.SIDECAR_COMMAND, args, mounts, config
+        config.sidecar_image, pods.SIDECAR_COMMAND, args=args, mounts=mounts, config=config
     )
     sidecar["env"].append(
         {"name": "OPENFORGE_POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}

@@ -92,7 +92,7 @@ def main(argv: list[str]) -> int:
     trainer_engine = plan.engine(bundle) if train else None
     run_dir.mkdir(parents=True, exist_ok=True)
     finished = runner.finished_history(
-        bundle, runner.Journal(run_dir / "journal.jsonl"), iterations, train=train
+        bundle, runner.Journal(run_dir / "journal.jsonl"), iterations=iterations, train=train
     )
     if finished is not None:  # nothing to start any process for
         print(

@@ -99,6 +99,8 @@ def run_rollout(
             str(rollout.attempt),
             "--harness",
             bundle.env.metadata.name or "",
+            "--api",
+            bundle.env.spec.api,
             "--policy-version",
             str(endpoints.policy_version),
             "--control-token-file",
@@ -127,7 +129,7 @@ def run_rollout(
             )
         died = None if sidecar.alive() else sidecar.stop()
         finish = (
-            _finish(sidecar.url, home / CONTROL_TOKEN, judged)
+            _finish(sidecar.url, home / CONTROL_TOKEN, judged=judged)
             if died is None
             else {"acknowledged": False}
         )
@@ -245,7 +247,12 @@ def attempt(
     and judge them (``verdict.judge``, as the in-pod agent does); None when ``stop`` cut it off."""
     workdir = home / "work"
     exit_code, timed_out = _run_harness(
-        bundle, rollout, sidecar_url, workdir, home / "harness.log", stop
+        bundle,
+        rollout,
+        sidecar_url=sidecar_url,
+        workdir=workdir,
+        log=home / "harness.log",
+        stop=stop,
     )
     if stop.is_set():
         return None
@@ -253,7 +260,14 @@ def attempt(
     graded = (
         None
         if timed_out
-        else _grade(bundle, rollout, sidecar_url, workdir, exit_code, home / "grader.log")
+        else _grade(
+            bundle,
+            rollout,
+            sidecar_url=sidecar_url,
+            workdir=workdir,
+            exit_code=exit_code,
+            log=home / "grader.log",
+        )
     )
     return verdict.judge(
         exit_code=exit_code, grader=graded,
@@ -270,6 +284,7 @@ def _harness_timeout(bundle: plan.Bundle) -> float:
 def _run_harness(
     bundle: plan.Bundle,
     rollout: plan.Rollout,
+    *,
     sidecar_url: str,
     workdir: Path,
     log: Path,
@@ -310,6 +325,7 @@ def _run_harness(
 def _grade(
     bundle: plan.Bundle,
     rollout: plan.Rollout,
+    *,
     sidecar_url: str,
     workdir: Path,
     exit_code: int,
@@ -343,7 +359,7 @@ def _grade(
     return verdict.Graded(stdout=done.stdout, exit_code=retries.exit_code(done.returncode))
 
 
-def _finish(sidecar_url: str, token_file: Path, judged: verdict.Verdict) -> dict[str, Any]:
+def _finish(sidecar_url: str, token_file: Path, *, judged: verdict.Verdict) -> dict[str, Any]:
     """Report the rollout to its sidecar, with the control token it made before it listened."""
     body = json.dumps(judged.report(FINISH_WAIT_SECONDS).body()).encode()
     try:

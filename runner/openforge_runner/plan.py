@@ -64,7 +64,9 @@ class Rollout:
 
     @property
     def rollout_id(self) -> str:
-        return rollouts.rollout_name(f"{self.job}-i{self.iteration}", self.index, self.attempt)
+        return rollouts.rollout_name(
+            f"{self.job}-i{self.iteration}", self.index, attempt=self.attempt
+        )
 
     def retry(self) -> Rollout:
         return Rollout(
@@ -103,7 +105,9 @@ def load(paths: Sequence[str | os.PathLike[str]]) -> Bundle:
     assert isinstance(job, v1alpha1.RolloutJob)
     ref = job.spec.harness_env_ref.name
     if ref not in envs:
-        raise PlanError(missing_env(job, job_path, ref, sorted(name for name in envs if name)))
+        raise PlanError(
+            missing_env(job, job_path, ref=ref, names=sorted(name for name in envs if name))
+        )
     env, env_path = envs[ref]
     assert isinstance(env, v1alpha1.HarnessEnv)
     try:
@@ -111,12 +115,12 @@ def load(paths: Sequence[str | os.PathLike[str]]) -> Bundle:
     except ValueError as exc:
         raise PlanError(f"{env_path}: spec.template: {exc}") from None
     tasks = _tasks(job, job_path)
-    _check_templates(env, env_path, tasks)
+    _check_templates(env, env_path, tasks=tasks)
     return Bundle(env, job, tuple(tasks), job_path.resolve().parent, env_path.resolve().parent)
 
 
 def _check_templates(
-    env: v1alpha1.HarnessEnv, path: Path, tasks: Sequence[Mapping[str, Any]]
+    env: v1alpha1.HarnessEnv, path: Path, *, tasks: Sequence[Mapping[str, Any]]
 ) -> None:
     """Render the task's args, env and file templates for every task now, so that a field
     one task lacks stops the run before anything starts, naming the line and the task."""
@@ -143,17 +147,17 @@ def _check_templates(
             try:
                 render(task)
             except templates.TemplateError as error:
-                line = manifests.line_of(path, "HarnessEnv", env.metadata.name or "", loc)
+                line = manifests.line_of(path, "HarnessEnv", name=env.metadata.name or "", loc=loc)
                 where = f"{path}:{line}" if line is not None else str(path)
                 field = ".".join(str(part) for part in loc)
                 raise PlanError(f"{where}: {field}: {error}") from None
 
 
-def missing_env(job: v1alpha1.RolloutJob, path: Path, ref: str, names: list[str]) -> str:
+def missing_env(job: v1alpha1.RolloutJob, path: Path, *, ref: str, names: list[str]) -> str:
     """The error for a ``harnessEnvRef`` that no given file defines: its line, and what
     the files hold instead (the closest name, or every name, or a hint)."""
     loc = ("spec", "harnessEnvRef", "name")
-    line = manifests.line_of(path, "RolloutJob", job.metadata.name or "", loc)
+    line = manifests.line_of(path, "RolloutJob", name=job.metadata.name or "", loc=loc)
     where = f"{path}:{line}" if line is not None else str(path)
     close = difflib.get_close_matches(ref, names, n=1)
     if close:
@@ -176,7 +180,7 @@ def _tasks(job: v1alpha1.RolloutJob, path: Path) -> list[dict[str, Any]]:
         task_records.check_rollouts(records, job.spec.samples_per_task)
     except task_records.TaskError as error:
         line = (
-            manifests.line_of(path, "RolloutJob", job.metadata.name or "", error.loc)
+            manifests.line_of(path, "RolloutJob", name=job.metadata.name or "", loc=error.loc)
             if error.loc
             else None
         )
@@ -225,7 +229,14 @@ def rollouts_for(bundle: Bundle, iteration: int) -> list[Rollout]:
     """Every first attempt of an iteration: each task times samplesPerTask."""
     samples = bundle.job.spec.samples_per_task
     return [
-        Rollout(bundle.name, iteration, rollouts.rollout_index(t, s, samples), 0, task, s)
+        Rollout(
+            bundle.name,
+            iteration,
+            rollouts.rollout_index(t, s, samples_per_task=samples),
+            0,
+            task,
+            s,
+        )
         for t, task in enumerate(bundle.tasks)
         for s in range(samples)
     ]
@@ -237,7 +248,7 @@ def harness_command(
     spec = bundle.env.spec
     process = spec.local_process()
     delivery = spec.task
-    base = _base_env(bundle, rollout, workdir)
+    base = _base_env(bundle, rollout, workdir=workdir)
     argv = [*process.argv, *(templates.render(a, rollout.task) for a in delivery.args or [])]
     files: dict[Path, str] = {}
     if delivery.file is not None:
@@ -250,7 +261,7 @@ def harness_command(
     )
     return Command(
         [rollout_env.expand(a, base) for a in argv],
-        _harness_env(bundle, rollout, base, sidecar_url),
+        _harness_env(bundle, rollout, base=base, sidecar_url=sidecar_url),
         cwd,
         files,
     )
@@ -263,16 +274,16 @@ def grader_command(
     grader = bundle.env.spec.grader
     if grader is None:
         return None
-    base = _base_env(bundle, rollout, workdir)
+    base = _base_env(bundle, rollout, workdir=workdir)
     env = {
-        **_harness_env(bundle, rollout, base, sidecar_url),
+        **_harness_env(bundle, rollout, base=base, sidecar_url=sidecar_url),
         "OPENFORGE_HARNESS_EXIT_CODE": str(harness_exit),
     }
     return Command([rollout_env.expand(a, base) for a in grader.command], env, workdir, {})
 
 
 def _harness_env(
-    bundle: Bundle, rollout: Rollout, base: Mapping[str, str], sidecar_url: str
+    bundle: Bundle, rollout: Rollout, *, base: Mapping[str, str], sidecar_url: str
 ) -> dict[str, str]:
     """The base variables, the template's own, the task's, then the base URL's, in the
     order a pod's container merges them."""
@@ -290,7 +301,7 @@ def _harness_env(
     return env
 
 
-def _base_env(bundle: Bundle, rollout: Rollout, workdir: Path) -> dict[str, str]:
+def _base_env(bundle: Bundle, rollout: Rollout, *, workdir: Path) -> dict[str, str]:
     """What every harness and grader process sees about its rollout (``rollout_env.base_env``,
     as in a pod), and what only this machine has: ``PATH`` and the manifests' folders."""
     return {

@@ -161,7 +161,7 @@ class Runner:
                 done, _ = wait(pending, timeout=0.5, return_when=FIRST_COMPLETED)
                 for future in done:
                     rollout = pending.pop(future)
-                    retry = self._settle(stats, rollout, future.result())
+                    retry = self._settle(stats, rollout, outcome=future.result())
                     if retry is not None:
                         queue.append(retry)
         return stats
@@ -192,7 +192,7 @@ class Runner:
         )
 
     def _settle(
-        self, stats: IterationStats, rollout: plan.Rollout, outcome: executor.Outcome
+        self, stats: IterationStats, rollout: plan.Rollout, *, outcome: executor.Outcome
     ) -> plan.Rollout | None:
         with self._lock:
             stats.running -= 1
@@ -245,7 +245,7 @@ def count(stats: IterationStats, entry: dict[str, Any]) -> None:
 
 
 def finished_history(
-    bundle: plan.Bundle, journal: Journal, iterations: int, *, train: bool
+    bundle: plan.Bundle, journal: Journal, *, iterations: int, train: bool
 ) -> list[IterationStats] | None:
     """Each iteration's counts when an earlier run left nothing to do (every rollout of
     ``iterations`` finished, and trained on when ``train``), read from its journal; None

@@ -17,12 +17,10 @@ from __future__ import annotations
 
 import asyncio
 import ctypes
+import functools
 import gc
-import importlib
 import json
 import logging
-import os
-import queue
 import threading
 import time
 import urllib.parse
@@ -31,30 +29,25 @@ import uuid
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from mitmproxy import ctx, exceptions, http
 from openforge import control, endpoints, trajectory
 from openforge.api import verdict
-from openforge.trajectory.v1 import trajectory_pb2 as pb
 from openforge.wire import codecs, conversation
 from openforge.wire.codecs import Codec
 from openforge.wire.codecs.errors import CodecError
 
 from openforge_sidecar import relay, tee
 from openforge_sidecar.policy import engine, history, signatures, template
-from openforge_sidecar.recording import records, redact, spool
-from openforge_sidecar.recording import resume as resuming
-
-if (
-    TYPE_CHECKING
-):  # imported once the proxy serves, and only with a collector: gRPC is ~8 MB resident
-    from openforge_sidecar.recording import exporter as exporting
+from openforge_sidecar.recording import recorder, records, redact
 
 log = logging.getLogger("openforge.sidecar")
 
 CONTROL_HOST = "openforge.sidecar"
 MODES = ("tokens", "passthrough")
+#: The names ``--api`` (``HarnessEnv``'s ``spec.api``) takes.
+API_NAMES = tuple(api.spec_name for api in conversation.WireApi)
 STOPPED_EXIT_CODE = records.STOPPED_EXIT_CODE
 
 
@@ -81,77 +74,22 @@ class _Call:
     journaled: bool = False
 
 
-class _Writer:
-    """Appends records to the spool from one thread, fsync per batch.
-
-    Keeps the event loop free of disk waits; the spool tells its listeners
-    (the exporter) after each batch is durable. ``put`` returns a ticket;
-    ``wait`` blocks until every record up to that ticket is durable.
-    """
-
-    def __init__(self, store: spool.Spool) -> None:
-        self._spool = store
-        self._queue: queue.Queue[pb.Record | None] = queue.Queue()
-        self._durable = threading.Condition()
-        self._queued = 0
-        self._written = 0
-        self._thread = threading.Thread(target=self._run, name="openforge-spool", daemon=True)
-        self._thread.start()
-
-    def put(self, record: pb.Record) -> int:
-        with self._durable:
-            self._queued += 1
-            ticket = self._queued
-        self._queue.put(record)
-        return ticket
-
-    def wait(self, ticket: int, timeout: float | None = None) -> bool:
-        with self._durable:
-            return self._durable.wait_for(lambda: self._written >= ticket, timeout)
-
-    def close(self) -> None:
-        self._queue.put(None)
-        self._thread.join()
-
-    def _run(self) -> None:
-        stop = False
-        while not stop:
-            batch = [self._queue.get()]
-            while not self._queue.empty():
-                batch.append(self._queue.get_nowait())
-            stop = None in batch
-            records_ = [r for r in batch if r is not None]
-            if records_:
-                self._spool.append(records_)
-                with self._durable:
-                    self._written += len(records_)
-                    self._durable.notify_all()
-
-
 class Capture:
     def __init__(self) -> None:
         self.stats: Counter[str] = Counter()
         self._history: history.TokenHistory | None = None
         self._tokenizer: template.PolicyTokenizer | None = None
         self._loading = threading.Lock()
-        self._spool: spool.Spool | None = None
-        self._writer: _Writer | None = None
-        self._exporter: exporting.Exporter | None = None
-        self._exporter_task: asyncio.Task[None] | None = None
+        self._recorder: recorder.Recorder | None = None
         self._collector_token: str | None = None
         self._control_token: str | None = None
-        self._next_call = 0
-        self._next_lost = 0
-        self._finished = False
         # set once `running` has opened the spool: a connection the proxy accepted
         # before (one queued on an inherited socket) waits for it
         self._serving = asyncio.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._journal: int | None = None
         self._engine_model = ""
         self._max_model_len = DEFAULT_MAX_MODEL_LEN
         self._signer: signatures.Signer | None = None
-        self._restarted = False
 
     # --- mitmproxy lifecycle ------------------------------------------------
 
@@ -216,6 +154,13 @@ class Capture:
         loader.add_option("openforge_attempt", int, 0, "Attempt number of this rollout.")
         loader.add_option("openforge_harness", str, "", "Harness name, for the record.")
         loader.add_option(
+            "openforge_api",
+            str,
+            "",
+            "The wire API the harness declares (HarnessEnv spec.api, e.g. openai-chat): an LLM "
+            "call in another API is refused and recorded as refused. Empty: any.",
+        )
+        loader.add_option(
             "openforge_policy_version",
             int,
             0,
@@ -260,6 +205,10 @@ class Capture:
             raise exceptions.OptionsError(
                 f"openforge_mode must be one of {MODES}, not {opts.openforge_mode!r}"
             )
+        if opts.openforge_api not in ("", *API_NAMES):
+            raise exceptions.OptionsError(
+                f"openforge_api must be one of {API_NAMES} or empty, not {opts.openforge_api!r}"
+            )
         if opts.openforge_mode == "tokens" and not opts.openforge_engine:
             raise exceptions.OptionsError("openforge_engine is required in tokens mode")
         if not opts.openforge_spool:
@@ -280,40 +229,24 @@ class Capture:
         opts = ctx.options
         self._loop = asyncio.get_running_loop()
         directory = Path(opts.openforge_spool)
-        self._spool = spool.Spool(directory)
-        self._signer = signatures.Signer.in_directory(directory)
-        resume = resuming.resume(self._spool, directory / resuming.INFLIGHT_JOURNAL)
-        self._next_call, self._next_lost, self._finished = (
-            resume.next_call,
-            resume.next_lost,
-            resume.finished,
-        )
-        self._restarted = resume.next_call > 0
-        self._journal = os.open(
-            directory / resuming.INFLIGHT_JOURNAL, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600
-        )
         if opts.openforge_collector_token_file:
             self._collector_token = Path(opts.openforge_collector_token_file).read_text().strip()
-        self._writer = _Writer(self._spool)
-        for index in resume.vanished_calls:
-            self._lose(
-                f"the sidecar stopped while call {index} was in flight",
-                whole=False,
-                call_index=index,
-            )
-        if not resume.started:
-            self._writer.put(
-                records.started(
-                    job=opts.openforge_job,
-                    rollout_id=opts.openforge_rollout_id,
-                    task_id=opts.openforge_task_id,
-                    sample_index=opts.openforge_sample_index,
-                    attempt=opts.openforge_attempt,
-                    harness=opts.openforge_harness,
-                    policy_version=opts.openforge_policy_version,
-                    labels=json.loads(opts.openforge_labels or "{}"),
-                )
-            )
+        self._recorder = recorder.Recorder(
+            directory,
+            identity=recorder.Identity(
+                job=opts.openforge_job,
+                rollout_id=opts.openforge_rollout_id,
+                task_id=opts.openforge_task_id,
+                sample_index=opts.openforge_sample_index,
+                attempt=opts.openforge_attempt,
+                harness=opts.openforge_harness,
+                policy_version=opts.openforge_policy_version,
+                labels=json.loads(opts.openforge_labels or "{}"),
+            ),
+            stats=self.stats,
+        )
+        self._signer = signatures.Signer.in_directory(directory)  # beside the spool it made
+        resumed_at = self._recorder.calls
         self._serving.set()
         if opts.openforge_ready_file:
             # the servers listen before any addon's `running` hook is called
@@ -326,10 +259,10 @@ class Capture:
             except OSError as exc:  # engine not up yet: retried on the first call
                 log.warning("tokenizer not loaded yet (%s); will retry on the first call", exc)
         await self._export()
-        if self._restarted:
+        if self._recorder.restarted:
             log.warning(
                 "sidecar restarted: resuming at call %d; token history starts a new segment",
-                resume.next_call,
+                resumed_at,
             )
 
     async def _export(self) -> None:
@@ -341,46 +274,23 @@ class Capture:
         Until then records wait, fsync'd, in the spool; a stop or a finish
         that comes first starts the exporter itself, so it is never skipped.
         """
-        opts = ctx.options
-        if not opts.openforge_collector or self._spool is None or self._exporter is not None:
-            return
-        module = await asyncio.to_thread(
-            importlib.import_module, "openforge_sidecar.recording.exporter"
-        )
-        if self._exporter is None:  # a stop may have started it meanwhile
-            self._exporter = module.Exporter(
-                self._spool, opts.openforge_collector, token=self._collector_token
-            )
-            self._exporter_task = asyncio.create_task(self._exporter.run())
+        collector = ctx.options.openforge_collector
+        if collector and self._recorder is not None:
+            await self._recorder.export(collector, token=self._collector_token)
 
     async def done(self) -> None:
-        if ctx.options.openforge_finish_on_stop and not self._finished and self._writer is not None:
-            self._finished = True
-            log.warning("stopped before the rollout was finished: recording it as stopped")
-            self._put(
-                self._finished_record(
+        recording = self._recorder
+        if recording is not None:
+            if ctx.options.openforge_finish_on_stop and not recording.finished:
+                log.warning("stopped before the rollout was finished: recording it as stopped")
+                recording.finish(
                     exit_code=STOPPED_EXIT_CODE,
                     reward=None,
                     grader_output="",
                     status=trajectory.STOPPED,
                 )
-            )
-        await self._export()
-        if self._writer is not None:
-            await asyncio.to_thread(self._writer.close)
-        if self._exporter is not None:
-            ok = await self._exporter.flush(ctx.options.openforge_flush_timeout)
-            if not ok:
-                log.error(
-                    "collector did not acknowledge %d spooled records before shutdown; "
-                    "they stay in %s and are sent when a sidecar restarts on it",
-                    self._spool.unacked_count if self._spool else -1,
-                    ctx.options.openforge_spool,
-                )
-            await self._exporter.stop()
-        if self._journal is not None:
-            os.close(self._journal)
-            self._journal = None
+            await self._export()
+            await recording.close(flush_timeout=ctx.options.openforge_flush_timeout)
         log.info("openforge capture stats: %s", dict(self.stats))
 
     # --- HTTP hooks -----------------------------------------------------------
@@ -409,14 +319,15 @@ class Capture:
                 raise CodecError(
                     f"request body of {len(body)} bytes exceeds the limit of {limit}", status=413
                 )
+            _check_declared_api(codec, path)
             request = codec.parse_request(body)
             self._check_signatures(request)
         except CodecError as exc:
-            self._reject(flow, codec, exc.status, str(exc))
-            self._record_rejected(flow, codec, body if len(body) <= limit else b"", exc)
+            self._reject(flow, codec, status=exc.status, message=str(exc))
+            self._record_rejected(flow, codec, body=body if len(body) <= limit else b"", exc=exc)
             return
         call = _Call(
-            index=self._claim_call_index(),
+            index=self._recording().claim_call_index(),
             codec=codec,
             request=request,
             request_json=redact.body(body, request.extra),
@@ -529,7 +440,7 @@ class Capture:
         try:
             tokenizer = await self._policy_tokenizer()
         except OSError as exc:
-            self._fail(flow, call, 503, f"policy tokenizer unavailable: {exc}")
+            self._fail(flow, call, status=503, message=f"policy tokenizer unavailable: {exc}")
             return False
         assert self._history is not None
         call.plan = self._history.plan(call.request)
@@ -577,10 +488,10 @@ class Capture:
             request = counter.parse_count_request(flow.request.get_content(strict=False) or b"")
             tokenizer = await self._policy_tokenizer()
         except CodecError as exc:
-            self._reject(flow, counter, exc.status, str(exc))
+            self._reject(flow, counter, status=exc.status, message=str(exc))
             return
         except OSError as exc:
-            self._reject(flow, counter, 503, f"policy tokenizer unavailable: {exc}")
+            self._reject(flow, counter, status=503, message=f"policy tokenizer unavailable: {exc}")
             return
         text = tokenizer.render(request.messages, request.tools, add_generation_prompt=False)
         flow.response = _json_response(200, counter.count_response(len(tokenizer.encode(text))))
@@ -591,7 +502,10 @@ class Capture:
         response = flow.response
         if response.status_code == 200 and call.relay is None:
             self._fail(
-                flow, call, 502, "the sidecar could not take the call in (no relay; see the log)"
+                flow,
+                call,
+                status=502,
+                message="the sidecar could not take the call in (no relay; see the log)",
             )
             return
         if response.status_code != 200 or call.relay is None:
@@ -599,17 +513,26 @@ class Capture:
             self.stats["engine_errors"] += 1
             status = response.status_code if response.status_code in _ENGINE_STATUSES_KEPT else 502
             retry_after = response.headers.get("retry-after")
-            self._fail(flow, call, status, f"engine answered {response.status_code}: {detail}")
+            self._fail(
+                flow,
+                call,
+                status=status,
+                message=f"engine answered {response.status_code}: {detail}",
+            )
             if retry_after is not None and flow.response is not None:
                 flow.response.headers["retry-after"] = retry_after
             return
         if not call.request.stream and not _relay_whole(call.relay, response):
             self.stats["engine_errors"] += 1
-            self._fail(flow, call, 502, f"the engine's answer failed: {call.relay.error}")
+            self._fail(
+                flow, call, status=502, message=f"the engine's answer failed: {call.relay.error}"
+            )
             return
         if not call.relay.done:
             self.stats["engine_errors"] += 1
-            self._fail(flow, call, 502, "the engine's stream ended before the relay did")
+            self._fail(
+                flow, call, status=502, message="the engine's stream ended before the relay did"
+            )
             return
         # The rest waits until the harness has the end of its answer, as
         # spooling does (see _spool_after_answer), and still comes before the
@@ -639,25 +562,31 @@ class Capture:
                 and not result.error
             ):
                 self._history.record(
-                    call.request, call.plan, result.completion.message, result.token_ids
+                    call.request,
+                    call.plan,
+                    reply=result.completion.message,
+                    completion_ids=result.token_ids,
                 )
                 recorded = True
         except Exception:  # a callback's exception would only reach asyncio's handler
             self.stats["history_failed"] += 1
             log.exception("remembering call %d failed", call.index)
         self._spool_soon(
-            call, 200, (result.error if result else None) or "; ".join(call.notes), None
+            call,
+            200,
+            error=(result.error if result else None) or "; ".join(call.notes),
+            response_json=None,
         )
         if recorded and self._history is not None:
             # the next call's first rendering (see TokenHistory.prerender)
             self._history.prerender()
 
     def _record_rejected(
-        self, flow: http.HTTPFlow, codec: Codec, body: bytes, exc: CodecError
+        self, flow: http.HTTPFlow, codec: Codec, *, body: bytes, exc: CodecError
     ) -> None:
         """A refused LLM request is a call too: recorded, with its error."""
         call = _Call(
-            index=self._claim_call_index(),
+            index=self._recording().claim_call_index(),
             codec=codec,
             request=conversation.ChatRequest(api=codec.api, model="", messages=()),
             request_json=redact.body(body),
@@ -673,8 +602,8 @@ class Capture:
             response_json=json.dumps(codec.error_body(exc.status, str(exc))).encode(),
         )
 
-    def _fail(self, flow: http.HTTPFlow, call: _Call, status: int, message: str) -> None:
-        self._reject(flow, call.codec, status, message)
+    def _fail(self, flow: http.HTTPFlow, call: _Call, *, status: int, message: str) -> None:
+        self._reject(flow, call.codec, status=status, message=message)
         self._spool_call(call, status=status, error=message)
 
     # --- passthrough mode -------------------------------------------------------
@@ -717,10 +646,14 @@ class Capture:
         the record is fsync'd by the writer, then exported, as before.
         """
         call.finished = True  # an error hook for this flow in the meantime spools nothing
-        asyncio.get_running_loop().call_soon(self._spool_soon, call, status, error, response_json)
+        asyncio.get_running_loop().call_soon(
+            functools.partial(
+                self._spool_soon, call, status, error=error, response_json=response_json
+            )
+        )
 
     def _spool_soon(
-        self, call: _Call, status: int, error: str, response_json: bytes | None
+        self, call: _Call, status: int, *, error: str, response_json: bytes | None
     ) -> None:
         try:
             self._spool_call(call, status=status, error=error, response_json=response_json)
@@ -729,7 +662,7 @@ class Capture:
             log.exception("spooling call %d failed", call.index)
             # Never silently: the call is reported lost, with why.
             try:
-                self._lose(
+                self._recording().lose(
                     f"recording call {call.index} failed: {exc!r}",
                     whole=False,
                     call_index=call.index,
@@ -784,52 +717,21 @@ class Capture:
             total_ms=(now - call.started) * 1000,
             error=error,
         )
-        self._put(
-            records.call(
-                job=opts.openforge_job, rollout_id=opts.openforge_rollout_id, model_call=model_call
-            )
-        )
-        self.stats["spooled_calls"] += 1
+        self._recording().call(model_call)
         _release(call)
 
-    def _put(self, record: pb.Record) -> int:
-        if self._writer is None:
-            raise RuntimeError("capture addon is not running (no spool writer)")
-        return self._writer.put(record)
-
-    def _lose(self, reason: str, *, whole: bool, call_index: int = 0) -> None:
-        opts = ctx.options
-        self._put(
-            records.lost(
-                job=opts.openforge_job,
-                rollout_id=opts.openforge_rollout_id,
-                index=self._next_lost,
-                reason=reason,
-                call_index=call_index,
-                whole=whole,
-            )
-        )
-        self._next_lost += 1
-        self.stats["lost_reported"] += 1
-
-    def _claim_call_index(self) -> int:
-        """The next call index (noted in the journal by :meth:`_journal_call`)."""
-        index = self._next_call
-        self._next_call += 1
-        return index
+    def _recording(self) -> recorder.Recorder:
+        if self._recorder is None:
+            raise RuntimeError("capture addon is not running (no recorder)")
+        return self._recorder
 
     def _journal_call(self, call: _Call) -> None:
-        """Note the call in the in-flight journal, once, and redact its headers for the record.
-
-        The journal is written (not fsync'd: it must survive a killed
-        process, not a lost machine) before the call is answered, so that a
-        sidecar restarted on this spool can report every call that was in
-        flight when it died as lost, never drop it silently.
-        """
+        """Note the call in the recorder's in-flight journal, once, before it is answered
+        (:meth:`Recorder.journal <openforge_sidecar.recording.recorder.Recorder.journal>`),
+        and redact its headers for the record."""
         if call.journaled:
             return
-        if self._journal is not None:
-            os.write(self._journal, f"{call.index}\n".encode())
+        self._recording().journal(call.index)
         call.journaled = True
         call.headers = redact.header_fields(call.raw_headers)
         call.raw_headers = ()
@@ -865,7 +767,8 @@ class Capture:
                 self._max_model_len = context_length(
                     opts.openforge_max_model_len, served.max_model_len
                 )
-                reason = "sidecar_restarted" if self._restarted else "first"
+                restarted = self._recorder is not None and self._recorder.restarted
+                reason = "sidecar_restarted" if restarted else "first"
                 self._history = history.TokenHistory(tokenizer, first_reason=reason)
                 self._tokenizer = tokenizer
                 return_freed_memory()
@@ -908,52 +811,35 @@ class Capture:
         flow.response = _json_response(404, {"error": f"no control endpoint {path}"})
 
     async def _finish_rollout(self, flow: http.HTTPFlow, report: verdict.Report) -> None:
-        if not self._finished:
-            self._finished = True
-            record = self._finished_record(
-                exit_code=report.exit_code,
-                reward=report.reward,
-                grader_output=report.grader_output,
-                status=report.status,
-            )
-            ticket = self._put(record)
-            assert self._writer is not None
-            await asyncio.to_thread(self._writer.wait, ticket)
+        recording = self._recording()
+        ticket = recording.finish(
+            exit_code=report.exit_code,
+            reward=report.reward,
+            grader_output=report.grader_output,
+            status=report.status,
+        )
+        if ticket is not None:
+            await asyncio.to_thread(recording.wait, ticket)
         acked = True
         if report.wait_seconds > 0:
             await self._export()
-        if report.wait_seconds > 0 and self._exporter is not None:
-            acked = await self._exporter.flush(report.wait_seconds)
+            acked = await recording.flush(report.wait_seconds)
         flow.response = _json_response(200, {**self.snapshot(), "acknowledged": acked})
-
-    def _finished_record(
-        self, *, exit_code: int, reward: float | None, grader_output: str, status: str
-    ) -> pb.Record:
-        opts = ctx.options
-        return records.finished(
-            job=opts.openforge_job,
-            rollout_id=opts.openforge_rollout_id,
-            exit_code=exit_code,
-            reward=reward,
-            grader_output=grader_output,
-            call_count=self._next_call,
-            status=status,
-        )
 
     def snapshot(self) -> dict[str, Any]:
         merge_rate = self._history.merge_rate if self._history else 0.0
-        exporter_stats = self._exporter.stats() if self._exporter else {}
+        recording = self._recorder
         return {
             "rollout_id": ctx.options.openforge_rollout_id,
-            "calls": self._next_call,
+            "calls": recording.calls if recording else 0,
             "merge_rate": merge_rate,
             "counters": dict(self.stats),
-            "exporter": exporter_stats,
-            "unacked": self._spool.unacked_count if self._spool else 0,
+            "exporter": recording.exporter_stats() if recording else {},
+            "unacked": recording.spool.unacked_count if recording else 0,
         }
 
     def _reject(
-        self, flow: http.HTTPFlow, codec: Codec | codecs.TokenCounter, status: int, message: str
+        self, flow: http.HTTPFlow, codec: Codec | codecs.TokenCounter, *, status: int, message: str
     ) -> None:
         self.stats[f"rejected_{status}"] += 1
         log.warning(
@@ -988,6 +874,22 @@ def _relay_whole(transform: relay.Relay, response: http.Response) -> bool:
         return False
     response.content = body
     return True
+
+
+def _check_declared_api(codec: Codec, path: str) -> None:
+    """Refuse an LLM call in another API than the one the harness declares (``--api``).
+
+    Its tokens would still be exact, but a HarnessEnv that names the wrong API is a
+    mistake its author should hear of at the first call, not in the store.
+    """
+    declared = ctx.options.openforge_api
+    if declared and codec.api.spec_name != declared:
+        raise CodecError(
+            f"the harness called the {codec.api.spec_name} API (POST {redact.path(path)}), but "
+            f"its HarnessEnv declares spec.api: {declared}; set spec.api to the API the "
+            "harness speaks",
+            status=400,
+        )
 
 
 def _to_control_host(request: http.Request) -> bool:

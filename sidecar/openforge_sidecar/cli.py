@@ -84,6 +84,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--sample-index", type=int, default=0)
     parser.add_argument("--attempt", type=int, default=0)
     parser.add_argument("--harness", default="")
+    parser.add_argument(
+        "--api",
+        default="",
+        choices=["", *capture.API_NAMES],
+        help="the wire API the harness declares (its HarnessEnv's spec.api): an LLM call in"
+        " another is refused, naming both; empty: any",
+    )
     parser.add_argument("--policy-version", type=int, default=0)
     parser.add_argument(
         "--label", action="append", default=[], metavar="KEY=VALUE",
@@ -163,6 +170,7 @@ def settings(ns: argparse.Namespace) -> list[str]:
         f"openforge_sample_index={ns.sample_index}",
         f"openforge_attempt={ns.attempt}",
         f"openforge_harness={ns.harness}",
+        f"openforge_api={ns.api}",
         f"openforge_policy_version={ns.policy_version}",
         f"openforge_labels={json.dumps(labels(ns.label))}",
         f"openforge_ready_file={ns.ready_file}",

@@ -43,7 +43,7 @@ def decompressor(content_encoding: str) -> _Decompressor:
     raise ValueError(f"unsupported Content-Encoding {content_encoding!r}")
 
 
-def _collect_tokens(body: Any, tokens: list[int], logprobs: list[float]) -> list[int] | None:
+def _collect_tokens(body: Any, tokens: list[int], *, logprobs: list[float]) -> list[int] | None:
     """Token IDs / logprobs from a Chat Completions body or chunk, if present."""
     prompt_ids = body.get("prompt_token_ids") if isinstance(body, dict) else None
     for choice in body.get("choices") or [] if isinstance(body, dict) else []:
@@ -96,7 +96,7 @@ class Tee:
                 chunk = json.loads(event.data)
             except ValueError:
                 continue
-            prompt = _collect_tokens(chunk, self.token_ids, self.logprobs)
+            prompt = _collect_tokens(chunk, self.token_ids, logprobs=self.logprobs)
             self.prompt_ids = prompt or self.prompt_ids
 
     def _finish(self) -> None:
@@ -109,7 +109,7 @@ class Tee:
         try:
             self.completion = self._codec.parse_response(bytes(self._buffer))
             self.prompt_ids = _collect_tokens(
-                json.loads(self._buffer), self.token_ids, self.logprobs
+                json.loads(self._buffer), self.token_ids, logprobs=self.logprobs
             )
         except (CodecError, ValueError) as exc:
             self.error = f"upstream body not understood: {exc}"

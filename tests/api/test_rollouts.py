@@ -9,7 +9,7 @@ from openforge.api import rollouts
 
 
 def test_rollout_names_round_trip_even_when_the_job_name_has_dashes() -> None:
-    name = rollouts.rollout_name("react-toy-2", 17, 3)
+    name = rollouts.rollout_name("react-toy-2", 17, attempt=3)
     assert name == "react-toy-2-17-3"
     assert rollouts.parse_rollout_name(name) == ("react-toy-2", 17, 3)
 
@@ -22,7 +22,7 @@ def test_parse_rollout_name_rejects_what_rollout_name_never_makes(name: str) -> 
 
 def test_rollout_name_rejects_negative_parts() -> None:
     with pytest.raises(ValueError, match="index=-1"):
-        rollouts.rollout_name("job", -1, 0)
+        rollouts.rollout_name("job", -1, attempt=0)
 
 
 def test_indexes_are_task_major_so_a_group_is_contiguous() -> None:
@@ -35,7 +35,7 @@ def test_indexes_are_task_major_so_a_group_is_contiguous() -> None:
         (1, 2),
         (2, 0),
     ]
-    assert rollouts.rollout_index(2, 1, 3) == 7
+    assert rollouts.rollout_index(2, 1, samples_per_task=3) == 7
     assert rollouts.rollout_count(5, 4) == 20
 
 
@@ -43,14 +43,14 @@ def test_indexes_are_task_major_so_a_group_is_contiguous() -> None:
 def test_index_mapping_round_trips(index: int, group: int) -> None:
     task, sample = rollouts.task_and_sample(index, group)
     assert 0 <= sample < group
-    assert rollouts.rollout_index(task, sample, group) == index
+    assert rollouts.rollout_index(task, sample, samples_per_task=group) == index
 
 
 @pytest.mark.parametrize(
     ("call", "match"),
     [
         (lambda: rollouts.task_and_sample(3, 0), "samples_per_task must be >= 1"),
-        (lambda: rollouts.rollout_index(0, 4, 4), "0 <= sample < 4"),
+        (lambda: rollouts.rollout_index(0, 4, samples_per_task=4), "0 <= sample < 4"),
         (lambda: rollouts.task_and_sample(-1, 2), "must be >= 0"),
     ],
 )
@@ -101,10 +101,13 @@ def test_parse_indexes_rejects_malformed_text(text: str, match: str) -> None:
 
 def test_pod_names_are_cut_to_63_characters_with_a_hash_of_the_job() -> None:
     long_a, long_b = "a" * 60 + "-x", "a" * 60 + "-y"
-    name_a, name_b = rollouts.pod_name(long_a, 12345, 2), rollouts.pod_name(long_b, 12345, 2)
+    name_a, name_b = (
+        rollouts.pod_name(long_a, 12345, attempt=2),
+        rollouts.pod_name(long_b, 12345, attempt=2),
+    )
     assert len(name_a) == 63 and len(name_b) == 63 and name_a != name_b
     assert name_a.endswith("-12345-2")
-    assert rollouts.pod_name("short", 1, 0) == "short-1-0"
+    assert rollouts.pod_name("short", 1, attempt=0) == "short-1-0"
 
 
 @pytest.mark.parametrize(
@@ -118,9 +121,13 @@ def test_pod_names_are_cut_to_63_characters_with_a_hash_of_the_job() -> None:
         ("a", "b-1-0", False),
         ("a", "a-1", False),
         ("a", "a", False),
-        ("a" * 62, rollouts.pod_name("a" * 62, 3, 1), True),
-        ("a" * 62, rollouts.rollout_name("a" * 62, 3, 1), False),  # too long to be a pod name
-        ("b" * 62, rollouts.pod_name("a" * 62, 3, 1), False),
+        ("a" * 62, rollouts.pod_name("a" * 62, 3, attempt=1), True),
+        (
+            "a" * 62,
+            rollouts.rollout_name("a" * 62, 3, attempt=1),
+            False,
+        ),  # too long to be a pod name
+        ("b" * 62, rollouts.pod_name("a" * 62, 3, attempt=1), False),
     ],
 )
 def test_is_pod_of_tells_a_jobs_pods_from_every_other_jobs(
@@ -134,7 +141,7 @@ _JOB = st.from_regex(r"\A[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?\Z")
 
 @given(job=_JOB, other=_JOB, index=st.integers(0, 10**6), attempt=st.integers(0, 99))
 def test_a_pod_name_belongs_to_its_job_only(job: str, other: str, index: int, attempt: int) -> None:
-    name = rollouts.pod_name(job, index, attempt)
+    name = rollouts.pod_name(job, index, attempt=attempt)
     assert len(name) <= rollouts.MAX_POD_NAME
     assert rollouts.is_pod_of(job, name)
     assert rollouts.is_pod_of(other, name) == (other == job)

@@ -75,7 +75,7 @@ def test_the_operator_builds_a_rollout_pod_from_them() -> None:
     job = job.model_copy(update={"metadata": job.metadata.model_copy(update=meta)})
     (config_map,) = load("tasks.yaml")
     records = task_records.parse_jsonl(config_map["data"]["tasks.jsonl"], where="tasks")
-    rollout = tasks.rollout(records, job.spec.samples_per_task, 5)
+    rollout = tasks.rollout(records, job.spec.samples_per_task, index=5)
     pod = pods.build_pod(
         job=job,
         env=env,

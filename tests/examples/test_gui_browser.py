@@ -220,7 +220,11 @@ def test_the_harness_env_is_ready_and_becomes_a_rollout_pod() -> None:
     env = env.model_copy(update={"metadata": env.metadata.model_copy(update={"namespace": "rl"})})
     task = {"id": "contact-ada"}
     pod = pods.build_pod(
-        job=job, env=env, rollout=tasks.rollout([task], 1, 0), attempt=0, config=settings.Settings()
+        job=job,
+        env=env,
+        rollout=tasks.rollout([task], 1, index=0),
+        attempt=0,
+        config=settings.Settings(),
     )
     harness = next(c for c in pod["spec"]["containers"] if c["name"] == v1alpha1.HARNESS_CONTAINER)
     assert "/opt/openforge/harnesses/gui-browser/agent.py --no-sandbox" in " ".join(harness["args"])

@@ -113,7 +113,7 @@ def test_the_operator_builds_a_rollout_pod_that_delivers_the_task(name: str) -> 
                  "policy": {"model": "policy", "endpoint": "http://policy.rl.svc:8000"}},
     })  # fmt: skip
     env = env.model_copy(update={"metadata": env.metadata.model_copy(update={"namespace": "rl"})})
-    rollout = tasks.rollout([task], 1, 0)
+    rollout = tasks.rollout([task], 1, index=0)
     config = settings.Settings()
     pod = pods.build_pod(job=job, env=env, rollout=rollout, attempt=0, config=config)
     harness = next(c for c in pod["spec"]["containers"] if c["name"] == v1alpha1.HARNESS_CONTAINER)

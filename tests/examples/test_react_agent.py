@@ -171,7 +171,7 @@ def test_agent_solves_a_task_through_the_sidecar_and_is_graded(
         TASK_ID, expected, messages=player.harness.messages(task()["prompt"])
     )
     following = player.advance(
-        episode, task(), prompt, list(first.completion_token_ids), last=False
+        episode, task(), prompt=prompt, completion=list(first.completion_token_ids), last=False
     )
     assert list(second.prompt_token_ids) == following
     demo = warmstart.Demo(
@@ -187,7 +187,7 @@ def test_agent_solves_a_task_through_the_sidecar_and_is_graded(
         ],
         train_decision=True,
     )
-    encoded = warmstart.encode(player.tokenizer, demo, player.harness.tools)
+    encoded = warmstart.encode(player.tokenizer, demo, tools=player.harness.tools)
     assert encoded.ids == list(second.prompt_token_ids) + list(
         second.completion_token_ids
     ) + player.encode("\n")
@@ -259,9 +259,9 @@ def test_the_in_process_evaluator_answers_tools_as_the_agent_does(tmp_path: Path
         ("read_file", '{"path": "colors.json"}'),
     ]
     for name, arguments in calls:
-        result, faithful = policy_eval.run_tool(task(), name, arguments)
+        result, faithful = policy_eval.run_tool(task(), name, arguments_json=arguments)
         assert faithful and result == tools.run(name, arguments), (name, arguments)
-    assert policy_eval.run_tool(task(), "shell", '{"command": "ls"}')[1] is False
+    assert policy_eval.run_tool(task(), "shell", arguments_json='{"command": "ls"}')[1] is False
 
 
 def test_tools_run_locally_and_report_errors_to_the_model(tmp_path: Path) -> None:

@@ -18,7 +18,7 @@ OUTSIDE = [
 
 def build(*, allowed: list[str] | None = None, **job_spec: Any) -> dict[str, Any]:
     return network.build_network_policy(
-        job(spec=job_spec), env(spec={"capture": {"allowedHosts": allowed or []}}), CONFIG
+        job(spec=job_spec), env(spec={"capture": {"allowedHosts": allowed or []}}), config=CONFIG
     )
 
 
@@ -113,7 +113,7 @@ def test_outside_addresses_exclude_the_cluster_metadata_and_loopback_ranges() ->
 
 def test_dns_pods_are_configurable() -> None:
     config = settings.Settings(dns_namespace="dns", dns_pod_labels={"app": "coredns"})
-    dns = network.build_network_policy(job(), env(), config)["spec"]["egress"][0]["to"][0]
+    dns = network.build_network_policy(job(), env(), config=config)["spec"]["egress"][0]["to"][0]
     assert dns == {
         "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "dns"}},
         "podSelector": {"matchLabels": {"app": "coredns"}},

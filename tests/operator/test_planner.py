@@ -213,10 +213,10 @@ def test_ignored_failures_stop_at_the_cap() -> None:
 def test_rollout_state_reads_attempts_in_order_whatever_order_they_come_in() -> None:
     spec = job().spec
     state = planner.rollout_state(
-        0, [attempt(0, 1, "succeeded"), attempt(0, 0, "failed", exit_code=1)], spec
+        0, [attempt(0, 1, "succeeded"), attempt(0, 0, "failed", exit_code=1)], spec=spec
     )
     assert (state.state, state.retried, state.last and state.last.attempt) == ("succeeded", 1, 1)
-    assert planner.rollout_state(0, [], spec).state == "new"
+    assert planner.rollout_state(0, [], spec=spec).state == "new"
 
 
 def test_failed_indexes_are_compact_and_only_new_failures_raise_an_event() -> None:

@@ -26,7 +26,7 @@ def build(
     the_job = job(spec=job_spec, name=name)
     records = task_records.inline(the_job.spec.tasks)
     assert records is not None
-    rollout = tasks.rollout(records, the_job.spec.samples_per_task, index)
+    rollout = tasks.rollout(records, the_job.spec.samples_per_task, index=index)
     return pods.build_pod(
         job=the_job, env=env(spec=env_spec), rollout=rollout, attempt=attempt, config=config
     )
@@ -87,11 +87,14 @@ def test_name_labels_annotations_and_owner() -> None:
 
 def test_pod_names_stay_within_63_characters_and_distinct() -> None:
     long_a, long_b = "a" * 60 + "-x", "a" * 60 + "-y"
-    name_a, name_b = objects.pod_name(long_a, 12345, 2), objects.pod_name(long_b, 12345, 2)
+    name_a, name_b = (
+        objects.pod_name(long_a, 12345, attempt=2),
+        objects.pod_name(long_b, 12345, attempt=2),
+    )
     assert len(name_a) <= 63 and len(name_b) <= 63 and name_a != name_b
     assert name_a.endswith("-12345-2") and name_a.startswith("a" * 40)
-    assert objects.pod_name("short", 1, 0) == "short-1-0"
-    assert objects.pod_name(long_a, 12345, 2) == name_a, "deterministic"
+    assert objects.pod_name("short", 1, attempt=0) == "short-1-0"
+    assert objects.pod_name(long_a, 12345, attempt=2) == name_a, "deterministic"
     pod = build(name="j" * 63, index=11, attempt=0)
     assert (
         len(pod["metadata"]["name"]) <= 63
@@ -222,7 +225,8 @@ def test_the_sidecar_knows_its_rollout_policy_and_collector() -> None:
         "--confdir": "/openforge/sidecar/confdir",
         "--job": "job", "--rollout-id": "job-5-1", "--task-id": "b", "--sample-index": "1",
         "--attempt": "1",
-        "--harness": "env", "--policy-version": "3", "--collector": "collector.openforge.svc:50051",
+        "--harness": "env", "--api": "openai-chat", "--policy-version": "3",
+        "--collector": "collector.openforge.svc:50051",
         "--control-token-file": "/openforge/sidecar/control-token",
     }  # fmt: skip
     assert agent == [

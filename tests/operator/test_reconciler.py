@@ -68,7 +68,7 @@ class Harness:
     def __init__(self, config: settings.Settings = CONFIG, **job_spec: Any) -> None:
         self.api = FakeApi()
         self.cache = podwatch.PodCache()
-        self.reconciler = reconciler.Reconciler(self.api, self.cache, config)  # type: ignore[arg-type]
+        self.reconciler = reconciler.Reconciler(self.api, self.cache, config=config)  # type: ignore[arg-type]
         self.body = job_body(spec=job_spec)
         self.env: dict[str, Any] | None = env_body()
 
@@ -230,7 +230,7 @@ def test_tasks_from_a_config_map_are_read_once() -> None:
 def test_a_refused_create_is_reported_and_retried_after_a_backoff() -> None:
     h = Harness()
     h.api.refuse = k8s.ApiError(
-        "POST", "/pods", 403, '{"reason": "Forbidden", "message": "exceeded quota"}'
+        "POST", "/pods", status=403, body='{"reason": "Forbidden", "message": "exceeded quota"}'
     )
     delay = h.reconcile()
     assert delay == reconciler.CREATE_BACKOFF_SECONDS

@@ -18,10 +18,10 @@ def test_inline_records_and_the_rollouts_they_expand_into() -> None:
         {"id": "c", "prompt": "p-c"},
     ]
     assert tasks.count(records, 4) == 12
-    rollout = tasks.rollout(records, 4, 7)
+    rollout = tasks.rollout(records, 4, index=7)
     assert (rollout.index, rollout.task_index, rollout.sample, rollout.task_id) == (7, 1, 3, "b")
     with pytest.raises(IndexError):
-        tasks.rollout(records, 4, 12)
+        tasks.rollout(records, 4, index=12)
 
 
 def test_task_files_render_once_per_task() -> None:

@@ -231,10 +231,10 @@ def test_a_harness_killed_by_a_signal_exits_with_128_plus_the_signal_as_in_a_con
     exit_code, timed_out = executor._run_harness(
         bundle,
         rollout,
-        "http://127.0.0.1:9",
-        tmp_path / "work",
-        tmp_path / "harness.log",
-        threading.Event(),
+        sidecar_url="http://127.0.0.1:9",
+        workdir=tmp_path / "work",
+        log=tmp_path / "harness.log",
+        stop=threading.Event(),
     )
     assert (exit_code, timed_out) == (128 + signal.SIGKILL, False)
 

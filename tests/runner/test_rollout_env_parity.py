@@ -84,7 +84,7 @@ def in_a_pod(env: dict[str, Any]) -> tuple[list[str], list[str], dict[str, Any]]
     pod = pods.build_pod(
         job=job,
         env=harness_env,
-        rollout=tasks.rollout(records, 3, SAMPLE),
+        rollout=tasks.rollout(records, 3, index=SAMPLE),
         attempt=ATTEMPT,
         config=settings.Settings(),
     )

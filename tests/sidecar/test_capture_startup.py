@@ -18,11 +18,12 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
+import tiny_policy
 from mitmproxy.test import taddons
 from openforge_sidecar import capture
 from openforge_sidecar.recording import spool
 
-TINY = Path(__file__).parents[2] / "trainer" / "openforge_trainer" / "assets" / "tiny-tokenizer"
+TINY = tiny_policy.DIR
 
 
 class _SlowModels(BaseHTTPRequestHandler):

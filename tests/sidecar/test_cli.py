@@ -63,3 +63,11 @@ def test_an_inherited_socket_must_listen_on_the_listen_address() -> None:
         idle.bind(("127.0.0.1", 0))
         with pytest.raises(SystemExit, match=r"--listen-fd \d+ is not a TCP socket listening"):
             cli.inherited(idle.fileno(), f"127.0.0.1:{idle.getsockname()[1]}")
+
+
+def test_the_declared_api_is_passed_on_and_only_a_spec_api_name_is_taken(capsys):
+    assert "openforge_api=gemini" in settings("--engine", "http://e", "--api", "gemini")
+    assert "openforge_api=" in settings("--engine", "http://e")
+    with pytest.raises(SystemExit):
+        settings("--engine", "http://e", "--api", "openai_chat")
+    assert "--api: invalid choice: 'openai_chat'" in capsys.readouterr().err

@@ -34,7 +34,8 @@ def test_each_api_s_codec_speaks_it() -> None:
 
 
 def test_the_manifest_spells_each_api_with_dashes() -> None:
-    assert set(get_args(v1alpha1.WireApi)) == {api.value.replace("_", "-") for api in WireApi}
+    assert set(get_args(v1alpha1.WireApi)) == {api.spec_name for api in WireApi}
+    assert WireApi.OPENAI_CHAT.spec_name == "openai-chat"
 
 
 def test_prefix_is_the_proto_enum_s() -> None:

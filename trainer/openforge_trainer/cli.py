@@ -63,14 +63,18 @@ def collector_main(argv: Sequence[str]) -> int:
         except ValueError as exc:
             parser.error(f"--master-key-file: {exc}")
     try:
-        return asyncio.run(_run_collector(args.store, args.listen, token, master_key, args.grace))
+        return asyncio.run(
+            _run_collector(
+                args.store, args.listen, token=token, master_key=master_key, grace=args.grace
+            )
+        )
     except OSError as exc:
         print(f"openforge collector: {exc}", file=sys.stderr)
         return 1
 
 
 async def _run_collector(
-    store: Path, listen: str, token: str | None, master_key: bytes | None, grace: float
+    store: Path, listen: str, *, token: str | None, master_key: bytes | None, grace: float
 ) -> int:
     running, port = await collector.serve(store, listen=listen, token=token, master_key=master_key)
     host = listen.rsplit(":", 1)[0]
@@ -134,7 +138,7 @@ def trajectories_main(argv: Sequence[str]) -> int:
             return _ls(store, args.job, as_json=args.json)
         if args.command == "show":
             return _show(store, args)
-        return _export(store, args.job, args.format, args.out)
+        return _export(store, args.job, format=args.format, out=args.out)
 
 
 def _ls(store: store_module.Store, job: str | None, *, as_json: bool = False) -> int:
@@ -238,7 +242,7 @@ def _show(store: store_module.Store, args: argparse.Namespace) -> int:
                 file=sys.stderr,
             )
             return 2
-    view = render.build(store, args.rollout, tokenizer)
+    view = render.build(store, args.rollout, tokenizer=tokenizer)
     if view is None:
         print(f"openforge trajectories: no rollout {args.rollout!r}", file=sys.stderr)
         return 1
@@ -251,7 +255,7 @@ def _show(store: store_module.Store, args: argparse.Namespace) -> int:
     return 0
 
 
-def _export(store: store_module.Store, job: str, format: str, out: Path) -> int:
+def _export(store: store_module.Store, job: str, *, format: str, out: Path) -> int:
     try:
         rows, stats = export.job_rows(store, job)
     except export.ExportError as exc:

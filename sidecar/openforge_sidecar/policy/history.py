@@ -135,7 +135,7 @@ class TokenHistory:
         messages = request.messages
         head, reason = self._find_head(messages, request.tools)
         if head is not None:
-            delta = self._delta_text(head, messages, request.tools)
+            delta = self._delta_text(head, messages, tools=request.tools)
             if delta is not None:
                 self.merged += 1
                 prefix = head.token_ids
@@ -155,6 +155,7 @@ class TokenHistory:
         self,
         request: conversation.ChatRequest,
         plan: Plan,
+        *,
         reply: conversation.Message,
         completion_ids: Sequence[int],
     ) -> None:
@@ -226,6 +227,7 @@ class TokenHistory:
         self,
         head: _Head,
         messages: tuple[conversation.Message, ...],
+        *,
         tools: tuple[conversation.Tool, ...],
     ) -> str | None:
         """The text the new turns add after the head's tokens, or None.

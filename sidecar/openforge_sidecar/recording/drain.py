@@ -72,7 +72,7 @@ def drain(
         error = ""
         if before:
             try:
-                asyncio.run(_deliver(store, collector, token, timeout))
+                asyncio.run(_deliver(store, collector, token=token, timeout=timeout))
             except Exception as exc:
                 error = f"{type(exc).__name__}: {exc}"
         closed = any(record.WhichOneof("body") == "finished" for record in added)
@@ -115,7 +115,9 @@ def _closing(found: resume.Resume, *, reason: str) -> list[Any]:
     return out
 
 
-async def _deliver(store: spool.Spool, collector: str, token: str | None, timeout: float) -> bool:
+async def _deliver(
+    store: spool.Spool, collector: str, *, token: str | None, timeout: float
+) -> bool:
     from openforge_sidecar.recording import exporter  # gRPC: only when there is something to send
 
     sender = exporter.Exporter(store, collector, token=token, backoff_max_s=1.0)

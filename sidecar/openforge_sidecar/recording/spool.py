@@ -318,7 +318,7 @@ class Spool:
         previous = 0
         for path in sorted(self.directory.glob(f"{_SEGMENT_PREFIX}*{_SEGMENT_SUFFIX}")):
             first = _segment_first(path)
-            segment, truncation = _scan_segment(path, first, max(previous, first - 1))
+            segment, truncation = _scan_segment(path, first, previous=max(previous, first - 1))
             if truncation is not None:
                 log.error(
                     "spool %s: truncated segment %s at byte %d, dropping %d bytes "
@@ -347,7 +347,7 @@ def _segment_first(path: Path) -> int:
         raise SpoolError(f"{path}: not a spool segment name") from exc
 
 
-def _scan_segment(path: Path, first: int, previous: int) -> tuple[_Segment, Truncation | None]:
+def _scan_segment(path: Path, first: int, *, previous: int) -> tuple[_Segment, Truncation | None]:
     """Index a segment's valid frames; truncate it at the first invalid one."""
     data = path.read_bytes()
     offsets: array[int] = array("Q")
@@ -357,7 +357,7 @@ def _scan_segment(path: Path, first: int, previous: int) -> tuple[_Segment, Trun
     if first <= previous:
         reason = f"segment starts at sequence {first}, not after {previous}"
     while not reason and offset < len(data):
-        reason, length, sequence = _check_frame(data, offset, expected)
+        reason, length, sequence = _check_frame(data, offset, expected=expected)
         if reason:
             break
         offsets.append(offset)
@@ -380,7 +380,7 @@ def _scan_segment(path: Path, first: int, previous: int) -> tuple[_Segment, Trun
     )
 
 
-def _check_frame(data: bytes, offset: int, expected: int) -> tuple[str, int, int]:
+def _check_frame(data: bytes, offset: int, *, expected: int) -> tuple[str, int, int]:
     """("", length, sequence) for a valid frame at ``offset``, else (reason, 0, 0)."""
     if offset + _HEADER.size > len(data):
         return f"torn frame header ({len(data) - offset} of {_HEADER.size} bytes)", 0, 0

@@ -2,23 +2,19 @@
 
 from __future__ import annotations
 
-import functools
 import json
 from array import array
-from pathlib import Path
 
+import tiny_policy
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from openforge.wire import conversation as cv
-from openforge_sidecar.policy import history, template
+from openforge_sidecar.policy import history
 
-TINY = Path(__file__).parents[3] / "trainer" / "openforge_trainer" / "assets" / "tiny-tokenizer"
 SHELL = cv.Tool(name="shell", parameters={"type": "object", "properties": {}})
 
 
-@functools.cache
-def tiny() -> template.PolicyTokenizer:
-    return template.PolicyTokenizer.load(str(TINY))
+tiny = tiny_policy.load
 
 
 def text(role: str, body: str) -> cv.Message:
@@ -44,7 +40,9 @@ REPLY = call("call_1", '{"command": "ls"}')
 def first_call() -> tuple[history.TokenHistory, history.Plan]:
     tokens = history.TokenHistory(tiny())
     plan = tokens.plan(request(*BASE))
-    tokens.record(request(*BASE), plan, REPLY, [5, 6, 7, *tiny().stop_token_ids])
+    tokens.record(
+        request(*BASE), plan, reply=REPLY, completion_ids=[5, 6, 7, *tiny().stop_token_ids]
+    )
     return tokens, plan
 
 
@@ -174,7 +172,7 @@ def continued(
     renderer = CountingRenderer()
     tokens = history.TokenHistory(renderer)
     plan = tokens.plan(request(*BASE))
-    tokens.record(request(*BASE), plan, reply, [5, 6, *tiny().stop_token_ids])
+    tokens.record(request(*BASE), plan, reply=reply, completion_ids=[5, 6, *tiny().stop_token_ids])
     tokens.prerender()
     before = renderer.renders
     planned = tokens.plan(request(*BASE, echo, result("x", "a.txt")))
@@ -185,7 +183,7 @@ def unprerendered(echo: cv.Message, reply: cv.Message = REPLY) -> history.Plan:
     """The same continuation planned by a history that never rendered ahead."""
     plain = history.TokenHistory(tiny())
     first = plain.plan(request(*BASE))
-    plain.record(request(*BASE), first, reply, [5, 6, *tiny().stop_token_ids])
+    plain.record(request(*BASE), first, reply=reply, completion_ids=[5, 6, *tiny().stop_token_ids])
     return plain.plan(request(*BASE, echo, result("x", "a.txt")))
 
 
@@ -201,7 +199,7 @@ def test_rewrites_the_template_does_not_show_still_use_the_prerendered_head() ->
     renders, planned, tokens = continued(echo)
     assert renders == 1 and planned.segment_reason == ""
     assert planned == unprerendered(echo)
-    tokens.record(request(*BASE), planned, REPLY, [9])
+    tokens.record(request(*BASE), planned, reply=REPLY, completion_ids=[9])
     tokens.prerender()
     assert tokens._heads[-1].rendered is not None  # still worth it for this harness
 
@@ -213,12 +211,12 @@ def test_a_rewrite_the_template_shows_renders_both_and_stops_prerendering_until_
     renders, planned, tokens = continued(REPLY, reply=thinking)  # the harness drops the reasoning
     assert renders == 2 and planned.segment_reason == ""
     assert planned == unprerendered(REPLY, reply=thinking)
-    tokens.record(request(*BASE), planned, thinking, [9])
+    tokens.record(request(*BASE), planned, reply=thinking, completion_ids=[9])
     tokens.prerender()
     assert tokens._heads[-1].rendered is None  # not worth it for this harness
     head = tokens._heads[-1]
     tokens.plan(request(*head.messages, result("y", "b.txt")))  # an exact echo
-    tokens.record(request(*head.messages), planned, REPLY, [9])
+    tokens.record(request(*head.messages), planned, reply=REPLY, completion_ids=[9])
     tokens.prerender()
     assert tokens._heads[-1].rendered is not None
 
@@ -228,7 +226,10 @@ def test_only_a_reply_that_calls_tools_is_rendered_ahead() -> None:
     tokens = history.TokenHistory(renderer)
     plan = tokens.plan(request(*BASE))
     tokens.record(
-        request(*BASE), plan, text("assistant", "Nothing to run."), [5, *tiny().stop_token_ids]
+        request(*BASE),
+        plan,
+        reply=text("assistant", "Nothing to run."),
+        completion_ids=[5, *tiny().stop_token_ids],
     )
     before = renderer.renders
     tokens.prerender()

@@ -6,16 +6,15 @@ so that eviction is exercised too, and the cases where pieces are refused.
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
+import tiny_policy
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from openforge_sidecar.policy import segments, template
+from openforge_sidecar.policy import segments
 from tokenizers import AddedToken, Tokenizer, models, pre_tokenizers
 
-TINY = Path(__file__).parents[3] / "trainer" / "openforge_trainer" / "assets" / "tiny-tokenizer"
-POLICY = template.PolicyTokenizer.load(str(TINY))
+POLICY = tiny_policy.load()
 WHOLE = POLICY._tokenizer
 SPECIALS = ["<|im_start|>", "<|im_end|>", "<|endoftext|>", "<tool_call>", "</tool_call>", "<think>"]
 PIECES = [

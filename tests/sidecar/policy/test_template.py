@@ -7,16 +7,16 @@ import http.server
 import json
 import threading
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
+import tiny_policy
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from openforge.wire import conversation as cv
 from openforge_sidecar.policy import template
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-TINY = Path(__file__).parents[3] / "trainer" / "openforge_trainer" / "assets" / "tiny-tokenizer"
+TINY = tiny_policy.DIR
 
 SHELL = cv.Tool(
     name="shell",
@@ -29,9 +29,7 @@ SHELL = cv.Tool(
 )
 
 
-@functools.cache
-def tiny() -> template.PolicyTokenizer:
-    return template.PolicyTokenizer.load(str(TINY))
+tiny = tiny_policy.load
 
 
 def user(text: str) -> cv.Message:

@@ -2,25 +2,21 @@
 
 from __future__ import annotations
 
-import functools
 import itertools
 import json
-from pathlib import Path
 from typing import Any
 
 import pytest
+import tiny_policy
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from openforge.wire import conversation as cv
-from openforge_sidecar.policy import template, toolparse
+from openforge_sidecar.policy import toolparse
 
-TINY = Path(__file__).parents[3] / "trainer" / "openforge_trainer" / "assets" / "tiny-tokenizer"
 TAGS = ("<think>", "</think>", "<tool_call>", "</tool_call>")
 
 
-@functools.cache
-def tiny() -> template.PolicyTokenizer:
-    return template.PolicyTokenizer.load(str(TINY))
+tiny = tiny_policy.load
 
 
 def call_id(index: int) -> str:

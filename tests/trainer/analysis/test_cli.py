@@ -287,7 +287,9 @@ def test_success_threshold(db_path: Path, capsys: pytest.CaptureFixture[str]) ->
 def test_a_terminal_gets_a_rich_table() -> None:
     buffer = io.StringIO()
     console = Console(file=buffer, force_terminal=True, width=120, color_system=None)
-    analyze_cli._print_table(console, ["metric", "react v0"], [["success", "50.0% (1/2)"]])
+    analyze_cli._print_table(
+        console, analyze_cli.TableData(["metric", "react v0"], [["success", "50.0% (1/2)"]])
+    )
     text = buffer.getvalue()
     assert "┃ metric" in text and "│ success │ 50.0% (1/2) │" in text
 

@@ -143,10 +143,15 @@ def test_sample_draws_only_from_the_nucleus() -> None:
     logits = torch.log(torch.tensor([0.5, 0.3, 0.15, 0.05]))
     generator = torch.Generator().manual_seed(0)
     params = batching.SamplingParams(max_tokens=1, temperature=1.0, top_p=0.7)
-    drawn = {batching.sample(logits, params, generator) for _ in range(300)}
+    drawn = {batching.sample(logits, params, generator=generator) for _ in range(300)}
     assert drawn == {0, 1}  # 0.5 < 0.7 needs the second token; the third is never needed
     everything = batching.SamplingParams(max_tokens=1, temperature=1.0, top_p=1.0)
-    assert {batching.sample(logits, everything, generator) for _ in range(500)} == {0, 1, 2, 3}
+    assert {batching.sample(logits, everything, generator=generator) for _ in range(500)} == {
+        0,
+        1,
+        2,
+        3,
+    }
 
 
 def test_stop_order_length_then_eos_then_stop_tokens(model: PreTrainedModel) -> None:

@@ -194,7 +194,7 @@ def test_publish_all_reaches_every_server(stub: Stub, saved: Path) -> None:
         publish.ServePublisher(stub.url),
         publish.VLLMPublisher(stub.url),
     ]
-    results = publish.publish_all(publishers, saved, 6)
+    results = publish.publish_all(publishers, saved, policy_version=6)
     assert [(r.kind, r.ok) for r in results] == [("serve", True), ("vllm", True)]
     assert sorted(s.path for s in stub.seen) == sorted(
         ["/openforge/v1/weights", "/pause?mode=wait", "/collective_rpc", "/resume"]

@@ -16,7 +16,7 @@ def random_player(tmp_path_factory: pytest.TempPathFactory) -> policy_eval.Playe
     directory = model_build.build_model(tmp_path_factory.mktemp("m"), seed=3)
     model = model_build.load_model(directory)
     return policy_eval.Player(
-        model, warmstart.load_tokenizer(directory), warmstart.HarnessSpec.load()
+        model, warmstart.load_tokenizer(directory), harness=warmstart.HarnessSpec.load()
     )
 
 
@@ -70,7 +70,9 @@ def test_second_prompt_extends_the_first_exactly(random_player: policy_eval.Play
     completion = random_player.encode(
         '<tool_call>\n{"name": "lookup_color", "arguments": {}}\n</tool_call><|im_end|>'
     )
-    following = random_player.advance(episode, task, prompt, completion, last=False)
+    following = random_player.advance(
+        episode, task, prompt=prompt, completion=completion, last=False
+    )
     assert following[: len(prompt) + len(completion)] == prompt + completion
     assert random_player.tokenizer.decode(
         following[len(prompt) + len(completion) :], skip_special_tokens=False
@@ -99,7 +101,7 @@ def test_the_committed_warm_start_leaves_room_for_rl() -> None:
     guesses."""
     model = model_build.load_model(COMMITTED)
     player = policy_eval.Player(
-        model, warmstart.load_tokenizer(COMMITTED), warmstart.HarnessSpec.load()
+        model, warmstart.load_tokenizer(COMMITTED), harness=warmstart.HarnessSpec.load()
     )
     tasks = policy_eval.load_tasks(split="eval")
     sampled = policy_eval.summary(
@@ -119,15 +121,21 @@ def test_the_committed_warm_start_leaves_room_for_rl() -> None:
 
 def test_codex_exec_of_a_task_file_is_played_in_codex_framing() -> None:
     task = policy_eval.load_tasks(split="eval")[0]
-    result, faithful = policy_eval.run_tool(task, "exec_command", '{"cmd": "cat colors.json"}')
+    result, faithful = policy_eval.run_tool(
+        task, "exec_command", arguments_json='{"cmd": "cat colors.json"}'
+    )
     assert faithful and result.startswith("Chunk ID: ")
     assert result.endswith("Output:\n" + task["files"]["colors.json"])
     assert (
-        policy_eval.run_tool(task, "exec_command", '{"cmd": "cat ./colors.json"}')[0]
-        == policy_eval.run_tool(task, "exec_command", '{"cmd": "cat ./colors.json"}')[0]
+        policy_eval.run_tool(task, "exec_command", arguments_json='{"cmd": "cat ./colors.json"}')[0]
+        == policy_eval.run_tool(
+            task, "exec_command", arguments_json='{"cmd": "cat ./colors.json"}'
+        )[0]
     )
     for command in ('{"cmd": "ls"}', '{"cmd": "cat other.json"}', '{"command": "cat colors.json"}'):
-        assert policy_eval.run_tool(task, "exec_command", command)[1] is False, command
+        assert policy_eval.run_tool(task, "exec_command", arguments_json=command)[1] is False, (
+            command
+        )
 
 
 def test_a_codex_player_renders_codex_requests_and_counts_its_lookup(
@@ -136,7 +144,7 @@ def test_a_codex_player_renders_codex_requests_and_counts_its_lookup(
     codex = warmstart.HarnessSpec.load(
         warmstart.examples_dir() / "harnesses" / "codex" / "harness.json"
     )
-    player = policy_eval.Player(random_player.model, random_player.tokenizer, codex)
+    player = policy_eval.Player(random_player.model, random_player.tokenizer, harness=codex)
     task = policy_eval.load_tasks(split="eval")[0]
     messages, prompt = player.first_prompt(task)
     assert messages[1]["content"] == task["prompt"] + (
@@ -149,7 +157,9 @@ def test_a_codex_player_renders_codex_requests_and_counts_its_lookup(
         '<tool_call>\n{"name": "exec_command", "arguments": {"cmd": "cat colors.json"}}\n'
         "</tool_call><|im_end|>"
     )
-    following = player.advance(episode, task, prompt, player.encode(call), last=False)
+    following = player.advance(
+        episode, task, prompt=prompt, completion=player.encode(call), last=False
+    )
     assert episode.called_lookup and not episode.divergent
     assert "Process exited with code 0" in player.tokenizer.decode(
         following[len(prompt) :], skip_special_tokens=False

@@ -25,7 +25,7 @@ def tokenizer() -> Tokenizer:
 
 
 def demo(kind: str, seed: int = 0) -> warmstart.Demo:
-    return warmstart.make_demo(random.Random(seed), HARNESS, TASK, kind=kind)
+    return warmstart.make_demo(random.Random(seed), HARNESS, task=TASK, kind=kind)
 
 
 def masked_text(tokenizer: Tokenizer, encoded: warmstart.Encoded) -> str:
@@ -60,7 +60,7 @@ def test_demos_render_through_the_chat_template_as_the_harness_asks() -> None:
 def test_mask_covers_exactly_the_assistant_turns(tokenizer: Tokenizer) -> None:
     for kind in ("tool", "direct"):
         for seed in range(5):
-            encoded = warmstart.encode(tokenizer, demo(kind, seed), HARNESS.tools)
+            encoded = warmstart.encode(tokenizer, demo(kind, seed), tools=HARNESS.tools)
             assistant = [
                 text
                 for text, is_assistant in warmstart.segments(
@@ -82,8 +82,8 @@ def test_mask_covers_exactly_the_assistant_turns(tokenizer: Tokenizer) -> None:
 
 
 def test_a_drill_trains_everything_but_the_decision_token(tokenizer: Tokenizer) -> None:
-    tool = warmstart.encode(tokenizer, demo("tool"), HARNESS.tools)
-    drill = warmstart.encode(tokenizer, demo("drill"), HARNESS.tools)
+    tool = warmstart.encode(tokenizer, demo("tool"), tools=HARNESS.tools)
+    drill = warmstart.encode(tokenizer, demo("drill"), tools=HARNESS.tools)
     assert drill.ids == tool.ids
     first = tool.mask.index(1)
     assert tokenizer.id_to_token(tool.ids[first]) == "<tool_call>"
@@ -93,7 +93,7 @@ def test_a_drill_trains_everything_but_the_decision_token(tokenizer: Tokenizer) 
 def test_guesses_favour_the_first_color_by_guess_bias() -> None:
     rng = random.Random(0)
     guesses = [
-        warmstart.make_demo(rng, HARNESS, TASK, kind="direct", guess_bias=0.5).messages[-1][
+        warmstart.make_demo(rng, HARNESS, task=TASK, kind="direct", guess_bias=0.5).messages[-1][
             "content"
         ]
         for _ in range(600)
@@ -107,7 +107,9 @@ def test_shared_prefix_loss_equals_the_plain_loss(tokenizer: Tokenizer, tmp_path
     model = model_build.load_model(model_build.build_model(tmp_path, seed=0))
     rng = random.Random(1)
     encoded = [
-        warmstart.encode(tokenizer, warmstart.make_demo(rng, HARNESS, TASK, kind=k), HARNESS.tools)
+        warmstart.encode(
+            tokenizer, warmstart.make_demo(rng, HARNESS, task=TASK, kind=k), tools=HARNESS.tools
+        )
         for k in ("tool", "direct", "drill", "tool")
     ]
     batch = warmstart.collate(encoded, pad_id=0)
@@ -132,7 +134,7 @@ def test_a_short_run_reduces_the_loss(tokenizer: Tokenizer, tmp_path: Path) -> N
     rng = random.Random(99)
     held_out = warmstart.collate(
         [
-            warmstart.encode(tokenizer, demo(k, s), HARNESS.tools)
+            warmstart.encode(tokenizer, demo(k, s), tools=HARNESS.tools)
             for k in ("tool", "direct")
             for s in range(4)
         ],
@@ -222,7 +224,7 @@ def test_codex_demos_look_the_color_up_with_codex_shell_tool() -> None:
         "request_user_input",
         "view_image",
     ]
-    tool = warmstart.make_demo(random.Random(0), CODEX, TASK, kind="tool")
+    tool = warmstart.make_demo(random.Random(0), CODEX, task=TASK, kind="tool")
     item = tool.messages[1]["content"].split('"')[1]
     assert tool.messages[1]["content"] == TASK.question(item) + CODEX.user_suffix
     color = tool.messages[4]["content"]
@@ -240,20 +242,23 @@ def test_codex_demos_look_the_color_up_with_codex_shell_tool() -> None:
         + EOT,
         color + EOT,
     ]
-    short = warmstart.make_demo(random.Random(0), CODEX.without_system_turn(), TASK, kind="tool")
+    short = warmstart.make_demo(
+        random.Random(0), CODEX.without_system_turn(), task=TASK, kind="tool"
+    )
     assert short.messages[1:] == tool.messages[1:] and short.messages[0]["content"] == ""
 
 
 def test_codex_tool_answers_vary_like_codex(tokenizer: Tokenizer) -> None:
     rng = random.Random(0)
     answers = [
-        warmstart.make_demo(rng, CODEX, TASK, kind="tool").messages[3]["content"] for _ in range(50)
+        warmstart.make_demo(rng, CODEX, task=TASK, kind="tool").messages[3]["content"]
+        for _ in range(50)
     ]
     assert len({a.split("\n")[0] for a in answers}) == 50  # a fresh chunk id each time
     walls = [a.split("\n")[1] for a in answers]
     assert "Wall time: 0.0000 seconds" in walls and len(set(walls)) > 10
     encoded = warmstart.encode(
-        tokenizer, warmstart.make_demo(rng, CODEX, TASK, kind="drill"), CODEX.tools
+        tokenizer, warmstart.make_demo(rng, CODEX, task=TASK, kind="drill"), tools=CODEX.tools
     )
     assert (
         tokenizer.id_to_token(encoded.ids[encoded.mask.index(1) - 1]) == "<tool_call>"

@@ -108,12 +108,12 @@ def test_log_probs_entropy_and_kl_shapes_and_values() -> None:
     assert entropy.tolist()[0] == pytest.approx(
         [-(0.25 * math.log(0.25) + 0.75 * math.log(0.75)), math.log(2)]
     )
-    kl = algorithms.kl_penalty(log_probs, log_probs, "low_var_kl")
+    kl = algorithms.kl_penalty(log_probs, log_probs, kind="low_var_kl")
     assert kl.tolist() == [[0.0, 0.0]]
     aggregate = algorithms.aggregate(
         actor(),  # type: ignore[arg-type]
         torch.tensor([[1.0, 3.0]]),
-        torch.tensor([[1, 1]]),
+        mask=torch.tensor([[1, 1]]),
         batch_num_tokens=4,
         global_batch_size=1,
     )

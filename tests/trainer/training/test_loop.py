@@ -90,7 +90,7 @@ def test_recomputed_log_probs_equal_the_captured_ones_before_any_update(
 ) -> None:
     sample_into(tmp_path / "store.db", model_dir, ["a", "b"])
     run = trainer(settings(tmp_path, model_dir, micro_batch_tokens=64))
-    selection = trainer_loop.select_groups(run.store, run.config, run.state, limit=2)
+    selection = trainer_loop.select_groups(run.store, run.config, state=run.state, limit=2)
     batch = run.make_batch(selection.groups)
     mask = batch.batch["response_mask"].bool()
     recomputed = run.current_log_probs(batch)
@@ -109,7 +109,7 @@ def test_one_step_raises_the_log_probs_of_positive_advantage_tokens(
     sample_into(tmp_path / "store.db", model_dir, ["a", "b"])
     run = trainer(settings(tmp_path, model_dir))
     batch = run.make_batch(
-        trainer_loop.select_groups(run.store, run.config, run.state, limit=2).groups
+        trainer_loop.select_groups(run.store, run.config, state=run.state, limit=2).groups
     )
     advantages = batch.batch["advantages"]
     positive, negative = advantages > 0, advantages < 0
@@ -131,7 +131,7 @@ def positive_shift_of_one_update(
     sample_into(tmp_path / "store.db", model_dir, ["a", "b"])
     run = trainer(settings(tmp_path, model_dir, **overrides))
     batch = run.make_batch(
-        trainer_loop.select_groups(run.store, run.config, run.state, limit=2).groups
+        trainer_loop.select_groups(run.store, run.config, state=run.state, limit=2).groups
     )
     positive = batch.batch["advantages"] > 0
     before = run.current_log_probs(batch)
@@ -193,7 +193,7 @@ def test_micro_batching_does_not_change_the_update(tmp_path: Path, model_dir: Pa
     before = {name: p.detach().clone() for name, p in runs[0].model.named_parameters()}
     records = []
     for run in runs:
-        selection = trainer_loop.select_groups(run.store, run.config, run.state, limit=2)
+        selection = trainer_loop.select_groups(run.store, run.config, state=run.state, limit=2)
         records.append(run.update(run.make_batch(selection.groups)))
     assert records[0]["micro_batches"] == 1 and records[1]["micro_batches"] == 8
     assert records[0]["loss"] == pytest.approx(records[1]["loss"], abs=1e-6)
@@ -284,14 +284,16 @@ def test_a_crash_before_the_checkpoint_trains_the_groups_once_after_restart(
     sample_into(tmp_path / "store.db", model_dir, ["a", "b", "c", "d"])
     config = settings(tmp_path, model_dir, steps=2)
     crashing = trainer(config)
-    crashing.train_step(trainer_loop.select_groups(crashing.store, config, crashing.state, limit=2))
+    crashing.train_step(
+        trainer_loop.select_groups(crashing.store, config, state=crashing.state, limit=2)
+    )
     real_save = checkpoint.save
 
     def crash(*args: object, **kwargs: object) -> Path:
         raise RuntimeError("killed while writing the checkpoint")
 
     monkeypatch.setattr(checkpoint, "save", crash)
-    failed = trainer_loop.select_groups(crashing.store, config, crashing.state, limit=2)
+    failed = trainer_loop.select_groups(crashing.store, config, state=crashing.state, limit=2)
     with pytest.raises(RuntimeError, match="writing the checkpoint"):
         crashing.train_step(failed)
     crashing.close()
@@ -401,7 +403,7 @@ def test_selection_waits_for_whole_groups_and_skips_what_cannot_train(
     config = settings(tmp_path, model_dir, groups_per_step=5)
     state = checkpoint.TrainerState()
     with store.Store(db_path) as db:
-        selection = trainer_loop.select_groups(db, config, state, limit=5)
+        selection = trainer_loop.select_groups(db, config, state=state, limit=5)
         assert [g.task_id for g in selection.groups] == ["b@v0"]
         b_ids = sorted(r.rollout_id for r in selection.groups[0].rollouts)
         assert b_ids == sorted(["b-retry", "job-b-1-v0-s0", "job-b-2-v0-s0"])
@@ -412,11 +414,11 @@ def test_selection_waits_for_whole_groups_and_skips_what_cannot_train(
         # with an expected group size, three complete rollouts of a are enough
         sized = settings(tmp_path, model_dir, group_size=3)
         assert "a@v0" in [
-            g.task_id for g in trainer_loop.select_groups(db, sized, state, limit=5).groups
+            g.task_id for g in trainer_loop.select_groups(db, sized, state=state, limit=5).groups
         ]
         # a late rollout of a task that was already trained is skipped, never trained
         state.trained_tasks["b@v0"] = 1
-        late = trainer_loop.select_groups(db, config, state, limit=5)
+        late = trainer_loop.select_groups(db, config, state=state, limit=5)
         assert late.skipped["b-retry"] == "late: task 'b@v0' was trained at step 1"
     # a group of two where one rollout has no logprobs is left with one: skipped whole
     put(
@@ -429,7 +431,9 @@ def test_selection_waits_for_whole_groups_and_skips_what_cannot_train(
         ],
     )
     with store.Store(db_path) as db:
-        skipped = trainer_loop.select_groups(db, config, checkpoint.TrainerState(), limit=5).skipped
+        skipped = trainer_loop.select_groups(
+            db, config, state=checkpoint.TrainerState(), limit=5
+        ).skipped
     assert skipped["e-0"] == "call 0: logprobs were not captured"
     assert skipped["e-1"] == "group too small: 1 usable rollout(s) in 'e@v0'"
 
@@ -446,7 +450,7 @@ def test_metrics_are_written_as_jsonl_tensorboard_and_a_png(
     records = []
     while run.state.step < 2:
         records.append(
-            run.train_step(trainer_loop.select_groups(run.store, config, run.state, limit=2))
+            run.train_step(trainer_loop.select_groups(run.store, config, state=run.state, limit=2))
         )
     run.close()
     lines = [json.loads(line) for line in (config.run_dir / metrics.JSONL).read_text().splitlines()]
@@ -556,7 +560,7 @@ def test_failed_calls_are_never_trained_and_a_rollout_of_failed_calls_only_is_sk
         db.put(call_outcomes.records("f-2", failed, job=JOB, task="f", sample=2))
     config = settings(tmp_path, tmp_path / "model")  # selection loads no model
     with store.Store(db_path) as db:
-        selection = trainer_loop.select_groups(db, config, checkpoint.TrainerState(), limit=5)
+        selection = trainer_loop.select_groups(db, config, state=checkpoint.TrainerState(), limit=5)
     [group] = selection.groups
     assert sorted(r.rollout_id for r in group.rollouts) == ["f-0", "f-1"]
     assert [(row.call_indices, row.response_ids) for row in group.rows] == [([0], [10, 11])] * 2
@@ -578,7 +582,7 @@ def test_a_stopped_attempt_is_never_trained_nor_counted_towards_its_group(
     ])  # fmt: skip
     sized = settings(tmp_path, model_dir, group_size=3)
     with store.Store(db_path) as db:
-        waiting = trainer_loop.select_groups(db, sized, checkpoint.TrainerState(), limit=5)
+        waiting = trainer_loop.select_groups(db, sized, state=checkpoint.TrainerState(), limit=5)
         assert waiting.groups == [] and "a-stopped" not in waiting.skipped
     call = {
         "call_index": 0,
@@ -593,7 +597,9 @@ def test_a_stopped_attempt_is_never_trained_nor_counted_towards_its_group(
         record("a-retry", "a", 2, body="finished", has_reward=True, reward=1.0, call_count=1),
     ])  # fmt: skip
     with store.Store(db_path) as db:
-        [group] = trainer_loop.select_groups(db, sized, checkpoint.TrainerState(), limit=5).groups
+        [group] = trainer_loop.select_groups(
+            db, sized, state=checkpoint.TrainerState(), limit=5
+        ).groups
         assert "a-retry" in {r.rollout_id for r in group.rollouts}
         assert "a-stopped" not in {r.rollout_id for r in group.rollouts}
 
@@ -616,7 +622,7 @@ def test_two_batches_at_one_policy_version_are_two_groups_trained_a_batch_a_step
             )  # fmt: skip
     config = settings(tmp_path, model_dir, groups_per_step=8).model_copy(update={"store": batches})
     with store.Store(batches) as db:
-        first = trainer_loop.select_groups(db, config, checkpoint.TrainerState(), limit=8)
+        first = trainer_loop.select_groups(db, config, state=checkpoint.TrainerState(), limit=8)
         # batch 0 says it has 6 rollouts and 4 are in: its groups wait (not settled)
         assert (
             sorted(g.task_id for g in first.groups) == ["a@v0#0/6", "b@v0#0/6"]
@@ -627,17 +633,19 @@ def test_two_batches_at_one_policy_version_are_two_groups_trained_a_batch_a_step
             db, model, job=JOB, tasks=["c"], samples=2, turns=2, max_new_tokens=6,
             reward=first_token_parity, batch="0/6",
         )  # fmt: skip
-        assert trainer_loop.select_groups(db, config, checkpoint.TrainerState(), limit=8).settled
-        done = trainer_loop.select_groups(db, config, checkpoint.TrainerState(), limit=8)
+        assert trainer_loop.select_groups(
+            db, config, state=checkpoint.TrainerState(), limit=8
+        ).settled
+        done = trainer_loop.select_groups(db, config, state=checkpoint.TrainerState(), limit=8)
         state = checkpoint.TrainerState(
             trained_tasks={g.task_id: 1 for g in done.groups},
             trained={r.rollout_id: 1 for g in done.groups for r in g.rollouts},
         )
-        second = trainer_loop.select_groups(db, config, state, limit=8)
+        second = trainer_loop.select_groups(db, config, state=state, limit=8)
         assert sorted(g.task_id for g in second.groups) == ["a@v0#1/4", "b@v0#1/4"]  # 1 before 10
         assert second.settled
     with store.Store(db_path) as db:  # rollouts without a batch group as before, never settled
         plain = trainer_loop.select_groups(
-            db, settings(tmp_path, model_dir), checkpoint.TrainerState(), limit=8
+            db, settings(tmp_path, model_dir), state=checkpoint.TrainerState(), limit=8
         )
         assert sorted(g.task_id for g in plain.groups) == ["a@v0", "b@v0"] and not plain.settled

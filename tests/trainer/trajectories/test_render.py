@@ -117,7 +117,7 @@ def test_the_mask_is_the_training_row_cut_into_runs(db: store.Store) -> None:
 def test_spans_decode_with_the_policy_tokenizer(db: store.Store) -> None:
     put_rollout(db, "r0", two_turns())
     tokenizer = render.load_tokenizer(TINY_TOKENIZER)
-    view = render.build(db, "r0", tokenizer)
+    view = render.build(db, "r0", tokenizer=tokenizer)
     assert view is not None
     spans = view.rows[0].spans
     assert [s.text for s in spans] == [

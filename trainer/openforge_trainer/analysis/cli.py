@@ -77,7 +77,7 @@ class Loaded:
 def main(argv: Sequence[str]) -> int:
     args = parser().parse_args(list(argv))
     try:
-        loaded = _load(args.store, args.job, args.success_threshold)
+        loaded = _load(args.store, args.job, threshold=args.success_threshold)
         if not loaded.measured:
             print(f"{PROG}: no finished rollouts in {args.store}", file=sys.stderr)
             return 1
@@ -90,22 +90,22 @@ def main(argv: Sequence[str]) -> int:
     groups = analysis.grouped(loaded.measured, args.by)
     _warn_problems(loaded.measured)
     if args.json:
-        document = report(args, loaded, groups, comparison)
+        document = report(args, loaded, groups=groups, comparison=comparison)
         print(json.dumps(document, indent=2, sort_keys=False))
         return 0
     console = Console(highlight=False, soft_wrap=True)
     print(_headline(args, loaded))
-    _print_table(console, *group_table(groups))
+    _print_table(console, group_table(groups))
     for item in comparison or []:
         print(f"\n{item.harness or '(unnamed)'}: policy v{item.before} -> v{item.after}")
-        _print_table(console, *comparison_table(item))
+        _print_table(console, comparison_table(item))
     return 0
 
 
 # -- loading -------------------------------------------------------------------------------
 
 
-def _load(path: Path, jobs: list[str] | None, threshold: float) -> Loaded:
+def _load(path: Path, jobs: list[str] | None, *, threshold: float) -> Loaded:
     if not path.is_file():
         raise UsageError(f"--store: no store at {path}")
     measured: list[analysis.EpisodeMetrics] = []
@@ -146,7 +146,12 @@ def versions(measured: Sequence[analysis.EpisodeMetrics], given: Sequence[int]) 
     return given[0], given[1]
 
 
-TableData = tuple[list[str], list[list[str]]]
+@dataclass(frozen=True)
+class TableData:
+    """A table as the report prints it: a header row, then rows of cells."""
+
+    headers: list[str]
+    rows: list[list[str]]
 
 
 # -- comparing -------------------------------------------------------------------------------
@@ -187,7 +192,7 @@ def comparison_table(comparison: Comparison) -> TableData:
         change = _change(analysis.delta(metric.ratio(old), metric.ratio(new)), metric.percent)
         rows.append([metric.label, _cell(metric, old), _cell(metric, new), change])
     rows.append(["tools used", _tools(old), _tools(new), ""])
-    return ["metric", f"v{comparison.before}", f"v{comparison.after}", "change"], rows
+    return TableData(["metric", f"v{comparison.before}", f"v{comparison.after}", "change"], rows)
 
 
 def _change(value: float | None, percent: bool) -> str:
@@ -228,7 +233,7 @@ def group_table(groups: dict[analysis.GroupKey, analysis.Summary]) -> TableData:
         ["plan episodes", *(_plans(s) for s in summaries)],
         ["undecodable", *(str(s.decode_problems) for s in summaries)],
     ]
-    return ["metric", *(key.label() for key in groups)], rows
+    return TableData(["metric", *(key.label() for key in groups)], rows)
 
 
 def _cell(metric: analysis.Metric, summary: analysis.Summary) -> str:
@@ -256,15 +261,15 @@ def _plans(summary: analysis.Summary) -> str:
     return f"{summary.plan_episodes} ({sources})"
 
 
-def _print_table(console: Console, headers: list[str], rows: list[list[str]]) -> None:
+def _print_table(console: Console, data: TableData) -> None:
     """A rich table on a terminal, aligned plain text otherwise (pipes, files, tests)."""
     if console.is_terminal:
-        table = Table(*headers)
-        for row in rows:
+        table = Table(*data.headers)
+        for row in data.rows:
             table.add_row(*row)
         console.print(table)
         return
-    print(plain_table(headers, rows))
+    print(plain_table(data.headers, data.rows))
 
 
 def plain_table(headers: list[str], rows: list[list[str]]) -> str:
@@ -323,6 +328,7 @@ def summary_json(summary: analysis.Summary) -> dict[str, Any]:
 def report(
     args: argparse.Namespace,
     loaded: Loaded,
+    *,
     groups: dict[analysis.GroupKey, analysis.Summary],
     comparison: list[Comparison] | None,
 ) -> dict[str, Any]:

@@ -215,7 +215,7 @@ class _Builder:
             if not isinstance(item, _Result):
                 continue
             target = self._by_id(item.id)
-            slot = self._history_slot(item, history_calls, paired)
+            slot = self._history_slot(item, history_calls, paired=paired)
             if slot is not None:
                 paired.add(slot)
                 same = slot < len(self.actions) and (
@@ -234,7 +234,7 @@ class _Builder:
         return candidates[0] if candidates else None
 
     @staticmethod
-    def _history_slot(item: _Result, calls: Sequence[_Call], paired: set[int]) -> int | None:
+    def _history_slot(item: _Result, calls: Sequence[_Call], *, paired: set[int]) -> int | None:
         for index, call in enumerate(calls):
             if index in paired:
                 continue

@@ -238,6 +238,7 @@ class Collector:
 async def serve(
     store_path: Path | str,
     listen: str = "127.0.0.1:0",
+    *,
     token: str | None = None,
     master_key: bytes | None = None,
     **service_options: Any,

@@ -101,7 +101,9 @@ class SchedulerError(RuntimeError):
 class Sequence:
     """One request's generation state, shared between its HTTP thread and the scheduler."""
 
-    def __init__(self, prompt_ids: list[int], params: SamplingParams, device: torch.device) -> None:
+    def __init__(
+        self, prompt_ids: list[int], params: SamplingParams, *, device: torch.device
+    ) -> None:
         self.prompt_ids = list(prompt_ids)
         self.params = params
         self.events: queue.SimpleQueue[Event] = queue.SimpleQueue()
@@ -196,7 +198,7 @@ class Scheduler:
 
     def submit(self, prompt_ids: list[int], params: SamplingParams) -> Sequence:
         """Queue a request; its tokens arrive on the returned sequence's ``events``."""
-        seq = Sequence(prompt_ids, params, self.device)
+        seq = Sequence(prompt_ids, params, device=self.device)
         with self._cv:
             if self._stopping:
                 raise SchedulerError("the server is shutting down")
@@ -361,7 +363,7 @@ class Scheduler:
         for i, seq in enumerate(seqs):
             if seq.params.temperature > 0:
                 generator = seq.generator or self._rng
-                tokens[i] = sample(logits[i], seq.params, generator)
+                tokens[i] = sample(logits[i], seq.params, generator=generator)
         return tokens
 
     def _finish(self, seq: Sequence, token: int) -> tuple[str | None, int | None]:
@@ -379,7 +381,7 @@ class Scheduler:
             seq.events.put(ErrorEvent(message))
 
 
-def sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator) -> int:
+def sample(logits: torch.Tensor, params: SamplingParams, *, generator: torch.Generator) -> int:
     """One token from float32 ``logits`` ``[vocab]``: temperature, then top-p, then a draw."""
     probs = torch.softmax(logits / params.temperature, dim=-1)
     if params.top_p < 1.0:

@@ -82,19 +82,21 @@ def parse_request(body: bytes) -> CompletionRequest:
         raise RequestError("stream_options: must be an object or null", param="stream_options")
     options = options or {}
     return CompletionRequest(
-        model=_optional(data, "model", str),
+        model=_optional(data, "model", kind=str),
         prompt=_prompt(data.get("prompt")),
         max_tokens=_positive(data, "max_tokens"),
         temperature=_temperature(data.get("temperature")),
         logprobs=_logprobs(data.get("logprobs")),
-        stream=_flag(data, "stream", False),
-        include_usage=_flag(options, "include_usage", False, "stream_options."),
-        continuous_usage_stats=_flag(options, "continuous_usage_stats", False, "stream_options."),
-        return_token_ids=_flag(data, "return_token_ids", False),
+        stream=_flag(data, "stream", default=False),
+        include_usage=_flag(options, "include_usage", default=False, prefix="stream_options."),
+        continuous_usage_stats=_flag(
+            options, "continuous_usage_stats", default=False, prefix="stream_options."
+        ),
+        return_token_ids=_flag(data, "return_token_ids", default=False),
         stop_token_ids=_token_ids(data.get("stop_token_ids")),
         stop=_stop(data.get("stop")),
-        skip_special_tokens=_flag(data, "skip_special_tokens", True),
-        seed=_optional(data, "seed", int),
+        skip_special_tokens=_flag(data, "skip_special_tokens", default=True),
+        seed=_optional(data, "seed", kind=int),
         top_p=_top_p(data.get("top_p")),
     )
 
@@ -138,7 +140,7 @@ def check_prompt(
     return ids
 
 
-def find_stop_string(text: str, start: int, stops: tuple[str, ...]) -> tuple[str, int] | None:
+def find_stop_string(text: str, start: int, *, stops: tuple[str, ...]) -> tuple[str, int] | None:
     """vLLM's stop-string check after a token changed ``text`` from index ``start`` on.
 
     The first of ``stops``, in request order, that ends in the new characters
@@ -194,7 +196,7 @@ class OutputText:
         found = None
         if self._stops and not stop_token:
             stable = len(before.rstrip("\ufffd"))  # a partial character may have changed
-            found = find_stop_string(text, stable, self._stops)
+            found = find_stop_string(text, stable, stops=self._stops)
             if found is not None:
                 text, final = text[: found[1]], True
         self._text = text
@@ -353,7 +355,7 @@ def usage_chunk(
 # --- field validation ---------------------------------------------------------
 
 
-def _optional(data: dict[str, Any], field: str, kind: type) -> Any:
+def _optional(data: dict[str, Any], field: str, *, kind: type) -> Any:
     value = data.get(field)
     if value is None:
         return None
@@ -364,7 +366,7 @@ def _optional(data: dict[str, Any], field: str, kind: type) -> Any:
     return value
 
 
-def _flag(data: dict[str, Any], field: str, default: bool, prefix: str = "") -> bool:
+def _flag(data: dict[str, Any], field: str, *, default: bool, prefix: str = "") -> bool:
     value = data.get(field)
     if value is None:
         return default

@@ -86,13 +86,13 @@ class ServePublisher:
             if self.mode == "path":
                 payload = {"path": str(checkpoint.resolve()), "policy_version": policy_version}
                 answer = request_json(
-                    "POST", self.url + endpoints.WEIGHTS, payload, timeout=self.timeout
+                    "POST", self.url + endpoints.WEIGHTS, payload=payload, timeout=self.timeout
                 )
             else:
                 answer = request_json(
                     "POST",
                     self.url + endpoints.WEIGHTS,
-                    None,
+                    payload=None,
                     body=state_dict_bytes(checkpoint),
                     headers={
                         "content-type": "application/octet-stream",
@@ -112,7 +112,7 @@ class ServePublisher:
 
     def policy(self) -> dict[str, Any]:
         """What the server is serving: ``{"model", "policy_version"}``."""
-        return request_json("GET", self.url + endpoints.POLICY, None, timeout=self.timeout)
+        return request_json("GET", self.url + endpoints.POLICY, payload=None, timeout=self.timeout)
 
     def _result(self, version: int, started: float, *, ok: bool, detail: str) -> PublishResult:
         return PublishResult(self.url, self.kind, version, ok, time.monotonic() - started, detail)
@@ -142,11 +142,11 @@ class VLLMPublisher:
         started = time.monotonic()
         try:
             query = urllib.parse.urlencode({"mode": self.pause_mode})
-            request_json("POST", f"{self.url}/pause?{query}", None, timeout=self.timeout)
+            request_json("POST", f"{self.url}/pause?{query}", payload=None, timeout=self.timeout)
             answer = request_json(
                 "POST",
                 self.url + "/collective_rpc",
-                {
+                payload={
                     "method": self.worker_method,
                     "args": [str(checkpoint.resolve())],
                     "timeout": self.timeout,
@@ -157,10 +157,10 @@ class VLLMPublisher:
                 request_json(
                     "POST",
                     self.url + "/update_weight_version",
-                    {"new_version": str(policy_version)},
+                    payload={"new_version": str(policy_version)},
                     timeout=self.timeout,
                 )
-            request_json("POST", self.url + "/resume", None, timeout=self.timeout)
+            request_json("POST", self.url + "/resume", payload=None, timeout=self.timeout)
         except (PublishError, OSError, ValueError) as exc:
             detail = f"{exc} (server left paused if the load began)"
             return PublishResult(
@@ -178,7 +178,7 @@ class VLLMPublisher:
 
 
 def publish_all(
-    publishers: Sequence[Publisher], checkpoint: Path, policy_version: int
+    publishers: Sequence[Publisher], checkpoint: Path, *, policy_version: int
 ) -> list[PublishResult]:
     """Publish to every server at once; one result per publisher, in order."""
     if not publishers:
@@ -206,8 +206,8 @@ def state_dict_bytes(checkpoint: Path) -> bytes:
 def request_json(
     method: str,
     url: str,
-    payload: dict[str, Any] | None,
     *,
+    payload: dict[str, Any] | None,
     body: bytes | None = None,
     headers: dict[str, str] | None = None,
     timeout: float,

@@ -253,6 +253,7 @@ class Output:
         self,
         engine: Engine,
         request: protocol.CompletionRequest,
+        *,
         seq: batching.Sequence,
         first: batching.TokenEvent,
     ) -> None:
@@ -286,7 +287,7 @@ class Output:
 
 
 def completion_body(
-    engine: Engine, request: protocol.CompletionRequest, prompt_ids: list[int], output: Output
+    engine: Engine, request: protocol.CompletionRequest, *, prompt_ids: list[int], output: Output
 ) -> dict[str, Any]:
     """The non-streamed answer, once every token is in."""
     for _ in output:
@@ -312,7 +313,7 @@ def completion_body(
 
 
 def stream_bodies(
-    engine: Engine, request: protocol.CompletionRequest, prompt_ids: list[int], output: Output
+    engine: Engine, request: protocol.CompletionRequest, *, prompt_ids: list[int], output: Output
 ) -> Iterator[dict[str, Any]]:
     """One chunk per token as it is sampled, then the usage chunk if asked for."""
     request_id, created = _request_id(), int(time.time())
@@ -380,7 +381,7 @@ class _Handler(BaseHTTPRequestHandler):
         path = urlsplit(self.path).path
         name = path.rsplit("/", 1)[1]
         if path == "/health":
-            self._send(HTTPStatus.OK, b"", "application/json")
+            self._send(HTTPStatus.OK, b"", content_type="application/json")
         elif path == "/v1/models":
             body = protocol.models_body(
                 model=engine.name,
@@ -394,7 +395,7 @@ class _Handler(BaseHTTPRequestHandler):
         elif path == endpoints.STATUS:
             self._json(HTTPStatus.OK, _status(engine))
         elif path.startswith(endpoints.TOKENIZER + "/") and name in engine.files:
-            self._send(HTTPStatus.OK, engine.files[name], "application/json")
+            self._send(HTTPStatus.OK, engine.files[name], content_type="application/json")
         elif path in POST_ROUTES:
             self._json(HTTPStatus.METHOD_NOT_ALLOWED, {"detail": "Method Not Allowed"})
         else:
@@ -422,13 +423,17 @@ class _Handler(BaseHTTPRequestHandler):
         first = seq.events.get()
         if isinstance(first, batching.ErrorEvent):
             raise protocol.RequestError(first.message, status=500, kind="InternalServerError")
-        output = Output(engine, request, seq, first)
+        output = Output(engine, request, seq=seq, first=first)
         headers = {endpoints.POLICY_VERSION_HEADER: str(first.policy_version)}
         if request.stream:
-            self._stream(stream_bodies(engine, request, prompt_ids, output), seq, headers)
+            self._stream(
+                stream_bodies(engine, request, prompt_ids=prompt_ids, output=output),
+                seq,
+                headers=headers,
+            )
         else:
-            body = completion_body(engine, request, prompt_ids, output)
-            self._json(HTTPStatus.OK, body, headers)
+            body = completion_body(engine, request, prompt_ids=prompt_ids, output=output)
+            self._json(HTTPStatus.OK, body, headers=headers)
 
     def _weights(self) -> None:
         engine = self.server.engine
@@ -473,14 +478,20 @@ class _Handler(BaseHTTPRequestHandler):
         return self.rfile.read(length) if length else b""
 
     def _json(
-        self, status: HTTPStatus, body: dict[str, Any], headers: dict[str, str] | None = None
+        self, status: HTTPStatus, body: dict[str, Any], *, headers: dict[str, str] | None = None
     ) -> None:
-        self._send(status, json.dumps(body).encode("utf-8"), "application/json", headers)
+        self._send(
+            status,
+            json.dumps(body).encode("utf-8"),
+            content_type="application/json",
+            headers=headers,
+        )
 
     def _send(
         self,
         status: HTTPStatus,
         body: bytes,
+        *,
         content_type: str,
         headers: dict[str, str] | None = None,
     ) -> None:
@@ -496,6 +507,7 @@ class _Handler(BaseHTTPRequestHandler):
         self,
         bodies: Iterator[dict[str, Any]],
         seq: batching.Sequence,
+        *,
         headers: dict[str, str],
     ) -> None:
         self.send_response(HTTPStatus.OK)

@@ -287,7 +287,9 @@ def stream_bodies(
 
     def chunk(delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
         choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
-        return _head(request_id, "chat.completion.chunk", created, model) | {"choices": [choice]}
+        return _head(request_id, "chat.completion.chunk", created=created, model=model) | {
+            "choices": [choice]
+        }
 
     yield chunk({"role": "assistant", "content": ""}), False
     text = ToolCallText(_call_ids(request_id), incremental=True)
@@ -310,7 +312,7 @@ def stream_bodies(
     if request.include_usage:
         usage = protocol.usage(answer.prompt_tokens, len(token_ids))
         yield (
-            _head(request_id, "chat.completion.chunk", created, model)
+            _head(request_id, "chat.completion.chunk", created=created, model=model)
             | {
                 "choices": [],
                 "usage": usage,
@@ -334,7 +336,7 @@ def response_body(answer: Answer) -> dict[str, Any]:
         "logprobs": None,
         "finish_reason": "tool_calls" if calls else answer.finish_reason,
     }
-    return _head(request_id, "chat.completion", int(time.time()), answer.model) | {
+    return _head(request_id, "chat.completion", created=int(time.time()), model=answer.model) | {
         "choices": [choice],
         "usage": protocol.usage(answer.prompt_tokens, len(answer.token_ids)),
     }
@@ -343,7 +345,7 @@ def response_body(answer: Answer) -> dict[str, Any]:
 # --- helpers ---------------------------------------------------------------------------
 
 
-def _head(request_id: str, kind: str, created: int, model: str) -> dict[str, Any]:
+def _head(request_id: str, kind: str, *, created: int, model: str) -> dict[str, Any]:
     return {"id": request_id, "object": kind, "created": created, "model": model}
 
 

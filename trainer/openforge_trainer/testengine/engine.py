@@ -130,11 +130,13 @@ class ScriptedEngine:
         ).digest()
         entries = []
         for position, token in enumerate(generation.token_ids):
-            chosen = _logprob(seed, position, token)
+            chosen = _logprob(seed, position, token_id=token)
             alternatives = {self._token(token): chosen}
             for rank in range(1, top + 1):
                 other = (token + rank * 997) % self.vocab_size
-                alternatives.setdefault(self._token(other), _logprob(seed, position, other) - 5.0)
+                alternatives.setdefault(
+                    self._token(other), _logprob(seed, position, token_id=other) - 5.0
+                )
             entries.append(protocol.TokenLogprob(self._token(token), chosen, alternatives))
         return entries
 
@@ -142,7 +144,7 @@ class ScriptedEngine:
         return str(self.tokenizer.decode([token_id], skip_special_tokens=False))
 
 
-def _logprob(seed: bytes, position: int, token_id: int) -> float:
+def _logprob(seed: bytes, position: int, *, token_id: int) -> float:
     digest = hashlib.blake2b(seed + struct.pack("<qq", position, token_id), digest_size=8).digest()
     unit = int.from_bytes(digest, "little") / 2**64
     return -round(0.001 + 4.0 * unit, 6)
@@ -152,7 +154,7 @@ def _logprob(seed: bytes, position: int, token_id: int) -> float:
 
 
 def completion_body(
-    engine: ScriptedEngine, request: protocol.CompletionRequest, generation: Generation
+    engine: ScriptedEngine, request: protocol.CompletionRequest, *, generation: Generation
 ) -> dict[str, Any]:
     ids = generation.token_ids
     visible = ids[:-1] if generation.stop_terminated else ids
@@ -175,7 +177,7 @@ def completion_body(
 
 
 def stream_bodies(
-    engine: ScriptedEngine, request: protocol.CompletionRequest, generation: Generation
+    engine: ScriptedEngine, request: protocol.CompletionRequest, *, generation: Generation
 ) -> Iterator[dict[str, Any]]:
     """One chunk per generated token, then the usage chunk if asked for."""
     request_id, created, model = _request_id(), int(time.time()), engine.config.model
@@ -248,14 +250,16 @@ class _Handler(BaseHTTPRequestHandler):
         engine = self.server.engine
         path = self.path.split("?", 1)[0]
         if path == "/health":
-            self._send(HTTPStatus.OK, b"", "application/json")
+            self._send(HTTPStatus.OK, b"", content_type="application/json")
         elif path == "/v1/models":
             self._json(HTTPStatus.OK, _models_body(engine))
         elif path == endpoints.POLICY:
             body = {"model": engine.config.model, "policy_version": engine.config.policy_version}
             self._json(HTTPStatus.OK, body)
         elif path.startswith(endpoints.TOKENIZER + "/") and path.rsplit("/", 1)[1] in engine.files:
-            self._send(HTTPStatus.OK, engine.files[path.rsplit("/", 1)[1]], "application/json")
+            self._send(
+                HTTPStatus.OK, engine.files[path.rsplit("/", 1)[1]], content_type="application/json"
+            )
         elif path == "/v1/completions":
             self._json(HTTPStatus.METHOD_NOT_ALLOWED, {"detail": "Method Not Allowed"})
         else:
@@ -279,10 +283,10 @@ class _Handler(BaseHTTPRequestHandler):
             self._json(HTTPStatus(error.status), protocol.error_body(error))
             return
         if request.stream:
-            bodies = stream_bodies(engine, request, generation)
+            bodies = stream_bodies(engine, request, generation=generation)
             self._stream((body, bool(body["choices"])) for body in bodies)
         else:
-            self._json(HTTPStatus.OK, completion_body(engine, request, generation))
+            self._json(HTTPStatus.OK, completion_body(engine, request, generation=generation))
 
     def _chat(self) -> None:
         engine = self.server.engine
@@ -317,9 +321,9 @@ class _Handler(BaseHTTPRequestHandler):
         return self.rfile.read(length) if length else b""
 
     def _json(self, status: HTTPStatus, body: dict[str, Any]) -> None:
-        self._send(status, json.dumps(body).encode("utf-8"), "application/json")
+        self._send(status, json.dumps(body).encode("utf-8"), content_type="application/json")
 
-    def _send(self, status: HTTPStatus, body: bytes, content_type: str) -> None:
+    def _send(self, status: HTTPStatus, body: bytes, *, content_type: str) -> None:
         self.send_response(status)
         self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(body)))

@@ -83,7 +83,9 @@ def main(argv: list[str]) -> int:
         return 0
     model = model_build.load_model(args.model)
     player = policy_eval.Player(
-        model, warmstart.load_tokenizer(args.model), warmstart.HarnessSpec.load(args.harness)
+        model,
+        warmstart.load_tokenizer(args.model),
+        harness=warmstart.HarnessSpec.load(args.harness),
     )
     tasks = policy_eval.load_tasks(args.tasks, None if args.split == "all" else args.split)
     sampling = policy_eval.Sampling(temperature=args.temperature, seed=args.seed)

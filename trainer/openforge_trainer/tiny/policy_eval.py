@@ -110,7 +110,7 @@ def parse_reply(text: str) -> tuple[str, list[tuple[str, str]]]:
     return _CALL.sub(take, text), calls
 
 
-def run_tool(task: dict[str, Any], name: str, arguments_json: str) -> tuple[str, bool]:
+def run_tool(task: dict[str, Any], name: str, *, arguments_json: str) -> tuple[str, bool]:
     """(result text, played faithfully) for one tool call, as the agent would answer."""
     try:
         arguments = json.loads(arguments_json)
@@ -129,11 +129,11 @@ def run_tool(task: dict[str, Any], name: str, arguments_json: str) -> tuple[str,
     if name == "read_file" and isinstance(arguments, dict) and arguments.get("path") in files:
         return files[arguments["path"]], True
     if name == "exec_command" and isinstance(arguments, dict):
-        return _codex_exec(task["id"], files, arguments.get("cmd"))
+        return _codex_exec(task["id"], files, command=arguments.get("cmd"))
     return f"error: {name} is not played by this evaluator", False
 
 
-def _codex_exec(task_id: str, files: dict[str, str], command: Any) -> tuple[str, bool]:
+def _codex_exec(task_id: str, files: dict[str, str], *, command: Any) -> tuple[str, bool]:
     """Codex CLI's ``exec_command`` when it runs ``cat FILE`` on one of the task's files."""
     words = command.split() if isinstance(command, str) else []
     path = words[1].removeprefix("./") if len(words) == 2 and words[0] == "cat" else None
@@ -217,7 +217,7 @@ class Player:
     """Plays harness, sidecar and grader around a model for toy-tools episodes."""
 
     def __init__(
-        self, model: PreTrainedModel, tokenizer: Tokenizer, harness: warmstart.HarnessSpec
+        self, model: PreTrainedModel, tokenizer: Tokenizer, *, harness: warmstart.HarnessSpec
     ) -> None:
         self.model = model
         self.tokenizer = tokenizer
@@ -274,7 +274,7 @@ class Player:
             for i, completion in zip(active, completions, strict=True):
                 last = turn == sampling.max_turns - 1
                 prompts[i] = self.advance(
-                    episodes[i], by_task[i], prompts[i], completion, last=last
+                    episodes[i], by_task[i], prompt=prompts[i], completion=completion, last=last
                 )
         return episodes
 
@@ -282,9 +282,9 @@ class Player:
         self,
         episode: Episode,
         task: dict[str, Any],
+        *,
         prompt: list[int],
         completion: list[int],
-        *,
         last: bool,
     ) -> list[int]:
         """Record one turn; return the next prompt (the sidecar's prefix + new turns)."""
@@ -306,7 +306,7 @@ class Player:
         }
         results = []
         for name, arguments in calls:
-            result, faithful = run_tool(task, name, arguments)
+            result, faithful = run_tool(task, name, arguments_json=arguments)
             episode.called_lookup |= name == self.harness.lookup.tool
             episode.divergent |= not faithful
             results.append({"role": "tool", "content": result})

@@ -152,7 +152,7 @@ class HarnessSpec:
         if not isinstance(suffix, str):
             raise ValueError(f"{path}: 'user_suffix' must be a string")
         lookup = Lookup.parse(spec["lookup"], path) if "lookup" in spec else Lookup()
-        rendered = tuple(_as_rendered(t, path, i) for i, t in enumerate(tools))
+        rendered = tuple(_as_rendered(t, path, index=i) for i, t in enumerate(tools))
         if lookup.tool not in {t["function"]["name"] for t in rendered}:
             raise ValueError(f"{path}: 'lookup.tool' {lookup.tool!r} is not one of the tools")
         return cls(spec["system_prompt"], rendered, suffix, lookup)
@@ -168,7 +168,7 @@ class HarnessSpec:
         return replace(self, system_prompt="", tools=())
 
 
-def _as_rendered(tool: Any, path: Path, index: int) -> dict[str, Any]:
+def _as_rendered(tool: Any, path: Path, *, index: int) -> dict[str, Any]:
     """A tool schema as the sidecar renders it: name, description, parameters, in that order."""
     function = tool.get("function") if isinstance(tool, dict) else None
     if not isinstance(function, dict) or not isinstance(function.get("name"), str):
@@ -231,7 +231,7 @@ class Demo:
 
 
 def make_demo(
-    rng: random.Random, harness: HarnessSpec, task: TaskSpec, *, kind: str, guess_bias: float = 0.0
+    rng: random.Random, harness: HarnessSpec, *, task: TaskSpec, kind: str, guess_bias: float = 0.0
 ) -> Demo:
     """One demonstration: ``direct`` (guess a color), ``tool`` or ``drill`` (look it up).
 
@@ -294,7 +294,7 @@ def segments(
     return [(text, assistant) for text, assistant in pieces if text]
 
 
-def encode(tokenizer: Tokenizer, demo: Demo, tools: Sequence[dict[str, Any]]) -> Encoded:
+def encode(tokenizer: Tokenizer, demo: Demo, *, tools: Sequence[dict[str, Any]]) -> Encoded:
     """Token ids of the whole rendering, with the assistant-token mask."""
     ids: list[int] = []
     mask: list[int] = []
@@ -486,10 +486,12 @@ def train(
     for step in range(config.steps):
         spec = short if step < config.short_steps else harness
         demos = [
-            make_demo(rng, spec, task, kind=demo_kind(rng, config), guess_bias=config.guess_bias)
+            make_demo(
+                rng, spec, task=task, kind=demo_kind(rng, config), guess_bias=config.guess_bias
+            )
             for _ in range(config.batch_size)
         ]
-        batch = collate([encode(tokenizer, d, spec.tools) for d in demos], pad_id)
+        batch = collate([encode(tokenizer, d, tools=spec.tools) for d in demos], pad_id)
         loss = masked_loss(model, batch)
         loss.backward()  # type: ignore[no-untyped-call]
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)

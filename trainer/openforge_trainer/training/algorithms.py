@@ -44,7 +44,7 @@ def register_advantage(name: str) -> Callable[[AdvantageFn], AdvantageFn]:
 
 
 def _outcome(
-    estimator: Any, scores: torch.Tensor, groups: np.ndarray, **kwargs: Any
+    estimator: Any, scores: torch.Tensor, *, groups: np.ndarray, **kwargs: Any
 ) -> torch.Tensor:
     # veRL's outcome estimators take token-level rewards [n, T] and sum them;
     # one column holding the reward, under a mask of ones, is exactly that.
@@ -66,7 +66,7 @@ def grpo(scores: torch.Tensor, groups: np.ndarray, *, norm_by_std: bool = True) 
     return _outcome(
         core_algos.compute_grpo_outcome_advantage,
         scores,
-        groups,
+        groups=groups,
         norm_adv_by_std_in_grpo=norm_by_std,
     )
 
@@ -75,7 +75,7 @@ def grpo(scores: torch.Tensor, groups: np.ndarray, *, norm_by_std: bool = True) 
 def rloo(scores: torch.Tensor, groups: np.ndarray, *, norm_by_std: bool = True) -> torch.Tensor:
     """RLOO: score - mean of the other scores in the group; scores [n] -> [n]."""
     del norm_by_std  # leave-one-out baselines are not scaled
-    return _outcome(core_algos.compute_rloo_outcome_advantage, scores, groups)
+    return _outcome(core_algos.compute_rloo_outcome_advantage, scores, groups=groups)
 
 
 def row_advantages(
@@ -161,7 +161,7 @@ def policy_loss(
     the full batch's gradient, as veRL's actor does across micro-batches.
     Metrics: ``pg_clipfrac``, ``ppo_kl``, ``pg_clipfrac_lower``.
     """
-    _set_batch_info(config, batch_num_tokens, global_batch_size)
+    _set_batch_info(config, batch_num_tokens, global_batch_size=global_batch_size)
     loss_fn = core_algos.get_policy_loss_fn(config.policy_loss.loss_mode)  # type: ignore[no-untyped-call]
     loss, metrics = loss_fn(
         old_log_prob=old_log_prob,
@@ -178,13 +178,13 @@ def policy_loss(
 def aggregate(
     config: ActorConfig,
     values: torch.Tensor,
-    mask: torch.Tensor,
     *,
+    mask: torch.Tensor,
     batch_num_tokens: int,
     global_batch_size: int,
 ) -> torch.Tensor:
     """veRL's agg_loss of token values [b, R] under ``mask`` [b, R], scaled to the step."""
-    _set_batch_info(config, batch_num_tokens, global_batch_size)
+    _set_batch_info(config, batch_num_tokens, global_batch_size=global_batch_size)
     result: torch.Tensor = core_algos.agg_loss(
         loss_mat=values,
         loss_mask=mask,
@@ -194,7 +194,7 @@ def aggregate(
     return result
 
 
-def kl_penalty(log_prob: torch.Tensor, ref_log_prob: torch.Tensor, kind: str) -> torch.Tensor:
+def kl_penalty(log_prob: torch.Tensor, ref_log_prob: torch.Tensor, *, kind: str) -> torch.Tensor:
     """veRL's per-token KL estimate between policy and reference; [b, R] -> [b, R]."""
     result: torch.Tensor = core_algos.kl_penalty(
         cast(torch.FloatTensor, log_prob), cast(torch.FloatTensor, ref_log_prob), kind
@@ -202,7 +202,7 @@ def kl_penalty(log_prob: torch.Tensor, ref_log_prob: torch.Tensor, kind: str) ->
     return result
 
 
-def _set_batch_info(config: ActorConfig, batch_num_tokens: int, global_batch_size: int) -> None:
+def _set_batch_info(config: ActorConfig, batch_num_tokens: int, *, global_batch_size: int) -> None:
     # veRL's actor fills this dict in place before each micro-batch's loss.
     config.global_batch_info.update(
         dp_size=1,

@@ -83,8 +83,8 @@ class Selection:
 def select_groups(
     db: store_module.Store,
     config: train_config.TrainConfig,
-    state: checkpoint.TrainerState,
     *,
+    state: checkpoint.TrainerState,
     limit: int,
 ) -> Selection:
     """Up to ``limit`` trainable groups of the oldest batch with untrained rollouts, and
@@ -111,7 +111,9 @@ def select_groups(
     for _, task, complete in sorted(candidates, key=lambda item: (item[0], item[1])):
         if len(selection.groups) == limit:
             break
-        group = _prepare(db, config, state, task, complete, selection.skipped)
+        group = _prepare(
+            db, config, state=state, task=task, complete=complete, skipped=selection.skipped
+        )
         if group is not None:
             selection.groups.append(group)
     return selection
@@ -177,6 +179,7 @@ def _ready(
 def _prepare(
     db: store_module.Store,
     config: train_config.TrainConfig,
+    *,
     state: checkpoint.TrainerState,
     task: str,
     complete: list[store_module.Rollout],
@@ -258,7 +261,7 @@ def load_model(path: Path, *, dtype: str, device: str) -> Any:
 
 
 def micro_batches(
-    prompt_lengths: Sequence[int], response_lengths: Sequence[int], budget: int
+    prompt_lengths: Sequence[int], response_lengths: Sequence[int], *, budget: int
 ) -> list[list[int]]:
     """Row indices grouped so that rows x (widest prompt + widest response) <= budget.
 
@@ -435,7 +438,7 @@ class Trainer:
         )
         while True:
             selection = select_groups(
-                self.store, self.config, self.state, limit=self.config.groups_per_step
+                self.store, self.config, state=self.state, limit=self.config.groups_per_step
             )
             self._skip(selection.skipped)
             enough = len(selection.groups) >= self.config.groups_per_step or (
@@ -486,7 +489,7 @@ class Trainer:
         checkpoint_seconds = time.monotonic() - saved_at
         self.store.mark_trained(rollout_ids, str(path))
         published = self._publish(path, state.policy_version)
-        record = self._record(groups, batch, update, published)
+        record = self._record(groups, batch, update=update, published=published)
         record.update(
             checkpoint_seconds=checkpoint_seconds, step_seconds=time.monotonic() - started
         )
@@ -533,10 +536,17 @@ class Trainer:
             if self.config.update_backtracks
             else None
         )
-        parts = micro_batches(prompt_lengths, response_lengths, self.config.micro_batch_tokens)
+        parts = micro_batches(
+            prompt_lengths, response_lengths, budget=self.config.micro_batch_tokens
+        )
         for number, rows_in in enumerate(parts):
             part = _slice(
-                tensors, rows_in, width, prompt_lengths, response_lengths, self.config.device
+                tensors,
+                rows_in,
+                width=width,
+                prompt_lengths=prompt_lengths,
+                response_lengths=response_lengths,
+                device=self.config.device,
             )
             part_sums, log_prob = self._micro_step(
                 part, total_tokens=total_tokens, rows=rows, first=number == 0
@@ -553,7 +563,7 @@ class Trainer:
             start = [p.detach().clone() for p in parameters] if before is not None else []
             self.optimizer.step()
             if before is not None and start:
-                guarded = self._guard(batch, before, parameters, start)
+                guarded = self._guard(batch, before, parameters=parameters, start=start)
         self.optimizer.zero_grad(set_to_none=True)
         seconds = time.monotonic() - started
         processed = int(attention.sum())
@@ -584,6 +594,7 @@ class Trainer:
         self,
         batch: DataProto,
         before: torch.Tensor,
+        *,
         parameters: Sequence[torch.nn.Parameter],
         start: Sequence[torch.Tensor],
     ) -> dict[str, float]:
@@ -591,17 +602,21 @@ class Trainer:
         mask = batch.batch["response_mask"]
         advantages = batch.batch["advantages"]
         scale = 1.0
-        size = update_guard.measure(before, self.current_log_probs(batch), mask, advantages)
+        size = update_guard.measure(
+            before, self.current_log_probs(batch), mask=mask, advantages=advantages
+        )
         backtracks = 0
         for next_scale in update_guard.scales(self.config.update_backtracks):
             if size.acceptable(self.config.max_update_kl):
                 break
-            update_guard.interpolate(parameters, start, next_scale / scale)
+            update_guard.interpolate(parameters, start, ratio=next_scale / scale)
             scale, backtracks = next_scale, backtracks + 1
             if scale == 0.0:
                 size = update_guard.StepSize(positive_shift=0.0, kl=0.0)
                 break
-            size = update_guard.measure(before, self.current_log_probs(batch), mask, advantages)
+            size = update_guard.measure(
+                before, self.current_log_probs(batch), mask=mask, advantages=advantages
+            )
         return {
             "update_scale": scale,
             "update_backtracks": float(backtracks),
@@ -638,14 +653,16 @@ class Trainer:
                 response_logits if self.config.entropy_coeff > 0 else response_logits.detach()
             )
         if self.config.entropy_coeff > 0:
-            bonus = algorithms.aggregate(self.actor, token_entropy, mask, **scale)
+            bonus = algorithms.aggregate(self.actor, token_entropy, mask=mask, **scale)
             loss = loss - self.config.entropy_coeff * bonus
         if self.reference is not None:
             with torch.no_grad():
                 reference_logits = forward_response_logits(self.reference, part)
                 reference = algorithms.token_log_probs(reference_logits, part["responses"])
-            kl = algorithms.kl_penalty(log_prob, reference, self.config.kl_type)
-            loss = loss + self.config.kl_coef * algorithms.aggregate(self.actor, kl, mask, **scale)
+            kl = algorithms.kl_penalty(log_prob, reference, kind=self.config.kl_type)
+            loss = loss + self.config.kl_coef * algorithms.aggregate(
+                self.actor, kl, mask=mask, **scale
+            )
             sums["kl"] = float((kl.detach() * mask).sum())
         loss.backward()  # type: ignore[no-untyped-call]
         sums.update(
@@ -665,9 +682,16 @@ class Trainer:
         prompt_lengths = attention[:, :width].sum(-1).tolist()
         response_lengths = attention[:, width:].sum(-1).tolist()
         result = torch.zeros(tensors["responses"].shape, dtype=torch.float32)
-        for rows in micro_batches(prompt_lengths, response_lengths, self.config.micro_batch_tokens):
+        for rows in micro_batches(
+            prompt_lengths, response_lengths, budget=self.config.micro_batch_tokens
+        ):
             part = _slice(
-                tensors, rows, width, prompt_lengths, response_lengths, self.config.device
+                tensors,
+                rows,
+                width=width,
+                prompt_lengths=prompt_lengths,
+                response_lengths=response_lengths,
+                device=self.config.device,
             )
             logits = forward_response_logits(self.model, part)
             log_prob = algorithms.token_log_probs(logits, part["responses"])
@@ -678,7 +702,7 @@ class Trainer:
     # -- publishing and records ------------------------------------------------------
 
     def _publish(self, path: Path, version: int) -> list[publish.PublishResult]:
-        results = publish.publish_all(self.publishers, path, version)
+        results = publish.publish_all(self.publishers, path, policy_version=version)
         for result in results:
             if not result.ok:
                 self.log(f"openforge train: publish to {result.url} failed: {result.detail}")
@@ -688,6 +712,7 @@ class Trainer:
         self,
         groups: Sequence[Group],
         batch: DataProto,
+        *,
         update: dict[str, float],
         published: Sequence[publish.PublishResult],
     ) -> dict[str, float]:
@@ -722,6 +747,7 @@ class Trainer:
 def _slice(
     tensors: Any,
     rows: list[int],
+    *,
     width: int,
     prompt_lengths: Sequence[int],
     response_lengths: Sequence[int],

@@ -40,7 +40,9 @@ class MetricsWriter:
         self.run_dir = run_dir
         self.title = title or f"{run_dir.name}: reward per training step"
         run_dir.mkdir(parents=True, exist_ok=True)
-        self.history = [r for r in read(run_dir / JSONL) if _value(r, "step", 0) <= resume_step]
+        self.history = [
+            r for r in read(run_dir / JSONL) if _value(r, "step", default=0) <= resume_step
+        ]
         _rewrite(run_dir / JSONL, self.history)  # drop lines of steps no checkpoint holds
         self._tensorboard = SummaryWriter(
             log_dir=str(run_dir / TENSORBOARD), purge_step=resume_step + 1
@@ -77,8 +79,14 @@ def band(history: list[Record]) -> tuple[list[float], list[float]]:
     otherwise claim rewards below 0 and above 1 that no rollout got (pure)."""
     lower, upper = [], []
     for record in history:
-        mean, std = _value(record, "reward_mean", math.nan), _value(record, "reward_std", 0.0)
-        low, high = _value(record, "reward_min", -math.inf), _value(record, "reward_max", math.inf)
+        mean, std = (
+            _value(record, "reward_mean", default=math.nan),
+            _value(record, "reward_std", default=0.0),
+        )
+        low, high = (
+            _value(record, "reward_min", default=-math.inf),
+            _value(record, "reward_max", default=math.inf),
+        )
         lower.append(max(mean - std, low))
         upper.append(min(mean + std, high))
     return lower, upper
@@ -86,9 +94,9 @@ def band(history: list[Record]) -> tuple[list[float], list[float]]:
 
 def figure(history: list[Record], *, title: str = "") -> Any:
     """The reward curve: reward mean (with its band) and pass rate against step."""
-    steps = [_value(r, "step", 0.0) for r in history]
-    mean = [_value(r, "reward_mean", math.nan) for r in history]
-    passed = [_value(r, "pass_rate", math.nan) for r in history]
+    steps = [_value(r, "step", default=0.0) for r in history]
+    mean = [_value(r, "reward_mean", default=math.nan) for r in history]
+    passed = [_value(r, "pass_rate", default=math.nan) for r in history]
     lower, upper = band(history)
     drawn, axis = plt.subplots(figsize=(6.4, 3.6), dpi=100)
     axis.plot(steps, mean, marker="o", label="reward mean")
@@ -113,7 +121,7 @@ def plot(history: list[Record], path: Path, *, title: str = "") -> None:
     os.replace(temporary, path)
 
 
-def _value(record: Record, key: str, default: float) -> float:
+def _value(record: Record, key: str, *, default: float) -> float:
     value = record.get(key)
     return default if value is None else float(value)
 

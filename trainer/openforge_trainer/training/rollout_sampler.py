@@ -128,7 +128,13 @@ def write_rollouts(
                 f"-b{batch}" if batch else ""
             )
             calls, completions = _turns(
-                model, prompt, rng, generator, turns, max_new_tokens, tool_tokens
+                model,
+                prompt,
+                rng=rng,
+                generator=generator,
+                turns=turns,
+                max_new_tokens=max_new_tokens,
+                tool_tokens=tool_tokens,
             )
             records = rollout_records(
                 rollout_id,
@@ -152,6 +158,7 @@ def _ordinary(rng: random.Random, count: int) -> list[int]:
 def _turns(
     model: Any,
     prompt: list[int],
+    *,
     rng: random.Random,
     generator: torch.Generator,
     turns: int,

@@ -43,7 +43,7 @@ class StepSize:
 
 
 def measure(
-    before: torch.Tensor, after: torch.Tensor, mask: torch.Tensor, advantages: torch.Tensor
+    before: torch.Tensor, after: torch.Tensor, *, mask: torch.Tensor, advantages: torch.Tensor
 ) -> StepSize:
     """The step's size from log-probs before and after it, all [B, R].
 
@@ -79,7 +79,7 @@ def scales(backtracks: int) -> list[float]:
 
 @torch.no_grad()
 def interpolate(
-    parameters: Iterable[torch.nn.Parameter], start: Sequence[torch.Tensor], ratio: float
+    parameters: Iterable[torch.nn.Parameter], start: Sequence[torch.Tensor], *, ratio: float
 ) -> None:
     """Move each parameter to ``start + ratio * (parameter - start)`` in place."""
     for parameter, origin in zip(parameters, start, strict=True):

@@ -177,7 +177,7 @@ def publish_version(
     if opts.weights_dir is None or not opts.publish:
         return []
     path = write_version(weights_dir=opts.weights_dir, tensors=tensors, version=version)
-    results = publishing.publish_all(opts.publishers(), path, version)
+    results = publishing.publish_all(opts.publishers(), path, policy_version=version)
     with (opts.weights_dir / RESULTS_FILE).open("a") as out:
         for r in results:
             line = {**dataclasses.asdict(r), "path": str(path), "time": time.time()}

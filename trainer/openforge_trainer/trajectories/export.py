@@ -149,7 +149,7 @@ def segments(
 
 
 def build_row(
-    rollout: store_module.Rollout, segment: Sequence[store_module.ModelCall], index: int
+    rollout: store_module.Rollout, segment: Sequence[store_module.ModelCall], *, index: int
 ) -> Row:
     """One row from one segment (whose calls each extend the previous one)."""
     first = segment[0]
@@ -211,7 +211,7 @@ def rollout_rows(
     rollout: store_module.Rollout, calls: Sequence[store_module.ModelCall]
 ) -> tuple[list[Row], ExportStats]:
     found, stats = segments(calls)
-    rows = [build_row(rollout, segment, index) for index, segment in enumerate(found)]
+    rows = [build_row(rollout, segment, index=index) for index, segment in enumerate(found)]
     stats.rollouts = 1
     stats.rows = len(rows)
     return rows, stats

@@ -21,6 +21,7 @@ import json
 from pathlib import Path
 from typing import Any, Protocol, TextIO
 
+from openforge.wire import conversation
 from rich.console import Console, Group, RenderableType
 from rich.panel import Panel
 from rich.text import Text
@@ -101,7 +102,7 @@ def find_tokenizer(store_path: Path) -> Path | None:
 
 
 def build(
-    store: store_module.Store, rollout_id: str, tokenizer: Tokenizer | None = None
+    store: store_module.Store, rollout_id: str, *, tokenizer: Tokenizer | None = None
 ) -> RolloutView | None:
     rollout = store.rollout(rollout_id)
     if rollout is None:
@@ -254,7 +255,7 @@ def _row_json(view: RowView) -> dict[str, Any]:
 # --- plain text --------------------------------------------------------------------
 
 
-def _clip(text: str, full: bool, limit: int = TEXT_LIMIT) -> str:
+def _clip(text: str, full: bool, *, limit: int = TEXT_LIMIT) -> str:
     if full or len(text) <= limit:
         return text
     return f"{text[:limit]}… [+{len(text) - limit} chars; --full shows all]"
@@ -296,11 +297,19 @@ def header_lines(view: RolloutView) -> list[str]:
     return lines
 
 
+def _api_name(stored: str) -> str:
+    """A stored call's API as ``spec.api`` spells it; an unknown name as it is stored."""
+    try:
+        return conversation.WireApi.from_proto_name(stored).spec_name
+    except ValueError:
+        return stored
+
+
 def call_title(view: CallView) -> str:
     c = view.call
     parts = [
         f"call #{c.call_index}",
-        c.wire_api.removeprefix("WIRE_API_").lower().replace("_", "-"),
+        _api_name(c.wire_api),
         "stream" if c.stream else "no stream",
         f"finish {c.finish_reason or '-'}",
         f"policy v{c.policy_version}",

@@ -70,20 +70,20 @@ def _content_parts(content: Any, path: str, *, images: bool) -> tuple[conv.Part,
     for i, raw in enumerate(fields.as_list(content, path)):
         at = fields.join(path, i)
         part = fields.as_object(raw, at)
-        kind = fields.req_str(part, "type", at)
+        kind = fields.req_str(part, "type", path=at)
         if kind in ("input_text", "output_text", "text"):
-            parts.append(conv.TextPart(fields.req_str(part, "text", at)))
+            parts.append(conv.TextPart(fields.req_str(part, "text", path=at)))
         elif kind == "refusal":
-            parts.append(conv.TextPart(fields.req_str(part, "refusal", at)))
+            parts.append(conv.TextPart(fields.req_str(part, "refusal", path=at)))
         elif kind == "input_image" and images:
-            url = fields.opt_str(part, "image_url", at)
+            url = fields.opt_str(part, "image_url", path=at)
             if url is None:
                 raise CodecError(
                     "only images given by image_url are supported", field=f"{at}.image_url"
                 )
-            parts.append(conv.ImagePart(url, fields.opt_str(part, "detail", at)))
+            parts.append(conv.ImagePart(url, fields.opt_str(part, "detail", path=at)))
         else:
-            raise fields.unsupported("content part type", kind, f"{at}.type")
+            raise fields.unsupported("content part type", kind, path=f"{at}.type")
     return tuple(parts)
 
 
@@ -93,13 +93,13 @@ def _reasoning_text(item: dict[str, Any], path: str) -> str:
         texts = []
         for i, raw in enumerate(fields.as_list(content, f"{path}.content")):
             part = fields.as_object(raw, f"{path}.content[{i}]")
-            texts.append(fields.req_str(part, "text", f"{path}.content[{i}]"))
+            texts.append(fields.req_str(part, "text", path=f"{path}.content[{i}]"))
         if any(texts):
             return "".join(texts)
     summary = []
     for i, raw in enumerate(fields.as_list(item.get("summary") or [], f"{path}.summary")):
         part = fields.as_object(raw, f"{path}.summary[{i}]")
-        summary.append(fields.req_str(part, "text", f"{path}.summary[{i}]"))
+        summary.append(fields.req_str(part, "text", path=f"{path}.summary[{i}]"))
     return "\n\n".join(summary)
 
 
@@ -121,19 +121,19 @@ class _History:
         self.messages.append(message)
 
 
-def _tool_output(item: dict[str, Any], path: str, names: dict[str, str]) -> conv.Message:
-    call_id = fields.req_str(item, "call_id", path)
-    body = _content_parts(fields.required(item, "output", path), f"{path}.output", images=True)
+def _tool_output(item: dict[str, Any], path: str, *, names: dict[str, str]) -> conv.Message:
+    call_id = fields.req_str(item, "call_id", path=path)
+    body = _content_parts(fields.required(item, "output", path=path), f"{path}.output", images=True)
     content = tuple(p for p in body if isinstance(p, conv.TextPart | conv.ImagePart))
     return conv.Message("tool", (conv.ToolResultPart(call_id, content, name=names.get(call_id)),))
 
 
-def _item(raw: Any, path: str, history: _History) -> None:
+def _item(raw: Any, path: str, *, history: _History) -> None:
     item = fields.as_object(raw, path)
-    kind = fields.opt_str(item, "type", path) or "message"
+    kind = fields.opt_str(item, "type", path=path) or "message"
     if kind == "message":
-        role = fields.req_str(item, "role", path)
-        content = fields.required(item, "content", path)
+        role = fields.req_str(item, "role", path=path)
+        content = fields.required(item, "content", path=path)
         if role == "assistant":
             history.pending.extend(_content_parts(content, f"{path}.content", images=False))
         elif role in ("system", "developer"):
@@ -145,37 +145,37 @@ def _item(raw: Any, path: str, history: _History) -> None:
                 conv.Message("user", _content_parts(content, f"{path}.content", images=True))
             )
         else:
-            raise fields.unsupported("role", role, f"{path}.role")
+            raise fields.unsupported("role", role, path=f"{path}.role")
     elif kind == "reasoning":
         text = _reasoning_text(item, path)
         if text:
             history.pending.append(conv.ReasoningPart(text))
     elif kind in ("function_call", "custom_tool_call"):
-        call_id = fields.req_str(item, "call_id", path)
-        name = fields.req_str(item, "name", path)
+        call_id = fields.req_str(item, "call_id", path=path)
+        name = fields.req_str(item, "name", path=path)
         if kind == "function_call":
-            arguments = fields.req_str(item, "arguments", path)
+            arguments = fields.req_str(item, "arguments", path=path)
         else:
-            arguments = wrap_custom_input(fields.req_str(item, "input", path))
+            arguments = wrap_custom_input(fields.req_str(item, "input", path=path))
         history.names[call_id] = name
         history.pending.append(conv.ToolCallPart(call_id, name, arguments))
     elif kind in ("function_call_output", "custom_tool_call_output"):
-        history.add(_tool_output(item, path, history.names))
+        history.add(_tool_output(item, path, names=history.names))
     else:
-        raise fields.unsupported("input item type", kind, f"{path}.type")
+        raise fields.unsupported("input item type", kind, path=f"{path}.type")
 
 
 def _messages(body: dict[str, Any]) -> tuple[conv.Message, ...]:
     history = _History()
-    instructions = fields.opt_str(body, "instructions", "")
+    instructions = fields.opt_str(body, "instructions", path="")
     if instructions:
         history.add(conv.Message("system", (conv.TextPart(instructions),)))
-    raw = fields.required(body, "input", "")
+    raw = fields.required(body, "input", path="")
     if isinstance(raw, str):
         history.add(conv.Message("user", (conv.TextPart(raw),)))
     else:
         for i, item in enumerate(fields.as_list(raw, "input")):
-            _item(item, f"input[{i}]", history)
+            _item(item, f"input[{i}]", history=history)
     history.flush()
     return tuple(history.messages)
 
@@ -201,22 +201,22 @@ def _tools(body: dict[str, Any]) -> tuple[tuple[conv.Tool, ...], bool]:
     for i, item in enumerate(fields.as_list(raw, "tools")):
         at = f"tools[{i}]"
         tool = fields.as_object(item, at)
-        kind = fields.req_str(tool, "type", at)
+        kind = fields.req_str(tool, "type", path=at)
         if kind == "function":
-            name = fields.req_str(tool, "name", at)
-            description = fields.opt_str(tool, "description", at) or ""
+            name = fields.req_str(tool, "name", path=at)
+            description = fields.opt_str(tool, "description", path=at) or ""
             tools.append(
-                conv.Tool(name, description, fields.opt_object(tool, "parameters", at) or {})
+                conv.Tool(name, description, fields.opt_object(tool, "parameters", path=at) or {})
             )
         elif kind == "custom":
             keep = True
-            name = fields.req_str(tool, "name", at)
-            description = fields.opt_str(tool, "description", at) or ""
+            name = fields.req_str(tool, "name", path=at)
+            description = fields.opt_str(tool, "description", path=at) or ""
             tools.append(conv.Tool(name, description, CUSTOM_TOOL_PARAMETERS))
         elif kind.startswith(_HOSTED_TOOLS) or kind in _HOSTED_TOOLS:
             keep = True
         else:
-            raise fields.unsupported("tool type", kind, f"{at}.type")
+            raise fields.unsupported("tool type", kind, path=f"{at}.type")
     return tuple(tools), keep
 
 
@@ -226,17 +226,17 @@ def _tool_choice(value: Any) -> str:
     if isinstance(value, str):
         if value in ("auto", "none", "required"):
             return value
-        raise fields.unsupported("tool_choice", value, "tool_choice")
+        raise fields.unsupported("tool_choice", value, path="tool_choice")
     choice = fields.as_object(value, "tool_choice")
-    kind = fields.req_str(choice, "type", "tool_choice")
+    kind = fields.req_str(choice, "type", path="tool_choice")
     if kind in ("function", "custom"):
-        return fields.req_str(choice, "name", "tool_choice")
+        return fields.req_str(choice, "name", path="tool_choice")
     if kind == "allowed_tools":
-        mode = fields.req_str(choice, "mode", "tool_choice")
+        mode = fields.req_str(choice, "mode", path="tool_choice")
         if mode in ("auto", "required"):
             return mode
-        raise fields.unsupported("mode", mode, "tool_choice.mode")
-    raise fields.unsupported("tool_choice type", kind, "tool_choice.type")
+        raise fields.unsupported("mode", mode, path="tool_choice.mode")
+    raise fields.unsupported("tool_choice type", kind, path="tool_choice.type")
 
 
 def custom_tool_names(request: conv.ChatRequest) -> frozenset[str]:
@@ -257,7 +257,7 @@ def _text_part(text: str) -> dict[str, Any]:
     return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
 
 
-def _message_item(item_id: str, text: str, status: str = "completed") -> dict[str, Any]:
+def _message_item(item_id: str, text: str, *, status: str = "completed") -> dict[str, Any]:
     content = [_text_part(text)] if status == "completed" else []
     return {
         "id": item_id,
@@ -290,21 +290,23 @@ def _call_item(
 
 
 def _output(
-    message: conv.Message, response_id: str, custom: frozenset[str]
+    message: conv.Message, response_id: str, *, custom: frozenset[str]
 ) -> list[dict[str, Any]]:
     items: list[dict[str, Any]] = []
     for part in message.parts:
         index = len(items)
         if isinstance(part, conv.TextPart) and part.text:
-            items.append(_message_item(ids.item_id("msg_", response_id, index), part.text))
+            items.append(_message_item(ids.item_id("msg_", response_id, index=index), part.text))
         elif isinstance(part, conv.ReasoningPart) and part.text:
-            items.append(_reasoning_item(ids.item_id("rs_", response_id, index), part.text))
+            items.append(_reasoning_item(ids.item_id("rs_", response_id, index=index), part.text))
         elif isinstance(part, conv.ToolCallPart):
             is_custom = part.name in custom
             prefix = "ctc_" if is_custom else "fc_"
             items.append(
                 _call_item(
-                    item_id=ids.item_id(prefix, response_id, index), call=part, custom=is_custom
+                    item_id=ids.item_id(prefix, response_id, index=index),
+                    call=part,
+                    custom=is_custom,
                 )
             )
     return items
@@ -402,32 +404,36 @@ def _parse_usage(raw: Any, path: str) -> conv.Usage:
         return conv.Usage()
     usage = fields.as_object(raw, path)
     return conv.Usage(
-        fields.opt_int(usage, "input_tokens", path) or 0,
-        fields.opt_int(usage, "output_tokens", path) or 0,
+        fields.opt_int(usage, "input_tokens", path=path) or 0,
+        fields.opt_int(usage, "output_tokens", path=path) or 0,
     )
 
 
 def _output_parts(raw: Any, path: str) -> list[conv.Part]:
     item = fields.as_object(raw, path)
-    kind = fields.req_str(item, "type", path)
+    kind = fields.req_str(item, "type", path=path)
     if kind == "message":
-        content = fields.required(item, "content", path)
+        content = fields.required(item, "content", path=path)
         return list(_content_parts(content, f"{path}.content", images=False))
     if kind == "reasoning":
         text = _reasoning_text(item, path)
         return [conv.ReasoningPart(text)] if text else []
     if kind == "function_call":
-        args = fields.req_str(item, "arguments", path)
+        args = fields.req_str(item, "arguments", path=path)
         return [
             conv.ToolCallPart(
-                fields.req_str(item, "call_id", path), fields.req_str(item, "name", path), args
+                fields.req_str(item, "call_id", path=path),
+                fields.req_str(item, "name", path=path),
+                args,
             )
         ]
     if kind == "custom_tool_call":
-        args = wrap_custom_input(fields.req_str(item, "input", path))
+        args = wrap_custom_input(fields.req_str(item, "input", path=path))
         return [
             conv.ToolCallPart(
-                fields.req_str(item, "call_id", path), fields.req_str(item, "name", path), args
+                fields.req_str(item, "call_id", path=path),
+                fields.req_str(item, "name", path=path),
+                args,
             )
         ]
     return []  # hosted tool calls (web search...) have no canonical form
@@ -450,7 +456,12 @@ class _Open:
 
 class _Encoder:
     def __init__(
-        self, codec: OpenAIResponsesCodec, request: conv.ChatRequest, response_id: str, created: int
+        self,
+        codec: OpenAIResponsesCodec,
+        request: conv.ChatRequest,
+        *,
+        response_id: str,
+        created: int,
     ) -> None:
         self._codec = codec
         self._request = request
@@ -494,7 +505,7 @@ class _Encoder:
         return self._close() + self._end(event)
 
     def _next(self, kind: str, prefix: str) -> _Open:
-        item = _Open(kind, self._count, ids.item_id(prefix, self._id, self._count))
+        item = _Open(kind, self._count, ids.item_id(prefix, self._id, index=self._count))
         self._count += 1
         self._open = item
         return item
@@ -642,11 +653,11 @@ class _Decoder:
 
     def _content(self, kind: str, body: dict[str, Any]) -> list[conv.StreamEvent]:
         if kind in ("response.output_text.delta", "response.refusal.delta"):
-            return [conv.TextDelta(fields.req_str(body, "delta", ""))]
+            return [conv.TextDelta(fields.req_str(body, "delta", path=""))]
         if kind in ("response.reasoning_summary_text.delta", "response.reasoning_text.delta"):
-            return [conv.ReasoningDelta(fields.req_str(body, "delta", ""))]
+            return [conv.ReasoningDelta(fields.req_str(body, "delta", path=""))]
         if kind == "response.reasoning_summary_part.added" and fields.opt_int(
-            body, "summary_index", ""
+            body, "summary_index", path=""
         ):
             return [conv.ReasoningDelta("\n\n")]
         if kind == "response.output_item.added":
@@ -655,30 +666,32 @@ class _Decoder:
             "response.function_call_arguments.delta",
             "response.custom_tool_call_input.delta",
         ):
-            return self._arguments(body, fields.req_str(body, "delta", ""))
+            return self._arguments(body, fields.req_str(body, "delta", path=""))
         if kind == "response.output_item.done":
             return self._item_done(body)
         return []
 
     def _added(self, body: dict[str, Any]) -> list[conv.StreamEvent]:
-        item = fields.as_object(fields.required(body, "item", ""), "item")
+        item = fields.as_object(fields.required(body, "item", path=""), "item")
         kind = item.get("type")
         if kind not in ("function_call", "custom_tool_call"):
             return []
         index = len(self._calls)
-        output_index = fields.opt_int(body, "output_index", "") or 0
+        output_index = fields.opt_int(body, "output_index", path="") or 0
         custom = kind == "custom_tool_call"
         self._calls[output_index] = (index, custom)
         self._sent[index] = ""
         start = conv.ToolCallStart(
-            index, fields.req_str(item, "call_id", "item"), fields.req_str(item, "name", "item")
+            index,
+            fields.req_str(item, "call_id", path="item"),
+            fields.req_str(item, "name", path="item"),
         )
         if not custom:
             return [start]
         return [start, conv.ToolCallArgumentsDelta(index, '{"input":"')]
 
     def _arguments(self, body: dict[str, Any], delta: str) -> list[conv.StreamEvent]:
-        slot = self._calls.get(fields.opt_int(body, "output_index", "") or 0)
+        slot = self._calls.get(fields.opt_int(body, "output_index", path="") or 0)
         if slot is None or not delta:
             return []
         index, custom = slot
@@ -687,11 +700,11 @@ class _Decoder:
 
     def _item_done(self, body: dict[str, Any]) -> list[conv.StreamEvent]:
         """Closes a call, first sending what its final item holds beyond the deltas."""
-        slot = self._calls.get(fields.opt_int(body, "output_index", "") or 0)
+        slot = self._calls.get(fields.opt_int(body, "output_index", path="") or 0)
         if slot is None:
             return []
         index, custom = slot
-        item = fields.as_object(fields.required(body, "item", ""), "item")
+        item = fields.as_object(fields.required(body, "item", path=""), "item")
         final = item.get("input" if custom else "arguments")
         out: list[conv.StreamEvent] = []
         sent = self._sent[index]
@@ -708,7 +721,7 @@ class OpenAIResponsesCodec:
 
     def parse_request(self, body: bytes) -> conv.ChatRequest:
         obj = fields.load_object(body)
-        model = fields.req_str(obj, "model", "")
+        model = fields.req_str(obj, "model", path="")
         messages = _messages(obj)
         tools, keep_raw_tools = _tools(obj)
         extra = fields.rest(obj, _MODELLED)
@@ -721,11 +734,11 @@ class OpenAIResponsesCodec:
             tools=tools,
             tool_choice=_tool_choice(obj.get("tool_choice")),
             sampling=conv.SamplingParams(
-                max_tokens=fields.opt_int(obj, "max_output_tokens", "", minimum=1),
-                temperature=fields.opt_number(obj, "temperature", "", minimum=0, maximum=2),
-                top_p=fields.opt_number(obj, "top_p", "", minimum=0, maximum=1),
+                max_tokens=fields.opt_int(obj, "max_output_tokens", path="", minimum=1),
+                temperature=fields.opt_number(obj, "temperature", path="", minimum=0, maximum=2),
+                top_p=fields.opt_number(obj, "top_p", path="", minimum=0, maximum=1),
             ),
-            stream=bool(fields.opt_bool(obj, "stream", "")),
+            stream=bool(fields.opt_bool(obj, "stream", path="")),
             extra=extra,
         )
 
@@ -737,7 +750,7 @@ class OpenAIResponsesCodec:
         response_id: str,
         created: int,
     ) -> dict[str, Any]:
-        output = _output(completion.message, response_id, custom_tool_names(request))
+        output = _output(completion.message, response_id, custom=custom_tool_names(request))
         return _response(
             request,
             response_id=response_id,
@@ -751,12 +764,12 @@ class OpenAIResponsesCodec:
         self, request: conv.ChatRequest, *, response_id: str, created: int, prompt_tokens: int = 0
     ) -> _Encoder:
         del prompt_tokens  # this API reports usage only at the end
-        return _Encoder(self, request, response_id, created)
+        return _Encoder(self, request, response_id=response_id, created=created)
 
     def parse_response(self, body: bytes) -> conv.Completion:
         obj = fields.load_object(body)
         parts: list[conv.Part] = []
-        for i, raw in enumerate(fields.req_list(obj, "output", "")):
+        for i, raw in enumerate(fields.req_list(obj, "output", path="")):
             parts.extend(_output_parts(raw, f"output[{i}]"))
         message = conv.Message("assistant", tuple(parts))
         finish = _finish_of(obj, bool(message.tool_calls))

@@ -90,7 +90,7 @@ def _key(obj: dict[str, Any], camel: str) -> str:
     return camel
 
 
-def _at(obj: dict[str, Any], camel: str, path: str) -> tuple[Any, str]:
+def _at(obj: dict[str, Any], camel: str, *, path: str) -> tuple[Any, str]:
     """The value of ``camel`` in ``obj`` (None when absent) and its JSON path."""
     key = _key(obj, camel)
     return obj.get(key), fields.join(path, key)
@@ -109,17 +109,17 @@ def _part_kind(part: dict[str, Any], path: str) -> str:
 # --- requests -------------------------------------------------------------------
 
 
-def _media(part: dict[str, Any], kind: str, path: str) -> conv.ImagePart:
+def _media(part: dict[str, Any], kind: str, *, path: str) -> conv.ImagePart:
     """An ``inlineData`` or ``fileData`` image, kept exactly as sent."""
-    value, at = _at(part, kind, path)
+    value, at = _at(part, kind, path=path)
     blob = fields.as_object(value, at)
     mime_key = _key(blob, "mimeType")
     if kind == "inlineData":
-        mime = fields.req_str(blob, mime_key, at)
-        url = f"data:{mime};base64,{fields.req_str(blob, 'data', at)}"
+        mime = fields.req_str(blob, mime_key, path=at)
+        url = f"data:{mime};base64,{fields.req_str(blob, 'data', path=at)}"
     else:
-        mime = fields.opt_str(blob, mime_key, at) or ""
-        url = fields.req_str(blob, _key(blob, "fileUri"), at)
+        mime = fields.opt_str(blob, mime_key, path=at) or ""
+        url = fields.req_str(blob, _key(blob, "fileUri"), path=at)
     if mime and not mime.startswith("image/"):
         raise CodecError(
             f"unsupported {kind} mimeType {mime!r}: the policy reads text and images only",
@@ -130,19 +130,21 @@ def _media(part: dict[str, Any], kind: str, path: str) -> conv.ImagePart:
 
 def _text(part: dict[str, Any], path: str) -> tuple[str, bool, str | None]:
     """A text or thought part: its text, whether it is a thought, its signature."""
-    text = fields.opt_str(part, "text", path) or ""
-    thought = bool(fields.opt_bool(part, "thought", path))
-    signature = fields.opt_str(part, _key(part, "thoughtSignature"), path) or None
+    text = fields.opt_str(part, "text", path=path) or ""
+    thought = bool(fields.opt_bool(part, "thought", path=path))
+    signature = fields.opt_str(part, _key(part, "thoughtSignature"), path=path) or None
     return text, thought, signature
 
 
-def _function_call(part: dict[str, Any], path: str, fallback_id: str) -> conv.ToolCallPart:
-    value, at = _at(part, "functionCall", path)
+def _function_call(part: dict[str, Any], path: str, *, fallback_id: str) -> conv.ToolCallPart:
+    value, at = _at(part, "functionCall", path=path)
     call = fields.as_object(value, at)
     args = call.get("args")
     arguments = {} if args is None else fields.as_object(args, fields.join(at, "args"))
-    call_id = fields.opt_str(call, "id", at) or fallback_id
-    return conv.ToolCallPart(call_id, fields.req_str(call, "name", at), fields.dumps(arguments))
+    call_id = fields.opt_str(call, "id", path=at) or fallback_id
+    return conv.ToolCallPart(
+        call_id, fields.req_str(call, "name", path=at), fields.dumps(arguments)
+    )
 
 
 def _as_text(value: Any) -> str:
@@ -161,7 +163,7 @@ def _result_text(payload: dict[str, Any]) -> tuple[str, bool]:
     return fields.dumps(payload), False
 
 
-def _claim(pending: list[tuple[str, str]], call_id: str | None, name: str) -> str | None:
+def _claim(pending: list[tuple[str, str]], call_id: str | None, *, name: str) -> str | None:
     """Mark a call answered; the id of the earliest unanswered call of ``name`` if none given."""
     for index, (pending_id, pending_name) in enumerate(pending):
         if pending_id == call_id or (call_id is None and pending_name == name):
@@ -171,13 +173,13 @@ def _claim(pending: list[tuple[str, str]], call_id: str | None, name: str) -> st
 
 
 def _function_response(
-    part: dict[str, Any], path: str, pending: list[tuple[str, str]], fallback_id: str
+    part: dict[str, Any], path: str, *, pending: list[tuple[str, str]], fallback_id: str
 ) -> conv.ToolResultPart:
-    value, at = _at(part, "functionResponse", path)
+    value, at = _at(part, "functionResponse", path=path)
     response = fields.as_object(value, at)
-    name = fields.req_str(response, "name", at)
-    payload = fields.as_object(fields.required(response, "response", at), f"{at}.response")
-    call_id = _claim(pending, fields.opt_str(response, "id", at), name) or fallback_id
+    name = fields.req_str(response, "name", path=at)
+    payload = fields.as_object(fields.required(response, "response", path=at), f"{at}.response")
+    call_id = _claim(pending, fields.opt_str(response, "id", path=at), name=name) or fallback_id
     text, is_error = _result_text(payload)
     content: list[conv.TextPart | conv.ImagePart] = [conv.TextPart(text)] if text else []
     nested = response.get("parts")
@@ -186,13 +188,15 @@ def _function_response(
         nested_part = fields.as_object(raw, nested_at)
         kind = _part_kind(nested_part, nested_at)
         if kind not in ("inlineData", "fileData"):
-            raise fields.unsupported("function response part", kind, fields.join(nested_at, kind))
-        content.append(_media(nested_part, kind, nested_at))
+            raise fields.unsupported(
+                "function response part", kind, path=fields.join(nested_at, kind)
+            )
+        content.append(_media(nested_part, kind, path=nested_at))
     return conv.ToolResultPart(call_id, tuple(content), is_error=is_error, name=name)
 
 
 def _model_turn(
-    parts: list[Any], path: str, turn: int
+    parts: list[Any], path: str, *, turn: int
 ) -> tuple[conv.Message, list[tuple[str, str]]]:
     """The assistant message of a ``model`` turn and its calls, as (id, name)."""
     out: list[conv.Part] = []
@@ -202,19 +206,19 @@ def _model_turn(
         part = fields.as_object(raw, at)
         kind = _part_kind(part, at)
         if kind == "functionCall":
-            call = _function_call(part, at, f"call_{turn}_{j}")
+            call = _function_call(part, at, fallback_id=f"call_{turn}_{j}")
             out.append(call)
             calls.append((call.id, call.name))
         elif kind in ("text", "thought"):
             text, thought, signature = _text(part, at)
             out.append(conv.ReasoningPart(text, signature) if thought else conv.TextPart(text))
         else:
-            raise fields.unsupported("model part", kind, fields.join(at, _key(part, kind)))
+            raise fields.unsupported("model part", kind, path=fields.join(at, _key(part, kind)))
     return conv.Message("assistant", tuple(out)), calls
 
 
 def _user_turn(
-    parts: list[Any], path: str, turn: int, pending: list[tuple[str, str]]
+    parts: list[Any], path: str, *, turn: int, pending: list[tuple[str, str]]
 ) -> list[conv.Message]:
     """A ``user`` turn: one ``tool`` message per function response, then the rest."""
     results: list[conv.Message] = []
@@ -226,12 +230,12 @@ def _user_turn(
         if kind in ("text", "thought"):
             rest.append(conv.TextPart(_text(part, at)[0]))
         elif kind in ("inlineData", "fileData"):
-            rest.append(_media(part, kind, at))
+            rest.append(_media(part, kind, path=at))
         elif kind == "functionResponse":
-            result = _function_response(part, at, pending, f"call_{turn}_{j}")
+            result = _function_response(part, at, pending=pending, fallback_id=f"call_{turn}_{j}")
             results.append(conv.Message("tool", (result,)))
         else:
-            raise fields.unsupported("user part", kind, fields.join(at, _key(part, kind)))
+            raise fields.unsupported("user part", kind, path=fields.join(at, _key(part, kind)))
     if rest or not results:
         results.append(conv.Message("user", tuple(rest)))
     return results
@@ -240,7 +244,7 @@ def _user_turn(
 def _contents(obj: dict[str, Any], path: str) -> list[conv.Message]:
     key = _key(obj, "contents")
     at = fields.join(path, key)
-    contents = fields.req_list(obj, key, path)
+    contents = fields.req_list(obj, key, path=path)
     if not contents:
         raise CodecError("must hold at least one content", field=at)
     messages: list[conv.Message] = []
@@ -248,31 +252,33 @@ def _contents(obj: dict[str, Any], path: str) -> list[conv.Message]:
     for i, raw in enumerate(contents):
         turn_at = f"{at}[{i}]"
         content = fields.as_object(raw, turn_at)
-        role = fields.opt_str(content, "role", turn_at) or "user"
-        parts = fields.req_list(content, "parts", turn_at)
+        role = fields.opt_str(content, "role", path=turn_at) or "user"
+        parts = fields.req_list(content, "parts", path=turn_at)
         if role == "model":
-            message, pending = _model_turn(parts, f"{turn_at}.parts", i)
+            message, pending = _model_turn(parts, f"{turn_at}.parts", turn=i)
             messages.append(message)
         elif role in ("user", "function"):  # "function": the older API's turns of responses
-            messages.extend(_user_turn(parts, f"{turn_at}.parts", i, pending))
+            messages.extend(_user_turn(parts, f"{turn_at}.parts", turn=i, pending=pending))
         else:
-            raise fields.unsupported("role", role, f"{turn_at}.role")
+            raise fields.unsupported("role", role, path=f"{turn_at}.role")
     return messages
 
 
 def _system(obj: dict[str, Any], path: str) -> list[conv.Message]:
-    value, at = _at(obj, "systemInstruction", path)
+    value, at = _at(obj, "systemInstruction", path=path)
     if value is None:
         return []
     content = fields.as_object(value, at)
     texts = []
-    for j, raw in enumerate(fields.req_list(content, "parts", at)):
+    for j, raw in enumerate(fields.req_list(content, "parts", path=at)):
         part_at = f"{at}.parts[{j}]"
         part = fields.as_object(raw, part_at)
         kind = _part_kind(part, part_at)
         if kind != "text":
-            raise fields.unsupported("system instruction part", kind, fields.join(part_at, kind))
-        texts.append(conv.TextPart(fields.req_str(part, "text", part_at)))
+            raise fields.unsupported(
+                "system instruction part", kind, path=fields.join(part_at, kind)
+            )
+        texts.append(conv.TextPart(fields.req_str(part, "text", path=part_at)))
     return [conv.Message("system", tuple(texts))] if texts else []
 
 
@@ -283,15 +289,15 @@ def _declaration(raw: Any, path: str) -> conv.Tool:
         schema_key = "parameters"  # an OpenAPI-style schema, kept as sent
     schema = decl.get(schema_key)
     return conv.Tool(
-        fields.req_str(decl, "name", path),
-        fields.opt_str(decl, "description", path) or "",
+        fields.req_str(decl, "name", path=path),
+        fields.opt_str(decl, "description", path=path) or "",
         {} if schema is None else fields.as_object(schema, fields.join(path, schema_key)),
     )
 
 
 def _tools(obj: dict[str, Any], path: str) -> tuple[tuple[conv.Tool, ...], bool]:
     """The function declarations, and whether other (built-in) tools were offered."""
-    value, at = _at(obj, "tools", path)
+    value, at = _at(obj, "tools", path=path)
     if value is None:
         return (), False
     tools: list[conv.Tool] = []
@@ -311,15 +317,15 @@ def _tools(obj: dict[str, Any], path: str) -> tuple[tuple[conv.Tool, ...], bool]
 
 
 def _tool_choice(obj: dict[str, Any], path: str) -> str:
-    value, at = _at(obj, "toolConfig", path)
+    value, at = _at(obj, "toolConfig", path=path)
     if value is None:
         return "auto"
-    config, config_at = _at(fields.as_object(value, at), "functionCallingConfig", at)
+    config, config_at = _at(fields.as_object(value, at), "functionCallingConfig", path=at)
     if config is None:
         return "auto"
     calling = fields.as_object(config, config_at)
-    mode = fields.opt_str(calling, "mode", config_at) or "AUTO"
-    names_value, names_at = _at(calling, "allowedFunctionNames", config_at)
+    mode = fields.opt_str(calling, "mode", path=config_at) or "AUTO"
+    names_value, names_at = _at(calling, "allowedFunctionNames", path=config_at)
     names = [] if names_value is None else fields.as_list(names_value, names_at)
     names = [fields.as_str(name, f"{names_at}[{k}]") for k, name in enumerate(names)]
     if mode in ("AUTO", "VALIDATED", "MODE_UNSPECIFIED"):
@@ -328,17 +334,17 @@ def _tool_choice(obj: dict[str, Any], path: str) -> str:
         return "none"
     if mode == "ANY":
         return names[0] if len(names) == 1 else "required"
-    raise fields.unsupported("function calling mode", mode, fields.join(config_at, "mode"))
+    raise fields.unsupported("function calling mode", mode, path=fields.join(config_at, "mode"))
 
 
 def _check_thinking(config: dict[str, Any], path: str) -> None:
-    value, at = _at(config, "thinkingConfig", path)
+    value, at = _at(config, "thinkingConfig", path=path)
     if value is None:
         return
     thinking = fields.as_object(value, at)
-    fields.opt_bool(thinking, _key(thinking, "includeThoughts"), at)
-    fields.opt_int(thinking, _key(thinking, "thinkingBudget"), at)
-    fields.opt_str(thinking, _key(thinking, "thinkingLevel"), at)
+    fields.opt_bool(thinking, _key(thinking, "includeThoughts"), path=at)
+    fields.opt_int(thinking, _key(thinking, "thinkingBudget"), path=at)
+    fields.opt_str(thinking, _key(thinking, "thinkingLevel"), path=at)
 
 
 def _generation(obj: dict[str, Any], path: str) -> tuple[conv.SamplingParams, str, dict[str, Any]]:
@@ -349,14 +355,14 @@ def _generation(obj: dict[str, Any], path: str) -> tuple[conv.SamplingParams, st
         return conv.SamplingParams(), key, {}
     config = fields.as_object(value, at)
     keys = {camel: _key(config, camel) for camel in _SAMPLING}
-    max_tokens = fields.opt_int(config, keys["maxOutputTokens"], at, minimum=1)
+    max_tokens = fields.opt_int(config, keys["maxOutputTokens"], path=at, minimum=1)
     _check_thinking(config, at)
     sampling = conv.SamplingParams(
         max_tokens=max_tokens,
-        temperature=fields.opt_number(config, keys["temperature"], at, minimum=0, maximum=2),
-        top_p=fields.opt_number(config, keys["topP"], at, minimum=0, maximum=1),
-        stop=fields.stop_list(config, keys["stopSequences"], at),
-        seed=fields.opt_int(config, keys["seed"], at),
+        temperature=fields.opt_number(config, keys["temperature"], path=at, minimum=0, maximum=2),
+        top_p=fields.opt_number(config, keys["topP"], path=at, minimum=0, maximum=1),
+        stop=fields.stop_list(config, keys["stopSequences"], path=at),
+        seed=fields.opt_int(config, keys["seed"], path=at),
     )
     rest = {k: v for k, v in config.items() if k not in keys.values()}
     return sampling, key, rest
@@ -400,7 +406,7 @@ def _usage(usage: conv.Usage) -> dict[str, int]:
     }
 
 
-def _call_part(call_id: str, name: str, arguments: str) -> dict[str, Any]:
+def _call_part(call_id: str, name: str, *, arguments: str) -> dict[str, Any]:
     parsed = conv.ToolCallPart(call_id, name, arguments).parsed_arguments() if arguments else {}
     # The API admits only objects; the tool-call parser is expected to produce them.
     args = parsed if isinstance(parsed, dict) else {}
@@ -416,7 +422,7 @@ def _part(part: conv.Part, thoughts: bool) -> dict[str, Any] | None:
             out["thoughtSignature"] = part.signature
         return out
     if isinstance(part, conv.ToolCallPart):
-        return _call_part(part.id, part.name, part.arguments)
+        return _call_part(part.id, part.name, arguments=part.arguments)
     return None
 
 
@@ -437,13 +443,13 @@ def _finish_in(reason: str | None, has_calls: bool) -> conv.FinishReason:
 
 
 def _parse_usage(obj: dict[str, Any]) -> conv.Usage | None:
-    value, at = _at(obj, "usageMetadata", "")
+    value, at = _at(obj, "usageMetadata", path="")
     if value is None:
         return None
     usage = fields.as_object(value, at)
 
     def count(camel: str) -> int:
-        return fields.opt_int(usage, _key(usage, camel), at) or 0
+        return fields.opt_int(usage, _key(usage, camel), path=at) or 0
 
     generated = count("candidatesTokenCount") + count("thoughtsTokenCount")
     return conv.Usage(count("promptTokenCount"), generated)
@@ -464,20 +470,20 @@ def _response_parts(candidate: dict[str, Any] | None, path: str) -> list[tuple[s
     """The candidate's parts as ("text" | "thought", (text, signature)) or ("call", dict)."""
     if candidate is None:
         return []
-    value, at = _at(candidate, "content", path)
+    value, at = _at(candidate, "content", path=path)
     content = {} if value is None else fields.as_object(value, at)
     raw_parts = content.get("parts")
     out: list[tuple[str, Any]] = []
     for j, raw in enumerate([] if raw_parts is None else fields.as_list(raw_parts, f"{at}.parts")):
         part_at = f"{at}.parts[{j}]"
         part = fields.as_object(raw, part_at)
-        call_value, call_at = _at(part, "functionCall", part_at)
+        call_value, call_at = _at(part, "functionCall", path=part_at)
         if call_value is not None:
             call = fields.as_object(call_value, call_at)
             args = call.get("args")
             out.append(("call", {
-                "id": fields.opt_str(call, "id", call_at),
-                "name": fields.req_str(call, "name", call_at),
+                "id": fields.opt_str(call, "id", path=call_at),
+                "name": fields.req_str(call, "name", path=call_at),
                 "args": {} if args is None else fields.as_object(args, f"{call_at}.args"),
             }))  # fmt: skip
         elif "text" in part or part.get("thought") is True:
@@ -531,6 +537,7 @@ class _Encoder:
         self,
         parts: list[dict[str, Any]],
         finish: str | None = None,
+        *,
         usage: conv.Usage | None = None,
     ) -> bytes:
         body: dict[str, Any] = {"candidates": [_candidate(parts, finish)]}
@@ -543,7 +550,7 @@ class _Encoder:
             return []
         _, call_id, name, arguments = self._call
         self._call = None
-        return [_call_part(call_id, name, "".join(arguments))]
+        return [_call_part(call_id, name, arguments="".join(arguments))]
 
     def _flush(self) -> bytes:
         parts = self._pending()
@@ -560,7 +567,7 @@ class _Encoder:
             }
             return out + _chunk({"error": error})
         finish = _FINISH_OUT[event.finish_reason]
-        return self._emit(parts, finish, event.usage)
+        return self._emit(parts, finish, usage=event.usage)
 
 
 class _Decoder:
@@ -583,7 +590,7 @@ class _Decoder:
             self._ended = True
             return [conv.StreamEnd("error", self._usage)]
         candidate, at = _first_candidate(body)
-        response_id = fields.opt_str(body, _key(body, "responseId"), "") or ""
+        response_id = fields.opt_str(body, _key(body, "responseId"), path="") or ""
         out: list[conv.StreamEvent] = []
         for kind, value in _response_parts(candidate, at):
             if kind == "call":
@@ -627,7 +634,7 @@ class GeminiCodec:
     def parse_count_request(self, body: bytes) -> conv.ChatRequest:
         """A ``countTokens`` body: ``contents``, or a whole ``generateContentRequest``."""
         obj = fields.load_object(body)
-        inner, at = _at(obj, "generateContentRequest", "")
+        inner, at = _at(obj, "generateContentRequest", path="")
         if inner is not None:
             obj = fields.as_object(inner, at)
         return _request(obj, model=self.model, stream=False, path="" if inner is None else at)
@@ -661,7 +668,7 @@ class GeminiCodec:
     def parse_response(self, body: bytes) -> conv.Completion:
         obj = fields.load_object(body)
         candidate, at = _first_candidate(obj)
-        response_id = fields.opt_str(obj, _key(obj, "responseId"), "") or ""
+        response_id = fields.opt_str(obj, _key(obj, "responseId"), path="") or ""
         parts: list[conv.Part] = []
         calls = 0
         for kind, value in _response_parts(candidate, at):

@@ -3,7 +3,7 @@
 Every server and client names them from here: the sidecar's control API (on the port
 the harness calls), the inference engine's extras (``openforge serve``, the test
 engine, and what a vLLM deployment is fronted with) and the clients of both (the in-pod
-agent, ``openforge run``, the weight publisher). ``tests/proto/test_endpoints.py``
+agent, ``openforge run``, the weight publisher). ``tests/common/test_endpoints.py``
 holds every module to it: no other string in the packages spells a ``/openforge/v1/``
 path.
 """

@@ -835,7 +835,7 @@ class RolloutJob(Model):
         """``<job>-<index>-<attempt>``."""
         if self.metadata.name is None:
             raise ValueError("the RolloutJob has no metadata.name yet")
-        return rollouts.rollout_name(self.metadata.name, index, attempt)
+        return rollouts.rollout_name(self.metadata.name, index, attempt=attempt)
 
 
 def cluster_problems(job: RolloutJob) -> list[str]:

@@ -108,13 +108,20 @@ def _handler(engine: ScriptedEngine) -> type[http.server.BaseHTTPRequestHandler]
 
 
 def sidecar_for(
-    procs: Any, engine: ScriptedEngine, *, job: str, rollout: str, tokenizer: Path
+    procs: Any,
+    engine: ScriptedEngine,
+    *,
+    job: str,
+    rollout: str,
+    tokenizer: Path,
+    extra: tuple[str, ...] = (),
 ) -> Any:
     """A real sidecar (with a collector and its store) generating from ``engine``."""
     collector = procs.collector()
     return procs.sidecar(
         "--engine", engine.url, "--engine-model", "m", "--tokenizer", str(tokenizer),
         "--collector", f"127.0.0.1:{collector.port}", "--job", job, "--rollout-id", rollout,
+        *extra,
     )  # fmt: skip
 
 

@@ -1,7 +1,8 @@
 """OpenForge's shared package: what more than one component must agree on.
 
-- ``openforge.trajectory``: the trajectory contract generated from ``proto/``
-  (records, the collector's gRPC service) and its per-job token auth;
+- ``openforge.trajectory``: the trajectory contract generated from the IDL in
+  the repository's ``proto/`` (records, the collector's gRPC service) and its
+  per-job token auth;
 - ``openforge.wire``: the wire APIs harnesses speak, one codec each, and the
   canonical conversation they map to;
 - ``openforge.api``: the ``RolloutJob``/``HarnessEnv`` models, the CRDs made

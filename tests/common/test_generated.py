@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-GENERATED = ROOT / "proto" / "openforge" / "trajectory" / "v1"
+GENERATED = ROOT / "common" / "openforge" / "trajectory" / "v1"
 
 
 def load_generator():  # type: ignore[no-untyped-def]

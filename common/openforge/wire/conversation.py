@@ -39,6 +39,11 @@ class WireApi(enum.Enum):
     GEMINI = "gemini"
 
     @property
+    def spec_name(self) -> str:
+        """The name ``HarnessEnv``'s ``spec.api`` gives it, e.g. ``openai-chat``."""
+        return self.value.replace("_", "-")
+
+    @property
     def proto_name(self) -> str:
         """The proto enum's name, e.g. ``WIRE_API_OPENAI_CHAT``."""
         return PROTO_PREFIX + self.name

@@ -91,62 +91,62 @@ def type_name(value: Any) -> str:
     return "object"
 
 
-def wrong_type(expected: str, value: Any, path: str) -> CodecError:
+def wrong_type(expected: str, value: Any, *, path: str) -> CodecError:
     return CodecError(f"expected {expected}, got {type_name(value)}", field=path)
 
 
 def as_object(value: Any, path: str) -> dict[str, Any]:
     if not isinstance(value, dict):
-        raise wrong_type("an object", value, path)
+        raise wrong_type("an object", value, path=path)
     return value
 
 
 def as_list(value: Any, path: str) -> list[Any]:
     if not isinstance(value, list):
-        raise wrong_type("an array", value, path)
+        raise wrong_type("an array", value, path=path)
     return value
 
 
 def as_str(value: Any, path: str) -> str:
     if not isinstance(value, str):
-        raise wrong_type("a string", value, path)
+        raise wrong_type("a string", value, path=path)
     return value
 
 
-def required(obj: dict[str, Any], key: str, path: str) -> Any:
+def required(obj: dict[str, Any], key: str, *, path: str) -> Any:
     value = obj.get(key, _MISSING)
     if value is _MISSING:
         raise CodecError("required field is missing", field=join(path, key))
     return value
 
 
-def req_str(obj: dict[str, Any], key: str, path: str) -> str:
-    return as_str(required(obj, key, path), join(path, key))
+def req_str(obj: dict[str, Any], key: str, *, path: str) -> str:
+    return as_str(required(obj, key, path=path), join(path, key))
 
 
-def req_list(obj: dict[str, Any], key: str, path: str) -> list[Any]:
-    return as_list(required(obj, key, path), join(path, key))
+def req_list(obj: dict[str, Any], key: str, *, path: str) -> list[Any]:
+    return as_list(required(obj, key, path=path), join(path, key))
 
 
-def opt_str(obj: dict[str, Any], key: str, path: str) -> str | None:
+def opt_str(obj: dict[str, Any], key: str, *, path: str) -> str | None:
     value = obj.get(key)
     return None if value is None else as_str(value, join(path, key))
 
 
-def opt_bool(obj: dict[str, Any], key: str, path: str) -> bool | None:
+def opt_bool(obj: dict[str, Any], key: str, *, path: str) -> bool | None:
     value = obj.get(key)
     if value is None or isinstance(value, bool):
         return value
-    raise wrong_type("a boolean", value, join(path, key))
+    raise wrong_type("a boolean", value, path=join(path, key))
 
 
-def opt_int(obj: dict[str, Any], key: str, path: str, *, minimum: int | None = None) -> int | None:
+def opt_int(obj: dict[str, Any], key: str, *, path: str, minimum: int | None = None) -> int | None:
     """An optional integer; below ``minimum`` is refused as the real APIs refuse it."""
     value = obj.get(key)
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int):
-        raise wrong_type("an integer", value, join(path, key))
+        raise wrong_type("an integer", value, path=join(path, key))
     if minimum is not None and value < minimum:
         raise CodecError(f"must be at least {minimum}, got {value}", field=join(path, key))
     return value
@@ -155,8 +155,8 @@ def opt_int(obj: dict[str, Any], key: str, path: str, *, minimum: int | None = N
 def opt_number(
     obj: dict[str, Any],
     key: str,
-    path: str,
     *,
+    path: str,
     minimum: float | None = None,
     maximum: float | None = None,
 ) -> float | None:
@@ -165,7 +165,7 @@ def opt_number(
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int | float):
-        raise wrong_type("a number", value, join(path, key))
+        raise wrong_type("a number", value, path=join(path, key))
     number = float(value)
     low = -math.inf if minimum is None else minimum
     high = math.inf if maximum is None else maximum
@@ -183,12 +183,12 @@ def opt_number(
     return number
 
 
-def opt_object(obj: dict[str, Any], key: str, path: str) -> dict[str, Any] | None:
+def opt_object(obj: dict[str, Any], key: str, *, path: str) -> dict[str, Any] | None:
     value = obj.get(key)
     return None if value is None else as_object(value, join(path, key))
 
 
-def stop_list(obj: dict[str, Any], key: str, path: str) -> tuple[str, ...]:
+def stop_list(obj: dict[str, Any], key: str, *, path: str) -> tuple[str, ...]:
     """A stop field: null, one string, or an array of strings."""
     value = obj.get(key)
     if value is None:
@@ -199,7 +199,7 @@ def stop_list(obj: dict[str, Any], key: str, path: str) -> tuple[str, ...]:
     return tuple(as_str(s, join(join(path, key), i)) for i, s in enumerate(items))
 
 
-def unsupported(kind: str, value: Any, path: str) -> CodecError:
+def unsupported(kind: str, value: Any, *, path: str) -> CodecError:
     shown = value if isinstance(value, str) else type_name(value)
     return CodecError(f"unsupported {kind} {shown!r}", field=path)
 

@@ -95,25 +95,27 @@ class SchemaError(ValueError):
 
 def structural(schema: Mapping[str, Any]) -> dict[str, Any]:
     """Rewrite a pydantic ``model_json_schema()`` (with its ``$defs``) as a structural schema."""
-    return _convert(schema, schema.get("$defs", {}), "")
+    return _convert(schema, schema.get("$defs", {}), path="")
 
 
-def _convert(node: Mapping[str, Any], defs: Mapping[str, Any], path: str) -> dict[str, Any]:
-    node = _inline(node, defs, path)
+def _convert(node: Mapping[str, Any], defs: Mapping[str, Any], *, path: str) -> dict[str, Any]:
+    node = _inline(node, defs, path=path)
     if node.get(OPAQUE):
         return _opaque(node)
     if "anyOf" in node:
-        return _nullable(node, defs, path)
+        return _nullable(node, defs, path=path)
     out: dict[str, Any] = {}
     for key, value in node.items():
         if key in _DROPPED or key == OPAQUE:
             continue
         if key == "properties":
-            out[key] = {name: _convert(sub, defs, f"{path}.{name}") for name, sub in value.items()}
+            out[key] = {
+                name: _convert(sub, defs, path=f"{path}.{name}") for name, sub in value.items()
+            }
         elif key == "items":
-            out[key] = _convert(value, defs, f"{path}[]")
+            out[key] = _convert(value, defs, path=f"{path}[]")
         elif key == "additionalProperties":
-            _additional(out, value, defs, path)
+            _additional(out, value, defs=defs, path=path)
         elif key == "const":
             out["enum"] = [value]
         elif key == "exclusiveMinimum" or key == "exclusiveMaximum":
@@ -130,7 +132,7 @@ def _convert(node: Mapping[str, Any], defs: Mapping[str, Any], path: str) -> dic
     return _ordered(out)
 
 
-def _inline(node: Mapping[str, Any], defs: Mapping[str, Any], path: str) -> dict[str, Any]:
+def _inline(node: Mapping[str, Any], defs: Mapping[str, Any], *, path: str) -> dict[str, Any]:
     """Resolve ``$ref`` (or a one-element ``allOf`` around one), merging sibling keywords in."""
     node = dict(node)
     if "allOf" in node:
@@ -142,7 +144,7 @@ def _inline(node: Mapping[str, Any], defs: Mapping[str, Any], path: str) -> dict
     name = ref.removeprefix("#/$defs/")
     if name not in defs:
         raise SchemaError(f"{path}: unresolvable $ref {ref!r}")
-    target = _inline(defs[name], defs, path)
+    target = _inline(defs[name], defs, path=path)
     rules = [*target.get(VALIDATIONS, []), *node.get(VALIDATIONS, [])]
     merged = {**target, **node}
     if rules:
@@ -150,29 +152,29 @@ def _inline(node: Mapping[str, Any], defs: Mapping[str, Any], path: str) -> dict
     return merged
 
 
-def _nullable(node: dict[str, Any], defs: Mapping[str, Any], path: str) -> dict[str, Any]:
+def _nullable(node: dict[str, Any], defs: Mapping[str, Any], *, path: str) -> dict[str, Any]:
     branches = node.pop("anyOf")
     real = [branch for branch in branches if branch != {"type": "null"}]
     if len(real) != 1:
         raise SchemaError(
             f"{path}: a union of {len(real)} types is not structural; use one type or a model"
         )
-    merged = _inline(real[0], defs, path)
+    merged = _inline(real[0], defs, path=path)
     rules = [*merged.get(VALIDATIONS, []), *node.get(VALIDATIONS, [])]
     merged.update(node)
     if rules:
         merged[VALIDATIONS] = rules
-    out = _convert(merged, defs, path)
+    out = _convert(merged, defs, path=path)
     if len(real) < len(branches):
         out["nullable"] = True
     return _ordered(out)
 
 
-def _additional(out: dict[str, Any], value: Any, defs: Mapping[str, Any], path: str) -> None:
+def _additional(out: dict[str, Any], value: Any, *, defs: Mapping[str, Any], path: str) -> None:
     if value is True or value == {}:
         out[PRESERVE] = True
     elif isinstance(value, Mapping):
-        out["additionalProperties"] = _convert(value, defs, f"{path}.*")
+        out["additionalProperties"] = _convert(value, defs, path=f"{path}.*")
 
 
 def _ordered(node: dict[str, Any]) -> dict[str, Any]:

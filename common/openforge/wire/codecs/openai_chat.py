@@ -44,17 +44,19 @@ def _text_parts(content: Any, path: str, *, images: bool) -> tuple[conv.Part, ..
     for i, raw in enumerate(fields.as_list(content, path)):
         at = fields.join(path, i)
         part = fields.as_object(raw, at)
-        kind = fields.req_str(part, "type", at)
+        kind = fields.req_str(part, "type", path=at)
         if kind == "text":
-            parts.append(conv.TextPart(fields.req_str(part, "text", at)))
+            parts.append(conv.TextPart(fields.req_str(part, "text", path=at)))
         elif kind == "refusal":
-            parts.append(conv.TextPart(fields.req_str(part, "refusal", at)))
+            parts.append(conv.TextPart(fields.req_str(part, "refusal", path=at)))
         elif kind == "image_url" and images:
-            image = fields.as_object(fields.required(part, "image_url", at), f"{at}.image_url")
-            url = fields.req_str(image, "url", f"{at}.image_url")
-            parts.append(conv.ImagePart(url, fields.opt_str(image, "detail", f"{at}.image_url")))
+            image = fields.as_object(fields.required(part, "image_url", path=at), f"{at}.image_url")
+            url = fields.req_str(image, "url", path=f"{at}.image_url")
+            parts.append(
+                conv.ImagePart(url, fields.opt_str(image, "detail", path=f"{at}.image_url"))
+            )
         else:
-            raise fields.unsupported("content part type", kind, f"{at}.type")
+            raise fields.unsupported("content part type", kind, path=f"{at}.type")
     return tuple(parts)
 
 
@@ -62,18 +64,18 @@ def _tool_call(raw: Any, path: str) -> conv.ToolCallPart:
     call = fields.as_object(raw, path)
     kind = call.get("type", "function")
     if kind != "function":
-        raise fields.unsupported("tool call type", kind, f"{path}.type")
-    function = fields.as_object(fields.required(call, "function", path), f"{path}.function")
+        raise fields.unsupported("tool call type", kind, path=f"{path}.type")
+    function = fields.as_object(fields.required(call, "function", path=path), f"{path}.function")
     return conv.ToolCallPart(
-        fields.req_str(call, "id", path),
-        fields.req_str(function, "name", f"{path}.function"),
-        fields.opt_str(function, "arguments", f"{path}.function") or "",
+        fields.req_str(call, "id", path=path),
+        fields.req_str(function, "name", path=f"{path}.function"),
+        fields.opt_str(function, "arguments", path=f"{path}.function") or "",
     )
 
 
-def _message(raw: Any, path: str, names: dict[str, str]) -> conv.Message:
+def _message(raw: Any, path: str, *, names: dict[str, str]) -> conv.Message:
     msg = fields.as_object(raw, path)
-    role = fields.req_str(msg, "role", path)
+    role = fields.req_str(msg, "role", path=path)
     content = msg.get("content")
     if role in ("system", "developer"):
         return conv.Message("system", _text_parts(content, f"{path}.content", images=False))
@@ -82,7 +84,7 @@ def _message(raw: Any, path: str, names: dict[str, str]) -> conv.Message:
     if role == "assistant":
         parts: list[conv.Part] = []
         for key in ("reasoning_content", "reasoning"):
-            reasoning = fields.opt_str(msg, key, path)
+            reasoning = fields.opt_str(msg, key, path=path)
             if reasoning:
                 parts.append(conv.ReasoningPart(reasoning))
                 break
@@ -95,7 +97,7 @@ def _message(raw: Any, path: str, names: dict[str, str]) -> conv.Message:
                 parts.append(call)
         return conv.Message("assistant", tuple(parts))
     if role == "tool":
-        call_id = fields.req_str(msg, "tool_call_id", path)
+        call_id = fields.req_str(msg, "tool_call_id", path=path)
         body = _text_parts(content, f"{path}.content", images=True)
         result = conv.ToolResultPart(
             call_id,
@@ -103,7 +105,7 @@ def _message(raw: Any, path: str, names: dict[str, str]) -> conv.Message:
             name=names.get(call_id),
         )
         return conv.Message("tool", (result,))
-    raise fields.unsupported("role", role, f"{path}.role")
+    raise fields.unsupported("role", role, path=f"{path}.role")
 
 
 def _tools(body: dict[str, Any]) -> tuple[tuple[conv.Tool, ...], bool]:
@@ -116,18 +118,18 @@ def _tools(body: dict[str, Any]) -> tuple[tuple[conv.Tool, ...], bool]:
     for i, item in enumerate(fields.as_list(raw, "tools")):
         at = f"tools[{i}]"
         tool = fields.as_object(item, at)
-        kind = fields.req_str(tool, "type", at)
+        kind = fields.req_str(tool, "type", path=at)
         if kind == "custom":
             others = True
             continue
         if kind != "function":
-            raise fields.unsupported("tool type", kind, f"{at}.type")
-        function = fields.as_object(fields.required(tool, "function", at), f"{at}.function")
+            raise fields.unsupported("tool type", kind, path=f"{at}.type")
+        function = fields.as_object(fields.required(tool, "function", path=at), f"{at}.function")
         tools.append(
             conv.Tool(
-                fields.req_str(function, "name", f"{at}.function"),
-                fields.opt_str(function, "description", f"{at}.function") or "",
-                fields.opt_object(function, "parameters", f"{at}.function") or {},
+                fields.req_str(function, "name", path=f"{at}.function"),
+                fields.opt_str(function, "description", path=f"{at}.function") or "",
+                fields.opt_object(function, "parameters", path=f"{at}.function") or {},
             )
         )
     return tuple(tools), others
@@ -139,35 +141,36 @@ def _tool_choice(value: Any) -> str:
     if isinstance(value, str):
         if value in ("auto", "none", "required"):
             return value
-        raise fields.unsupported("tool_choice", value, "tool_choice")
+        raise fields.unsupported("tool_choice", value, path="tool_choice")
     choice = fields.as_object(value, "tool_choice")
-    kind = fields.req_str(choice, "type", "tool_choice")
+    kind = fields.req_str(choice, "type", path="tool_choice")
     if kind == "function":
         function = fields.as_object(
-            fields.required(choice, "function", "tool_choice"), "tool_choice.function"
+            fields.required(choice, "function", path="tool_choice"), "tool_choice.function"
         )
-        return fields.req_str(function, "name", "tool_choice.function")
+        return fields.req_str(function, "name", path="tool_choice.function")
     if kind == "allowed_tools":
         allowed = fields.as_object(
-            fields.required(choice, "allowed_tools", "tool_choice"), "tool_choice.allowed_tools"
+            fields.required(choice, "allowed_tools", path="tool_choice"),
+            "tool_choice.allowed_tools",
         )
-        mode = fields.req_str(allowed, "mode", "tool_choice.allowed_tools")
+        mode = fields.req_str(allowed, "mode", path="tool_choice.allowed_tools")
         if mode in ("auto", "required"):
             return mode
-        raise fields.unsupported("mode", mode, "tool_choice.allowed_tools.mode")
-    raise fields.unsupported("tool_choice type", kind, "tool_choice.type")
+        raise fields.unsupported("mode", mode, path="tool_choice.allowed_tools.mode")
+    raise fields.unsupported("tool_choice type", kind, path="tool_choice.type")
 
 
 def _sampling(body: dict[str, Any]) -> conv.SamplingParams:
-    max_tokens = fields.opt_int(body, "max_completion_tokens", "", minimum=1)
+    max_tokens = fields.opt_int(body, "max_completion_tokens", path="", minimum=1)
     if max_tokens is None:
-        max_tokens = fields.opt_int(body, "max_tokens", "", minimum=1)
+        max_tokens = fields.opt_int(body, "max_tokens", path="", minimum=1)
     return conv.SamplingParams(
         max_tokens=max_tokens,
-        temperature=fields.opt_number(body, "temperature", "", minimum=0, maximum=2),
-        top_p=fields.opt_number(body, "top_p", "", minimum=0, maximum=1),
-        stop=fields.stop_list(body, "stop", ""),
-        seed=fields.opt_int(body, "seed", ""),
+        temperature=fields.opt_number(body, "temperature", path="", minimum=0, maximum=2),
+        top_p=fields.opt_number(body, "top_p", path="", minimum=0, maximum=1),
+        stop=fields.stop_list(body, "stop", path=""),
+        seed=fields.opt_int(body, "seed", path=""),
     )
 
 
@@ -194,8 +197,8 @@ def _parse_usage(raw: Any, path: str) -> conv.Usage:
         return conv.Usage()
     usage = fields.as_object(raw, path)
     return conv.Usage(
-        fields.opt_int(usage, "prompt_tokens", path) or 0,
-        fields.opt_int(usage, "completion_tokens", path) or 0,
+        fields.opt_int(usage, "prompt_tokens", path=path) or 0,
+        fields.opt_int(usage, "completion_tokens", path=path) or 0,
     )
 
 
@@ -222,7 +225,7 @@ def openai_error_body(status: int, message: str) -> dict[str, Any]:
 class _Encoder:
     """Chat chunks as the events arrive; tool-call indexes are the canonical ones."""
 
-    def __init__(self, request: conv.ChatRequest, response_id: str, created: int) -> None:
+    def __init__(self, request: conv.ChatRequest, response_id: str, *, created: int) -> None:
         self._head = {
             "id": response_id,
             "object": "chat.completion.chunk",
@@ -318,7 +321,7 @@ class _Decoder:
         if reasoning:
             out.append(conv.ReasoningDelta(fields.as_str(reasoning, f"{path}.reasoning_content")))
         for key in ("content", "refusal"):
-            text = fields.opt_str(delta, key, path)
+            text = fields.opt_str(delta, key, path=path)
             if text:
                 out.append(conv.TextDelta(text))
         for i, raw in enumerate(
@@ -326,13 +329,13 @@ class _Decoder:
         ):
             at = f"{path}.tool_calls[{i}]"
             call = fields.as_object(raw, at)
-            index = fields.opt_int(call, "index", at) or 0
+            index = fields.opt_int(call, "index", path=at) or 0
             function = fields.as_object(call.get("function") or {}, f"{at}.function")
-            call_id = fields.opt_str(call, "id", at)
+            call_id = fields.opt_str(call, "id", path=at)
             if call_id:
-                name = fields.opt_str(function, "name", f"{at}.function") or ""
+                name = fields.opt_str(function, "name", path=f"{at}.function") or ""
                 out.append(conv.ToolCallStart(index, call_id, name))
-            arguments = fields.opt_str(function, "arguments", f"{at}.function")
+            arguments = fields.opt_str(function, "arguments", path=f"{at}.function")
             if arguments:
                 out.append(conv.ToolCallArgumentsDelta(index, arguments))
         return out
@@ -344,23 +347,25 @@ class OpenAIChatCodec:
 
     def parse_request(self, body: bytes) -> conv.ChatRequest:
         obj = fields.load_object(body)
-        raw_messages = fields.req_list(obj, "messages", "")
+        raw_messages = fields.req_list(obj, "messages", path="")
         if not raw_messages:
             raise CodecError("must hold at least one message", field="messages")
         names: dict[str, str] = {}
-        messages = tuple(_message(m, f"messages[{i}]", names) for i, m in enumerate(raw_messages))
+        messages = tuple(
+            _message(m, f"messages[{i}]", names=names) for i, m in enumerate(raw_messages)
+        )
         tools, other_tools = _tools(obj)
         extra = fields.rest(obj, _MODELLED)
         if other_tools:
             extra["tools"] = obj["tools"]
         return conv.ChatRequest(
             api=self.api,
-            model=fields.req_str(obj, "model", ""),
+            model=fields.req_str(obj, "model", path=""),
             messages=messages,
             tools=tools,
             tool_choice=_tool_choice(obj.get("tool_choice")),
             sampling=_sampling(obj),
-            stream=bool(fields.opt_bool(obj, "stream", "")),
+            stream=bool(fields.opt_bool(obj, "stream", path="")),
             extra=extra,
         )
 
@@ -409,21 +414,21 @@ class OpenAIChatCodec:
         self, request: conv.ChatRequest, *, response_id: str, created: int, prompt_tokens: int = 0
     ) -> _Encoder:
         del prompt_tokens  # this API reports usage only at the end
-        return _Encoder(request, response_id, created)
+        return _Encoder(request, response_id, created=created)
 
     def parse_response(self, body: bytes) -> conv.Completion:
         obj = fields.load_object(body)
-        choices = fields.req_list(obj, "choices", "")
+        choices = fields.req_list(obj, "choices", path="")
         if not choices:
             raise CodecError("must hold at least one choice", field="choices")
         choice = fields.as_object(choices[0], "choices[0]")
         raw = fields.as_object(
-            fields.required(choice, "message", "choices[0]"), "choices[0].message"
+            fields.required(choice, "message", path="choices[0]"), "choices[0].message"
         )
-        message = _message({**raw, "role": "assistant"}, "choices[0].message", {})
+        message = _message({**raw, "role": "assistant"}, "choices[0].message", names={})
         if not message.text and isinstance(raw.get("refusal"), str) and raw["refusal"]:
             message = conv.Message("assistant", (*message.parts, conv.TextPart(raw["refusal"])))
-        finish = fields.opt_str(choice, "finish_reason", "choices[0]") or "stop"
+        finish = fields.opt_str(choice, "finish_reason", path="choices[0]") or "stop"
         return conv.Completion(
             message, _FINISH_IN.get(finish, "stop"), _parse_usage(obj.get("usage"), "usage")
         )

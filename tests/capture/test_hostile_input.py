@@ -177,6 +177,38 @@ def test_mutated_requests_get_the_apis_answer_and_are_each_recorded_once(
     assert not lost
 
 
+def test_a_call_in_another_api_than_the_declared_one_is_refused_and_recorded(
+    procs: Any, engine: ScriptedEngine, tmp_path: Path, tiny_tokenizer_dir: Path
+) -> None:
+    """``--api`` (the HarnessEnv's ``spec.api``): a call in another API is answered with that
+    API's own error naming both, recorded as refused; the declared API's calls go on."""
+    engine.default = "good"
+    sidecar = scripted_engine.sidecar_for(
+        procs,
+        engine,
+        job="declared",
+        rollout="r-declared",
+        tokenizer=tiny_tokenizer_dir,
+        extra=("--api", "openai-chat"),
+    )
+    path, body, error_shaped = APIS["anthropic_messages"]
+    with httpx.Client(base_url=sidecar.url, timeout=30) as client:
+        refused = client.post(path, json=body)
+        chat_path, chat_body, _ = APIS["openai_chat"]
+        answered = client.post(chat_path, json=chat_body)
+    assert refused.status_code == 400 and error_shaped(refused.json()), refused.text
+    message = refused.json()["error"]["message"]
+    assert "anthropic-messages API (POST /v1/messages)" in message, message
+    assert "spec.api: openai-chat" in message, message
+    assert answered.status_code == 200, answered.text
+    assert engine.posts == ["/v1/completions"]  # the refused call never reached the engine
+    finish(sidecar)
+    with store.Store(tmp_path / "store.db") as db:
+        calls = db.calls("r-declared")
+    assert [(c.call_index, c.http_status) for c in calls] == [(0, 400), (1, 200)]
+    assert "spec.api: openai-chat" in calls[0].error
+
+
 JUNK_PREFIXES = [
     b"",
     b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03",  # a TLS client hello to a plain port

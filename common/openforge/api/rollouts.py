@@ -29,17 +29,17 @@ MAX_POD_NAME = 63
 """Pod names become host names, which hold 63 characters."""
 
 
-def rollout_name(job: str, index: int, attempt: int) -> str:
+def rollout_name(job: str, index: int, *, attempt: int) -> str:
     """The pod (or process) name of one attempt of one rollout."""
     if index < 0 or attempt < 0:
         raise ValueError(f"index and attempt must be >= 0 (got index={index}, attempt={attempt})")
     return f"{job}-{index}-{attempt}"
 
 
-def pod_name(job: str, index: int, attempt: int) -> str:
+def pod_name(job: str, index: int, *, attempt: int) -> str:
     """``<job>-<index>-<attempt>``; a job part that would push it past 63 characters
     is cut and given a hash of the whole job name, so names stay distinct."""
-    name = rollout_name(job, index, attempt)
+    name = rollout_name(job, index, attempt=attempt)
     if len(name) <= MAX_POD_NAME:
         return name
     suffix = f"-{index}-{attempt}"
@@ -55,7 +55,10 @@ def is_pod_of(job: str, name: str) -> bool:
     ``a-``, so ``a-1-0-0`` (job ``a-1``) is never one of them.
     """
     match = _NAME.match(name)
-    return match is not None and pod_name(job, int(match["index"]), int(match["attempt"])) == name
+    return (
+        match is not None
+        and pod_name(job, int(match["index"]), attempt=int(match["attempt"])) == name
+    )
 
 
 def parse_rollout_name(name: str) -> tuple[str, int, int]:
@@ -72,7 +75,7 @@ def rollout_count(task_count: int, samples_per_task: int) -> int:
     return task_count * samples_per_task
 
 
-def rollout_index(task_index: int, sample: int, samples_per_task: int) -> int:
+def rollout_index(task_index: int, sample: int, *, samples_per_task: int) -> int:
     """The rollout index of ``sample`` (0-based) of task ``task_index``."""
     _check_group_size(samples_per_task)
     if task_index < 0 or not 0 <= sample < samples_per_task:

@@ -108,7 +108,7 @@ def load_manifests(source: str | os.PathLike[str]) -> list[v1alpha1.Resource]:
     resources: list[v1alpha1.Resource] = []
     problems: list[Problem] = []
     seen: dict[tuple[str, str | None], int] = {}
-    for node, data in _documents(name, text, problems):
+    for node, data in _documents(name, text, problems=problems):
         duplicates = [
             Problem(_path(loc), "duplicate key", None, name, line)
             for loc, line in _duplicate_keys(node, ())
@@ -169,12 +169,12 @@ def read(path: str | os.PathLike[str]) -> str:
         ) from None
 
 
-def line_of(source: str | os.PathLike[str], kind: str, name: str, loc: Loc) -> int | None:
+def line_of(source: str | os.PathLike[str], kind: str, *, name: str, loc: Loc) -> int | None:
     """The line of ``loc`` (its deepest part present) in the ``kind`` named ``name`` in a
     YAML file, for a problem found after loading (a reference to another object); None
     when the file no longer holds that object."""
     problems: list[Problem] = []
-    for node, data in _documents(os.fspath(source), read(source), problems):
+    for node, data in _documents(os.fspath(source), read(source), problems=problems):
         if (
             isinstance(data, Mapping)
             and data.get("kind") == kind
@@ -242,7 +242,7 @@ _Loader.add_implicit_resolver(
 )
 
 
-def _documents(name: str, text: str, problems: list[Problem]) -> Iterator[tuple[yaml.Node, Any]]:
+def _documents(name: str, text: str, *, problems: list[Problem]) -> Iterator[tuple[yaml.Node, Any]]:
     """(node, data) per non-empty document; a YAML syntax error ends the stream as a problem."""
     loader = _Loader(text)
     try:

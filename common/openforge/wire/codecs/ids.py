@@ -14,6 +14,6 @@ def derive(prefix: str, seed: str, *, length: int = 24) -> str:
     return prefix + hashlib.sha256(seed.encode()).hexdigest()[:length]
 
 
-def item_id(prefix: str, response_id: str, index: int) -> str:
+def item_id(prefix: str, response_id: str, *, index: int) -> str:
     """The id of output item ``index`` of response ``response_id``."""
     return derive(prefix, f"{response_id}/{index}", length=32)

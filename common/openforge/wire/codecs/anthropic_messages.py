@@ -46,14 +46,14 @@ _ERROR_TYPES = {
 
 def _image(block: dict[str, Any], path: str) -> conv.ImagePart:
     at = f"{path}.source"
-    source = fields.as_object(fields.required(block, "source", path), at)
-    kind = fields.req_str(source, "type", at)
+    source = fields.as_object(fields.required(block, "source", path=path), at)
+    kind = fields.req_str(source, "type", path=at)
     if kind == "base64":
-        media_type = fields.req_str(source, "media_type", at)
-        return conv.ImagePart(f"data:{media_type};base64,{fields.req_str(source, 'data', at)}")
+        media_type = fields.req_str(source, "media_type", path=at)
+        return conv.ImagePart(f"data:{media_type};base64,{fields.req_str(source, 'data', path=at)}")
     if kind == "url":
-        return conv.ImagePart(fields.req_str(source, "url", at))
-    raise fields.unsupported("image source type", kind, f"{at}.type")
+        return conv.ImagePart(fields.req_str(source, "url", path=at))
+    raise fields.unsupported("image source type", kind, path=f"{at}.type")
 
 
 def _result_content(value: Any, path: str) -> tuple[conv.TextPart | conv.ImagePart, ...]:
@@ -65,17 +65,17 @@ def _result_content(value: Any, path: str) -> tuple[conv.TextPart | conv.ImagePa
     for i, raw in enumerate(fields.as_list(value, path)):
         at = f"{path}[{i}]"
         block = fields.as_object(raw, at)
-        kind = fields.req_str(block, "type", at)
+        kind = fields.req_str(block, "type", path=at)
         if kind == "text":
-            parts.append(conv.TextPart(fields.req_str(block, "text", at)))
+            parts.append(conv.TextPart(fields.req_str(block, "text", path=at)))
         elif kind == "image":
             parts.append(_image(block, at))
         else:
-            raise fields.unsupported("tool result content type", kind, f"{at}.type")
+            raise fields.unsupported("tool result content type", kind, path=f"{at}.type")
     return tuple(parts)
 
 
-def _user_turn(content: Any, path: str, names: dict[str, str]) -> list[conv.Message]:
+def _user_turn(content: Any, path: str, *, names: dict[str, str]) -> list[conv.Message]:
     if isinstance(content, str):
         return [conv.Message("user", (conv.TextPart(content),) if content else ())]
     results: list[conv.Message] = []
@@ -83,50 +83,50 @@ def _user_turn(content: Any, path: str, names: dict[str, str]) -> list[conv.Mess
     for i, raw in enumerate(fields.as_list(content, path)):
         at = f"{path}[{i}]"
         block = fields.as_object(raw, at)
-        kind = fields.req_str(block, "type", at)
+        kind = fields.req_str(block, "type", path=at)
         if kind == "text":
-            parts.append(conv.TextPart(fields.req_str(block, "text", at)))
+            parts.append(conv.TextPart(fields.req_str(block, "text", path=at)))
         elif kind == "image":
             parts.append(_image(block, at))
         elif kind == "tool_result":
-            call_id = fields.req_str(block, "tool_use_id", at)
+            call_id = fields.req_str(block, "tool_use_id", path=at)
             result = conv.ToolResultPart(
                 call_id,
                 _result_content(block.get("content"), f"{at}.content"),
-                is_error=bool(fields.opt_bool(block, "is_error", at)),
+                is_error=bool(fields.opt_bool(block, "is_error", path=at)),
                 name=names.get(call_id),
             )
             results.append(conv.Message("tool", (result,)))
         else:
-            raise fields.unsupported("content block type", kind, f"{at}.type")
+            raise fields.unsupported("content block type", kind, path=f"{at}.type")
     if parts or not results:
         results.append(conv.Message("user", tuple(parts)))
     return results
 
 
-def _assistant_turn(content: Any, path: str, names: dict[str, str]) -> conv.Message:
+def _assistant_turn(content: Any, path: str, *, names: dict[str, str]) -> conv.Message:
     if isinstance(content, str):
         return conv.Message("assistant", (conv.TextPart(content),) if content else ())
     parts: list[conv.Part] = []
     for i, raw in enumerate(fields.as_list(content, path)):
         at = f"{path}[{i}]"
         block = fields.as_object(raw, at)
-        kind = fields.req_str(block, "type", at)
+        kind = fields.req_str(block, "type", path=at)
         if kind == "text":
-            parts.append(conv.TextPart(fields.req_str(block, "text", at)))
+            parts.append(conv.TextPart(fields.req_str(block, "text", path=at)))
         elif kind == "thinking":
-            signature = fields.opt_str(block, "signature", at) or None
-            parts.append(conv.ReasoningPart(fields.req_str(block, "thinking", at), signature))
+            signature = fields.opt_str(block, "signature", path=at) or None
+            parts.append(conv.ReasoningPart(fields.req_str(block, "thinking", path=at), signature))
         elif kind == "redacted_thinking":
             continue
         elif kind == "tool_use":
-            call_id = fields.req_str(block, "id", at)
-            name = fields.req_str(block, "name", at)
-            arguments = fields.as_object(fields.required(block, "input", at), f"{at}.input")
+            call_id = fields.req_str(block, "id", path=at)
+            name = fields.req_str(block, "name", path=at)
+            arguments = fields.as_object(fields.required(block, "input", path=at), f"{at}.input")
             names[call_id] = name
             parts.append(conv.ToolCallPart(call_id, name, fields.dumps(arguments)))
         else:
-            raise fields.unsupported("content block type", kind, f"{at}.type")
+            raise fields.unsupported("content block type", kind, path=f"{at}.type")
     return conv.Message("assistant", tuple(parts))
 
 
@@ -145,32 +145,32 @@ def _system(value: Any, path: str) -> list[conv.Message]:
     for i, raw in enumerate(fields.as_list(value, path)):
         at = f"{path}[{i}]"
         block = fields.as_object(raw, at)
-        kind = fields.req_str(block, "type", at)
+        kind = fields.req_str(block, "type", path=at)
         if kind != "text":
-            raise fields.unsupported("system block type", kind, f"{at}.type")
-        parts.append(conv.TextPart(fields.req_str(block, "text", at)))
+            raise fields.unsupported("system block type", kind, path=f"{at}.type")
+        parts.append(conv.TextPart(fields.req_str(block, "text", path=at)))
     return [conv.Message("system", tuple(parts))] if parts else []
 
 
 def _messages(body: dict[str, Any]) -> tuple[conv.Message, ...]:
     messages = _system(body.get("system"), "system")
     names: dict[str, str] = {}
-    raw_messages = fields.req_list(body, "messages", "")
+    raw_messages = fields.req_list(body, "messages", path="")
     if not raw_messages:
         raise CodecError("must hold at least one message", field="messages")
     for i, raw in enumerate(raw_messages):
         at = f"messages[{i}]"
         turn = fields.as_object(raw, at)
-        role = fields.req_str(turn, "role", at)
-        content = fields.required(turn, "content", at)
+        role = fields.req_str(turn, "role", path=at)
+        content = fields.required(turn, "content", path=at)
         if role == "user":
-            messages.extend(_user_turn(content, f"{at}.content", names))
+            messages.extend(_user_turn(content, f"{at}.content", names=names))
         elif role == "assistant":
-            messages.append(_assistant_turn(content, f"{at}.content", names))
+            messages.append(_assistant_turn(content, f"{at}.content", names=names))
         elif role == "system":
             messages.extend(_system(content, f"{at}.content"))
         else:
-            raise fields.unsupported("role", role, f"{at}.role")
+            raise fields.unsupported("role", role, path=f"{at}.role")
     return tuple(messages)
 
 
@@ -188,17 +188,19 @@ def _tools(body: dict[str, Any]) -> tuple[tuple[conv.Tool, ...], bool]:
     for i, item in enumerate(fields.as_list(raw, "tools")):
         at = f"tools[{i}]"
         tool = fields.as_object(item, at)
-        kind = fields.opt_str(tool, "type", at)
+        kind = fields.opt_str(tool, "type", path=at)
         if kind not in (None, "custom"):
             if not _SERVER_TOOL.fullmatch(kind):
-                raise fields.unsupported("tool type", kind, f"{at}.type")
+                raise fields.unsupported("tool type", kind, path=f"{at}.type")
             others = True
             continue
         tools.append(
             conv.Tool(
-                fields.req_str(tool, "name", at),
-                fields.opt_str(tool, "description", at) or "",
-                fields.as_object(fields.required(tool, "input_schema", at), f"{at}.input_schema"),
+                fields.req_str(tool, "name", path=at),
+                fields.opt_str(tool, "description", path=at) or "",
+                fields.as_object(
+                    fields.required(tool, "input_schema", path=at), f"{at}.input_schema"
+                ),
             )
         )
     return tuple(tools), others
@@ -208,14 +210,14 @@ def _tool_choice(value: Any) -> str:
     if value is None:
         return "auto"
     choice = fields.as_object(value, "tool_choice")
-    kind = fields.req_str(choice, "type", "tool_choice")
+    kind = fields.req_str(choice, "type", path="tool_choice")
     if kind in ("auto", "none"):
         return kind
     if kind == "any":
         return "required"
     if kind == "tool":
-        return fields.req_str(choice, "name", "tool_choice")
-    raise fields.unsupported("tool_choice type", kind, "tool_choice.type")
+        return fields.req_str(choice, "name", path="tool_choice")
+    raise fields.unsupported("tool_choice type", kind, path="tool_choice.type")
 
 
 # --- responses ------------------------------------------------------------
@@ -250,19 +252,19 @@ def _block(part: conv.Part) -> dict[str, Any] | None:
 
 def _parse_block(raw: Any, path: str) -> conv.Part | None:
     block = fields.as_object(raw, path)
-    kind = fields.req_str(block, "type", path)
+    kind = fields.req_str(block, "type", path=path)
     if kind == "text":
-        text = fields.req_str(block, "text", path)
+        text = fields.req_str(block, "text", path=path)
         return conv.TextPart(text) if text else None
     if kind == "thinking":
-        text = fields.req_str(block, "thinking", path)
-        signature = fields.opt_str(block, "signature", path) or None
+        text = fields.req_str(block, "thinking", path=path)
+        signature = fields.opt_str(block, "signature", path=path) or None
         return conv.ReasoningPart(text, signature) if text or signature else None
     if kind == "tool_use":
-        data = fields.as_object(fields.required(block, "input", path), f"{path}.input")
+        data = fields.as_object(fields.required(block, "input", path=path), f"{path}.input")
         return conv.ToolCallPart(
-            fields.req_str(block, "id", path),
-            fields.req_str(block, "name", path),
+            fields.req_str(block, "id", path=path),
+            fields.req_str(block, "name", path=path),
             fields.dumps(data),
         )
     return None  # redacted thinking and server tool blocks have no canonical form
@@ -272,7 +274,9 @@ def _parse_usage(raw: Any, path: str) -> tuple[int | None, int | None]:
     if raw is None:
         return None, None
     usage = fields.as_object(raw, path)
-    return fields.opt_int(usage, "input_tokens", path), fields.opt_int(usage, "output_tokens", path)
+    return fields.opt_int(usage, "input_tokens", path=path), fields.opt_int(
+        usage, "output_tokens", path=path
+    )
 
 
 def _message_head(request: conv.ChatRequest, response_id: str) -> dict[str, Any]:
@@ -282,7 +286,9 @@ def _message_head(request: conv.ChatRequest, response_id: str) -> dict[str, Any]
 class _Encoder:
     """Content blocks as the events arrive; a tool call's events must be contiguous."""
 
-    def __init__(self, request: conv.ChatRequest, response_id: str, prompt_tokens: int = 0) -> None:
+    def __init__(
+        self, request: conv.ChatRequest, response_id: str, *, prompt_tokens: int = 0
+    ) -> None:
         self._head = _message_head(request, response_id)
         self._prompt_tokens = prompt_tokens  # message_start's input_tokens, as the API reports
         self._blocks = 0
@@ -306,10 +312,10 @@ class _Encoder:
 
     def encode(self, event: conv.StreamEvent) -> bytes:
         if isinstance(event, conv.TextDelta):
-            return self._delta("text", {"type": "text_delta", "text": event.text}, event.text)
+            return self._delta("text", {"type": "text_delta", "text": event.text}, text=event.text)
         if isinstance(event, conv.ReasoningDelta):
             delta = {"type": "thinking_delta", "thinking": event.text}
-            return self._delta("thinking", delta, event.text)
+            return self._delta("thinking", delta, text=event.text)
         if isinstance(event, conv.ReasoningSignature):
             if self._open != "thinking":
                 return b""
@@ -336,7 +342,7 @@ class _Encoder:
         self._blocks += 1
         return out + self._emit("content_block_start", index=self._blocks - 1, content_block=block)
 
-    def _delta(self, kind: str, delta: dict[str, Any], text: str) -> bytes:
+    def _delta(self, kind: str, delta: dict[str, Any], *, text: str) -> bytes:
         if not text:
             return b""
         out = b""
@@ -399,7 +405,7 @@ class _Decoder:
             return self._stop(body)
         elif kind == "message_delta":
             delta = fields.as_object(body.get("delta") or {}, "delta")
-            reason = fields.opt_str(delta, "stop_reason", "delta")
+            reason = fields.opt_str(delta, "stop_reason", path="delta")
             self._finish = _STOP_IN.get(reason or "end_turn", "stop")
             tokens_in, tokens_out = _parse_usage(body.get("usage"), "usage")
             self._input = self._input if tokens_in is None else tokens_in
@@ -413,34 +419,36 @@ class _Decoder:
         return conv.Usage(self._input or 0, self._output or 0)
 
     def _start(self, body: dict[str, Any]) -> list[conv.StreamEvent]:
-        block = fields.as_object(fields.required(body, "content_block", ""), "content_block")
+        block = fields.as_object(fields.required(body, "content_block", path=""), "content_block")
         kind = block.get("type")
         if kind == "text":
-            text = fields.opt_str(block, "text", "content_block")
+            text = fields.opt_str(block, "text", path="content_block")
             return [conv.TextDelta(text)] if text else []
         if kind == "thinking":
-            text = fields.opt_str(block, "thinking", "content_block")
+            text = fields.opt_str(block, "thinking", path="content_block")
             return [conv.ReasoningDelta(text)] if text else []
         if kind != "tool_use":
             return []
         index = len(self._tools)
-        self._tools[fields.opt_int(body, "index", "") or 0] = index
+        self._tools[fields.opt_int(body, "index", path="") or 0] = index
         self._tool_args[index] = False
-        call_id = fields.req_str(block, "id", "content_block")
-        return [conv.ToolCallStart(index, call_id, fields.req_str(block, "name", "content_block"))]
+        call_id = fields.req_str(block, "id", path="content_block")
+        return [
+            conv.ToolCallStart(index, call_id, fields.req_str(block, "name", path="content_block"))
+        ]
 
     def _delta(self, body: dict[str, Any]) -> list[conv.StreamEvent]:
-        delta = fields.as_object(fields.required(body, "delta", ""), "delta")
+        delta = fields.as_object(fields.required(body, "delta", path=""), "delta")
         kind = delta.get("type")
         if kind == "text_delta":
-            return [conv.TextDelta(fields.req_str(delta, "text", "delta"))]
+            return [conv.TextDelta(fields.req_str(delta, "text", path="delta"))]
         if kind == "thinking_delta":
-            return [conv.ReasoningDelta(fields.req_str(delta, "thinking", "delta"))]
+            return [conv.ReasoningDelta(fields.req_str(delta, "thinking", path="delta"))]
         if kind == "signature_delta":
-            return [conv.ReasoningSignature(fields.req_str(delta, "signature", "delta"))]
+            return [conv.ReasoningSignature(fields.req_str(delta, "signature", path="delta"))]
         if kind == "input_json_delta":
-            index = self._tools.get(fields.opt_int(body, "index", "") or 0)
-            partial = fields.req_str(delta, "partial_json", "delta")
+            index = self._tools.get(fields.opt_int(body, "index", path="") or 0)
+            partial = fields.req_str(delta, "partial_json", path="delta")
             if index is None or not partial:
                 return []
             self._tool_args[index] = True
@@ -449,7 +457,7 @@ class _Decoder:
 
     def _stop(self, body: dict[str, Any]) -> list[conv.StreamEvent]:
         """A tool call that streamed no input has the input ``{}``, as in JSON bodies."""
-        index = self._tools.get(fields.opt_int(body, "index", "") or 0)
+        index = self._tools.get(fields.opt_int(body, "index", path="") or 0)
         if index is None or self._tool_args[index]:
             return []
         self._tool_args[index] = True
@@ -462,8 +470,8 @@ class AnthropicMessagesCodec:
 
     def parse_request(self, body: bytes) -> conv.ChatRequest:
         obj = fields.load_object(body)
-        model = fields.req_str(obj, "model", "")
-        max_tokens = fields.opt_int(obj, "max_tokens", "", minimum=1)
+        model = fields.req_str(obj, "model", path="")
+        max_tokens = fields.opt_int(obj, "max_tokens", path="", minimum=1)
         if max_tokens is None:
             raise CodecError("required field is missing", field="max_tokens")
         messages = _messages(obj)
@@ -479,11 +487,11 @@ class AnthropicMessagesCodec:
             tool_choice=_tool_choice(obj.get("tool_choice")),
             sampling=conv.SamplingParams(
                 max_tokens=max_tokens,
-                temperature=fields.opt_number(obj, "temperature", "", minimum=0, maximum=1),
-                top_p=fields.opt_number(obj, "top_p", "", minimum=0, maximum=1),
-                stop=fields.stop_list(obj, "stop_sequences", ""),
+                temperature=fields.opt_number(obj, "temperature", path="", minimum=0, maximum=1),
+                top_p=fields.opt_number(obj, "top_p", path="", minimum=0, maximum=1),
+                stop=fields.stop_list(obj, "stop_sequences", path=""),
             ),
-            stream=bool(fields.opt_bool(obj, "stream", "")),
+            stream=bool(fields.opt_bool(obj, "stream", path="")),
             extra=extra,
         )
 
@@ -508,16 +516,16 @@ class AnthropicMessagesCodec:
     def stream_encoder(
         self, request: conv.ChatRequest, *, response_id: str, created: int, prompt_tokens: int = 0
     ) -> _Encoder:
-        return _Encoder(request, response_id, prompt_tokens)
+        return _Encoder(request, response_id, prompt_tokens=prompt_tokens)
 
     def parse_response(self, body: bytes) -> conv.Completion:
         obj = fields.load_object(body)
         parts = []
-        for i, raw in enumerate(fields.req_list(obj, "content", "")):
+        for i, raw in enumerate(fields.req_list(obj, "content", path="")):
             part = _parse_block(raw, f"content[{i}]")
             if part is not None:
                 parts.append(part)
-        reason = fields.opt_str(obj, "stop_reason", "") or "end_turn"
+        reason = fields.opt_str(obj, "stop_reason", path="") or "end_turn"
         tokens_in, tokens_out = _parse_usage(obj.get("usage"), "usage")
         return conv.Completion(
             conv.Message("assistant", tuple(parts)),

@@ -5,18 +5,19 @@ servers' route tables are made of those constants."""
 from __future__ import annotations
 
 import ast
+import tomllib
 from pathlib import Path
 
 from openforge import endpoints
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = [
-    "proto/openforge",
-    "sidecar/openforge_sidecar",
-    "operator/openforge_operator",
-    "trainer/openforge_trainer",
-]
-HOME = ROOT / "proto" / "openforge" / "endpoints.py"
+#: Every package's folder, as the wheel is built from them.
+PACKAGES = list(
+    tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"][
+        "package-dir"
+    ].values()
+)
+HOME = ROOT / "common" / "openforge" / "endpoints.py"
 
 
 def docstrings(tree: ast.AST) -> set[int]:
