@@ -20,10 +20,7 @@ PACKAGES = list(
 
 #: (file, function): why its signature is another library's.
 EXTERNAL = {
-    ("sidecar/openforge_sidecar/policy/template.py", "_tojson"): (
-        "the chat templates' tojson filter, with transformers' signature"
-    ),
-    ("trainer/openforge_trainer/tiny/tokenizer_build.py", "_tojson"): (
+    ("common/openforge/chat_template.py", "_tojson"): (
         "the chat templates' tojson filter, with transformers' signature"
     ),
     ("trainer/openforge_trainer/training/verl_rollout.py", "__init__"): (

@@ -20,12 +20,9 @@ import urllib.request
 from array import array
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
-import jinja2
-from jinja2.ext import loopcontrols
-from jinja2.sandbox import ImmutableSandboxedEnvironment
-from openforge import endpoints
+from openforge import chat_template, endpoints
 from openforge.wire import conversation
 from tokenizers import Tokenizer, decoders
 
@@ -42,7 +39,7 @@ class PolicyTokenizer:
 
     def __init__(self, *, tokenizer: Tokenizer, config: dict[str, Any]) -> None:
         self._tokenizer = tokenizer
-        self._template = _environment().from_string(_chat_template(config))
+        self._template = chat_template.environment().from_string(_chat_template(config))
         self.eos_token = _token_text(config.get("eos_token"), "eos_token")
         stops = {self._token_id(self.eos_token)}
         stops.update(self._token_id(t) for t in _CHATML_STOPS if self._has_token(t))
@@ -194,53 +191,6 @@ class IncrementalDetokenizer:
 
 
 # --- helpers ------------------------------------------------------------------
-
-
-def _tojson(
-    value: Any,
-    ensure_ascii: bool = False,
-    indent: int | None = None,
-    separators: Sequence[str] | None = None,
-    sort_keys: bool = False,
-) -> str:
-    """The `tojson` filter exactly as transformers defines it for chat templates."""
-    seps = None if separators is None else (separators[0], separators[1])
-    return json.dumps(
-        value, ensure_ascii=ensure_ascii, indent=indent, separators=seps, sort_keys=sort_keys
-    )
-
-
-def _raise_exception(message: str) -> NoReturn:
-    raise jinja2.TemplateError(message)
-
-
-_DICT_ATTRIBUTES = frozenset(dir(dict))
-
-
-class _Environment(ImmutableSandboxedEnvironment):
-    """The sandbox, with a shortcut for ``message.role`` on the dicts we render.
-
-    Jinja looks ``x.name`` up as an attribute first and, when that raises,
-    as a key. On a plain dict only dict's own attributes can be found, so
-    for any other name the answer is the key or undefined, as the sandbox
-    would give it, without paying for the exception (a sixth of a render
-    or more).
-    """
-
-    def getattr(self, obj: Any, attribute: str) -> Any:
-        if type(obj) is dict and attribute not in _DICT_ATTRIBUTES:
-            try:
-                return obj[attribute]
-            except KeyError:
-                return self.undefined(obj=obj, name=attribute)
-        return super().getattr(obj, attribute)
-
-
-def _environment() -> ImmutableSandboxedEnvironment:
-    env = _Environment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
-    env.filters["tojson"] = _tojson
-    env.globals["raise_exception"] = _raise_exception
-    return env
 
 
 def _chat_template(config: dict[str, Any]) -> str:

@@ -12,6 +12,7 @@ import pytest
 import tiny_policy
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from openforge import chat_template
 from openforge.wire import conversation as cv
 from openforge_sidecar.policy import template
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -338,5 +339,5 @@ def test_dict_attribute_lookup_matches_the_stock_sandbox(source: str) -> None:
 
     stock = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
     message = {"role": "user", "items": "a key named like a method", "nested": {"deep": 1}}
-    ours = template._environment().from_string(source).render(m=message)
+    ours = chat_template.environment().from_string(source).render(m=message)
     assert ours == stock.from_string(source).render(m=message)

@@ -27,8 +27,8 @@ from pathlib import Path
 from typing import Any
 
 import jinja2
-from jinja2.ext import loopcontrols
 from jinja2.sandbox import ImmutableSandboxedEnvironment
+from openforge import chat_template
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 CONTROL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
@@ -118,27 +118,10 @@ def committed_assets() -> Path:
 # --- chat template rendering ------------------------------------------------
 
 
-def _tojson(
-    value: Any,
-    ensure_ascii: bool = False,
-    indent: int | None = None,
-    separators: Sequence[str] | None = None,
-    sort_keys: bool = False,
-) -> str:
-    """The `tojson` filter exactly as transformers defines it for chat templates."""
-    seps = None if separators is None else (separators[0], separators[1])
-    return json.dumps(
-        value, ensure_ascii=ensure_ascii, indent=indent, separators=seps, sort_keys=sort_keys
-    )
-
-
 def chat_environment() -> ImmutableSandboxedEnvironment:
-    """A Jinja environment configured like transformers' chat-template one."""
-    env = ImmutableSandboxedEnvironment(
-        trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols]
-    )
-    env.filters["tojson"] = _tojson
-    return env
+    """The chat-template environment the sidecar renders prompts in
+    (:func:`openforge.chat_template.environment`)."""
+    return chat_template.environment()
 
 
 @functools.cache
