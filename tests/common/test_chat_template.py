@@ -24,7 +24,9 @@ def test_raise_exception_fails_the_render_with_the_template_s_message() -> None:
 
 
 def test_blocks_are_trimmed_and_loops_can_break() -> None:
-    source = "{% for m in ms %}\n  {% if loop.index > 2 %}{% break %}{% endif %}{{ m }}\n{% endfor %}"
+    source = (
+        "{% for m in ms %}\n  {% if loop.index > 2 %}{% break %}{% endif %}{{ m }}\n{% endfor %}"
+    )
     assert render(source, ms=["a", "b", "c"]) == "a\nb\n"
 
 
