@@ -163,8 +163,8 @@ def torch_threads_env(environ: Mapping[str, str] | None = None) -> dict[str, str
     They share this machine with each other and with the rollouts, so each takes half
     its cores for torch's threads (``OMP_NUM_THREADS``), at least one: at torch's
     default, both take every core and spin against each other and the harnesses (on 2
-    cores, 2 iterations of the Codex learning job took 140 CPU-seconds with torch's
-    default and 104 with one thread each, and no longer). An ``OMP_NUM_THREADS``
+    cores, 2 iterations of the Codex learning job take 140 CPU-seconds at torch's
+    default and 104 with one thread each, in no more wall time). An ``OMP_NUM_THREADS``
     already set is the user's, and kept."""
     if (os.environ if environ is None else environ).get("OMP_NUM_THREADS"):
         return {}

@@ -642,8 +642,8 @@ class Capture:
         writer, whose thread then takes the GIL to serialize it. Done in the
         event loop's next round instead, it comes after that send and before
         the loop reads anything new, so before any later call of the harness
-        (and its rollout/finish) is seen. What is durable when is unchanged:
-        the record is fsync'd by the writer, then exported, as before.
+        (and its rollout/finish) is seen. The record is durable as any other:
+        fsync'd by the writer, then exported.
         """
         call.finished = True  # an error hook for this flow in the meantime spools nothing
         asyncio.get_running_loop().call_soon(
@@ -746,9 +746,9 @@ class Capture:
 
         Runs in a worker thread while the proxy already accepts calls, so a
         call can come in mid-load. The tokenizer is published last, since a
-        call that finds it goes on without waiting: publishing it first (as
-        before) let such a call find no history, fail in the request hook and
-        go upstream unrewritten (the engine's rare "404 Not Found"). The lock
+        call that finds it goes on without waiting: published first, it would
+        let such a call find no history, fail in the request hook and go
+        upstream unrewritten (the engine would answer "404 Not Found"). The lock
         makes a call that finds nothing wait for the load under way.
         """
         with self._loading:

@@ -176,10 +176,9 @@ def settings(ns: argparse.Namespace) -> list[str]:
         f"openforge_ready_file={ns.ready_file}",
         f"openforge_finish_on_stop={'true' if ns.finish_on_stop else 'false'}",
         f"openforge_control_token_file={ns.control_token_file}",
-        # Connect upstream only when a request is forwarded. (Eager connects in
-        # reverse mode were tried for latency and reverted after a rare engine
-        # 404 in the end-to-end tests. That 404 was a call racing the tokenizer
-        # load at startup, since fixed in capture; eager connects were not retried.)
+        # Connect upstream only when a request is forwarded: an eager connection
+        # saves a call its connect but holds a socket to the engine per sidecar
+        # whether it calls or not.
         "connection_strategy=lazy",
     ]
     if ns.confdir:

@@ -217,8 +217,8 @@ def _byte_table(tokenizer: Tokenizer) -> list[bytes] | None:
     """Each token's bytes, decoded as the ByteLevel decoder does; None if not byte-level.
 
     The decoder's type is read from the object: parsing the tokenizer's JSON
-    for it (as before) holds tens of MB for a real vocabulary at once, which
-    stays the process's peak resident size for its whole life.
+    for it would hold tens of MB for a real vocabulary at once, which would
+    stay the process's peak resident size for its whole life.
     """
     if not isinstance(tokenizer.decoder, decoders.ByteLevel):
         return None
