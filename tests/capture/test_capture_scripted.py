@@ -229,3 +229,49 @@ def test_the_policys_thinking_is_signed_and_replays_as_its_own_tokens(
         list(calls[1].prompt_token_ids[: len(first_tokens)]) == first_tokens
     )  # merged, token for token
     assert calls[1].prefix_token_count == len(first_tokens)
+
+
+def test_responses_reasoning_round_trips_through_its_encrypted_content(
+    procs: Any, engine: ScriptedEngine, tmp_path: Path, tiny_tokenizer_dir: Path
+) -> None:
+    """The official OpenAI SDK with ``include: ["reasoning.encrypted_content"]`` (a client
+    that keeps no server-side state): the streamed reasoning item carries its text and
+    signature; a client that sends back only the item (no summary) gives the policy its
+    reasoning back, and the next call extends the first one's tokens. Encrypted content
+    whose text was changed is refused, as a forged thinking block is."""
+    sidecar = start(procs, engine, "r-reason", tiny_tokenizer_dir)
+    client = openai.OpenAI(base_url=f"{sidecar.url}/v1", api_key="x", max_retries=0)
+    engine.script += ["thinking", "good"]
+    first = [{"role": "user", "content": "hi"}]
+    include = ["reasoning.encrypted_content"]
+    with client.responses.stream(model="p", input=first, include=include, store=False) as stream:  # type: ignore[arg-type]
+        reply = stream.get_final_response()
+    reasoning = reply.output[0]
+    assert reasoning.type == "reasoning" and reasoning.summary[0].text == "I think so."
+    assert reasoning.encrypted_content and reasoning.encrypted_content.startswith("ofr1.")
+    item = reasoning.model_dump(exclude_none=True)
+    bare = {
+        "type": "reasoning",
+        "id": item["id"],
+        "summary": [],
+        "encrypted_content": item["encrypted_content"],
+    }
+    message = reply.output[1].model_dump(exclude_none=True)
+    turns = [*first, bare, message, {"role": "user", "content": "again"}]
+    client.responses.create(model="p", input=turns, include=include, store=False)  # type: ignore[arg-type]
+    # the same signature over another text: the content's text edited
+    body, _, signature = item["encrypted_content"].removeprefix("ofr1.").partition(".")
+    edited = "ofr1." + body[:-2] + "QQ" + "." + signature
+    with pytest.raises(openai.BadRequestError, match="edited or forged"):
+        client.responses.create(  # type: ignore[call-overload]
+            model="p", include=include, store=False,
+            input=[*first, {**bare, "encrypted_content": edited}, message,
+                   {"role": "user", "content": "again"}],
+        )  # fmt: skip
+    finish(sidecar)
+    with store.Store(tmp_path / "store.db") as db:
+        calls = db.calls("r-reason")
+    assert [c.http_status for c in calls] == [200, 200, 400]
+    first_tokens = [*calls[0].prompt_token_ids, *calls[0].completion_token_ids]
+    assert list(calls[1].prompt_token_ids[: len(first_tokens)]) == first_tokens  # merged
+    assert calls[1].prefix_token_count == len(first_tokens)

@@ -446,3 +446,74 @@ def test_sdk_raises_on_our_error_body() -> None:
     with pytest.raises(openai.RateLimitError) as caught:
         client.responses.create(model="policy", input="x")
     assert caught.value.code == "rate_limit_exceeded"
+
+
+def _asking(include: list[str] | None) -> conv.ChatRequest:
+    body: dict[str, Any] = {"model": "m", "input": "hi", "store": False}
+    if include is not None:
+        body["include"] = include
+    return CODEC.parse_request(json.dumps(body).encode())
+
+
+SIGNED = conv.Message(
+    "assistant", (conv.ReasoningPart("I think so.", "ofs1.sig"), conv.TextPart("Hi"))
+)
+
+
+def test_encrypted_reasoning_is_given_only_when_included_and_only_for_signed_reasoning() -> None:
+    completion = conv.Completion(SIGNED, "stop")
+    asked = CODEC.build_response(
+        _asking([openai_responses.ENCRYPTED_REASONING]), completion, response_id="r", created=1
+    )
+    sealed = asked["output"][0]["encrypted_content"]
+    assert sealed == openai_responses.encrypted_content("I think so.", "ofs1.sig")
+    assert sealed.startswith(openai_responses.CONTENT_PREFIX) and sealed.endswith(".ofs1.sig")
+    plain = CODEC.build_response(_asking(None), completion, response_id="r", created=1)
+    assert "encrypted_content" not in plain["output"][0]
+    unsigned = conv.Completion(conv.Message("assistant", (conv.ReasoningPart("x"),)), "stop")
+    body = CODEC.build_response(
+        _asking([openai_responses.ENCRYPTED_REASONING]), unsigned, response_id="r", created=1
+    )
+    assert "encrypted_content" not in body["output"][0]
+
+
+def test_a_streamed_reasoning_item_ends_with_its_encrypted_content() -> None:
+    request = _asking([openai_responses.ENCRYPTED_REASONING])
+    events = [
+        conv.ReasoningDelta("I think "), conv.ReasoningDelta("so."),
+        conv.ReasoningSignature("ofs1.sig"), conv.TextDelta("Hi"), conv.StreamEnd("stop"),
+    ]  # fmt: skip
+    parsed = [
+        json.loads(e.data) for e in sse.SSEParser().feed(encode_stream(CODEC, request, events))
+    ]
+    done = [e["item"] for e in parsed if e["type"] == "response.output_item.done"]
+    expected = openai_responses.encrypted_content("I think so.", "ofs1.sig")
+    assert done[0]["type"] == "reasoning" and done[0]["encrypted_content"] == expected
+    assert parsed[-1]["response"]["output"][0]["encrypted_content"] == expected
+
+
+def test_replayed_encrypted_content_is_the_reasoning_whatever_the_summary_says() -> None:
+    sealed = openai_responses.encrypted_content("I think so.", "ofs1.sig")
+    body = {"model": "m", "input": [
+        {"type": "message", "role": "user", "content": "hi"},
+        {"type": "reasoning", "summary": [{"type": "summary_text", "text": "edited"}],
+         "encrypted_content": sealed},
+        {"type": "message", "role": "assistant",
+         "content": [{"type": "output_text", "text": "Hi"}]},
+    ]}  # fmt: skip
+    request = CODEC.parse_request(json.dumps(body).encode())
+    assert request.messages[1].parts[0] == conv.ReasoningPart("I think so.", "ofs1.sig")
+    # another upstream's encrypted content is opaque: the summary is the reasoning
+    body["input"][1]["encrypted_content"] = "gAAAAABo-opaque"
+    other = CODEC.parse_request(json.dumps(body).encode())
+    assert other.messages[1].parts[0] == conv.ReasoningPart("edited")
+
+
+@pytest.mark.parametrize("sealed", ["ofr1.", "ofr1.SGk", "ofr1.%%%.ofs1.x", "ofr1.__8.ofs1.x"])
+def test_broken_encrypted_content_of_ours_is_refused_naming_the_field(sealed: str) -> None:
+    body = {"model": "m", "input": [
+        {"type": "message", "role": "user", "content": "hi"},
+        {"type": "reasoning", "summary": [], "encrypted_content": sealed},
+    ]}  # fmt: skip
+    with pytest.raises(CodecError, match=r"input\[1\]\.encrypted_content"):
+        CODEC.parse_request(json.dumps(body).encode())

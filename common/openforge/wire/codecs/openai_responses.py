@@ -4,7 +4,16 @@ Reasoning is emitted as a reasoning item's ``summary`` (one ``summary_text``
 part), not as ``reasoning_text`` content: Codex CLI sends summaries back in
 its next request but drops ``reasoning_text`` content, and the policy needs
 its own reasoning in the history. On input, ``content`` text wins over the
-summary when an item has both; ``encrypted_content`` is ignored.
+summary when an item has both.
+
+A request that includes ``reasoning.encrypted_content`` (as clients that keep
+no server-side state do) gets it on every signed reasoning item: the
+reasoning's text and its signature (the sidecar's MAC of the text), so that a
+client replaying only the item gives the policy its reasoning back exactly.
+Replayed, such content is the reasoning's text whatever the summary says (as
+the real API reads its own encrypted content), and its signature is checked
+like a thinking block's. Another upstream's ``encrypted_content`` is kept out of
+the conversation (it is opaque).
 
 Freeform ``custom`` tools become canonical tools taking one string argument
 ``input``; the policy's call ``{"input": "..."}`` goes back to the harness as
@@ -15,6 +24,8 @@ whenever the request offers anything but plain function tools.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import json
 from dataclasses import dataclass, field
 from typing import Any
@@ -37,6 +48,36 @@ _MODELLED = frozenset(
 )  # fmt: skip
 _ASSISTANT_ITEMS = frozenset({"reasoning", "function_call", "custom_tool_call"})
 _FAILED_MESSAGE = "the model failed while generating"
+#: The ``include`` value that asks for reasoning items' ``encrypted_content``.
+ENCRYPTED_REASONING = "reasoning.encrypted_content"
+#: How OpenForge's ``encrypted_content`` begins (then the text, base64url, ``.``, the signature).
+CONTENT_PREFIX = "ofr1."
+
+
+def encrypted_content(text: str, signature: str) -> str:
+    """A reasoning item's ``encrypted_content``: its text and the text's signature."""
+    body = base64.urlsafe_b64encode(text.encode()).decode().rstrip("=")
+    return f"{CONTENT_PREFIX}{body}.{signature}"
+
+
+def _from_encrypted_content(value: str, path: str) -> conv.ReasoningPart | None:
+    """The reasoning OpenForge's ``encrypted_content`` holds; None for another's."""
+    if not value.startswith(CONTENT_PREFIX):
+        return None
+    body, dot, signature = value.removeprefix(CONTENT_PREFIX).partition(".")
+    try:
+        if not dot or not signature:
+            raise ValueError("no signature")
+        padded = body + "=" * (-len(body) % 4)
+        text = base64.b64decode(padded, altchars=b"-_", validate=True).decode()
+    except (ValueError, binascii.Error) as exc:
+        raise CodecError(f"not OpenForge's encrypted content ({exc})", field=path) from None
+    return conv.ReasoningPart(text, signature)
+
+
+def _includes_encrypted_reasoning(request: conv.ChatRequest) -> bool:
+    include = request.extra.get("include")
+    return isinstance(include, list) and ENCRYPTED_REASONING in include
 
 
 def wrap_custom_input(text: str) -> str:
@@ -85,6 +126,17 @@ def _content_parts(content: Any, path: str, *, images: bool) -> tuple[conv.Part,
         else:
             raise fields.unsupported("content part type", kind, path=f"{at}.type")
     return tuple(parts)
+
+
+def _reasoning_part(item: dict[str, Any], path: str) -> conv.ReasoningPart | None:
+    """A reasoning item's reasoning: from OpenForge's encrypted content when it has
+    some, else its content or summary text; None when it holds no text."""
+    encrypted = fields.opt_str(item, "encrypted_content", path=path)
+    ours = _from_encrypted_content(encrypted, f"{path}.encrypted_content") if encrypted else None
+    if ours is not None:
+        return ours
+    text = _reasoning_text(item, path)
+    return conv.ReasoningPart(text) if text else None
 
 
 def _reasoning_text(item: dict[str, Any], path: str) -> str:
@@ -147,9 +199,9 @@ def _item(raw: Any, path: str, *, history: _History) -> None:
         else:
             raise fields.unsupported("role", role, path=f"{path}.role")
     elif kind == "reasoning":
-        text = _reasoning_text(item, path)
-        if text:
-            history.pending.append(conv.ReasoningPart(text))
+        reasoning = _reasoning_part(item, path)
+        if reasoning is not None:
+            history.pending.append(reasoning)
     elif kind in ("function_call", "custom_tool_call"):
         call_id = fields.req_str(item, "call_id", path=path)
         name = fields.req_str(item, "name", path=path)
@@ -268,9 +320,14 @@ def _message_item(item_id: str, text: str, *, status: str = "completed") -> dict
     }
 
 
-def _reasoning_item(item_id: str, text: str | None) -> dict[str, Any]:
+def _reasoning_item(
+    item_id: str, text: str | None, *, encrypted: str | None = None
+) -> dict[str, Any]:
     summary = [] if text is None else [{"type": "summary_text", "text": text}]
-    return {"id": item_id, "type": "reasoning", "summary": summary}
+    item = {"id": item_id, "type": "reasoning", "summary": summary}
+    if encrypted is not None:
+        item["encrypted_content"] = encrypted
+    return item
 
 
 def _call_item(
@@ -290,7 +347,7 @@ def _call_item(
 
 
 def _output(
-    message: conv.Message, response_id: str, *, custom: frozenset[str]
+    message: conv.Message, response_id: str, *, custom: frozenset[str], encrypt: bool
 ) -> list[dict[str, Any]]:
     items: list[dict[str, Any]] = []
     for part in message.parts:
@@ -298,7 +355,14 @@ def _output(
         if isinstance(part, conv.TextPart) and part.text:
             items.append(_message_item(ids.item_id("msg_", response_id, index=index), part.text))
         elif isinstance(part, conv.ReasoningPart) and part.text:
-            items.append(_reasoning_item(ids.item_id("rs_", response_id, index=index), part.text))
+            sealed = (
+                encrypted_content(part.text, part.signature) if encrypt and part.signature else None
+            )
+            items.append(
+                _reasoning_item(
+                    ids.item_id("rs_", response_id, index=index), part.text, encrypted=sealed
+                )
+            )
         elif isinstance(part, conv.ToolCallPart):
             is_custom = part.name in custom
             prefix = "ctc_" if is_custom else "fc_"
@@ -416,8 +480,8 @@ def _output_parts(raw: Any, path: str) -> list[conv.Part]:
         content = fields.required(item, "content", path=path)
         return list(_content_parts(content, f"{path}.content", images=False))
     if kind == "reasoning":
-        text = _reasoning_text(item, path)
-        return [conv.ReasoningPart(text)] if text else []
+        reasoning = _reasoning_part(item, path)
+        return [reasoning] if reasoning is not None else []
     if kind == "function_call":
         args = fields.req_str(item, "arguments", path=path)
         return [
@@ -452,6 +516,7 @@ class _Open:
     text: list[str] = field(default_factory=list)
     call: conv.ToolCallStart | None = None
     custom: bool = False
+    signature: str | None = None  # a reasoning item's, when the relay signed it
 
 
 class _Encoder:
@@ -473,6 +538,7 @@ class _Encoder:
         self._open: _Open | None = None
         self._calls: dict[int, _Open] = {}
         self._events: list[conv.StreamEvent] = []
+        self._encrypt = _includes_encrypted_reasoning(request)
 
     def _emit(self, kind: str, **payload: Any) -> bytes:
         body = {"type": kind, "sequence_number": self._seq, **payload}
@@ -494,7 +560,11 @@ class _Encoder:
 
     def encode(self, event: conv.StreamEvent) -> bytes:
         if isinstance(event, conv.ReasoningSignature):
-            return b""  # reasoning items carry no signature here (no encrypted_content)
+            # it ends the open reasoning item, which carries it in its encrypted content
+            self._events.append(event)
+            if self._open is not None and self._open.kind == "reasoning":
+                self._open.signature = event.signature
+            return b""
         if isinstance(event, conv.TextDelta | conv.ReasoningDelta):
             return self._delta(event) if event.text else b""
         self._events.append(event)
@@ -595,7 +665,16 @@ class _Encoder:
                 + self._emit(
                     "response.reasoning_summary_part.done", **where, summary_index=0, part=part
                 )
-                + self._done(item.index, _reasoning_item(item.item_id, text))
+                + self._done(
+                    item.index,
+                    _reasoning_item(
+                        item.item_id,
+                        text,
+                        encrypted=encrypted_content(text, item.signature)
+                        if self._encrypt and item.signature
+                        else None,
+                    ),
+                )
             )
         assert item.call is not None
         call = conv.ToolCallPart(item.call.id, item.call.name, text)
@@ -750,7 +829,12 @@ class OpenAIResponsesCodec:
         response_id: str,
         created: int,
     ) -> dict[str, Any]:
-        output = _output(completion.message, response_id, custom=custom_tool_names(request))
+        output = _output(
+            completion.message,
+            response_id,
+            custom=custom_tool_names(request),
+            encrypt=_includes_encrypted_reasoning(request),
+        )
         return _response(
             request,
             response_id=response_id,
