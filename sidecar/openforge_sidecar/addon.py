@@ -5,6 +5,7 @@ which dataclasses cannot live in; so the addon lives in
 :mod:`openforge_sidecar.capture` and this file only hands it over.
 """
 
-from openforge_sidecar import capture
+from openforge_sidecar import capture, guard
 
-addons = [capture.Capture()]
+_capture = capture.Capture()
+addons = [_capture, guard.ConnectionGuard(_capture.stats)]

@@ -28,7 +28,7 @@ from typing import Any
 from openforge import cli as front_door
 from openforge import endpoints, trajectory
 
-from openforge_sidecar import capture, master
+from openforge_sidecar import capture, guard, master
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -120,6 +120,18 @@ def build_parser() -> argparse.ArgumentParser:
         " TOKEN this file's (made, random, 0600, when absent):"
         " the harness, which reaches the same port, cannot report its own rollout",
     )  # fmt: skip
+    parser.add_argument(
+        "--max-connections",
+        type=int,
+        default=guard.DEFAULT_MAX_CONNECTIONS,
+        help="client connections open at once; one more is closed as it connects (0: no limit)",
+    )
+    parser.add_argument(
+        "--header-timeout",
+        type=int,
+        default=guard.DEFAULT_HEADER_TIMEOUT,
+        help="seconds a new connection has to send its first request head (0: no limit)",
+    )
     parser.add_argument("--verbose", action="store_true", help="log every flow")
     return parser
 
@@ -171,6 +183,8 @@ def settings(ns: argparse.Namespace) -> list[str]:
         f"openforge_attempt={ns.attempt}",
         f"openforge_harness={ns.harness}",
         f"openforge_api={ns.api}",
+        f"openforge_max_connections={ns.max_connections}",
+        f"openforge_header_timeout={ns.header_timeout}",
         f"openforge_policy_version={ns.policy_version}",
         f"openforge_labels={json.dumps(labels(ns.label))}",
         f"openforge_ready_file={ns.ready_file}",

@@ -12,7 +12,8 @@ these, in mitmdump's order (the capture addon where mitmdump runs scripts):
 ``block``          refuses clients from public addresses (``block_global``)
 ``disable_h2c``    strips h2c upgrade requests
 ``proxyserver``    the listening servers and their connection handlers
-(capture addon)    :class:`openforge_sidecar.capture.Capture`, then any extras
+(capture addon)    :class:`openforge_sidecar.capture.Capture`, its connection guard
+                   (:mod:`openforge_sidecar.guard`), then any extras
 ``next_layer``     which protocol layer each connection gets
 ``tlsconfig``      certificates for intercepted TLS (the CA in ``confdir``), as
                    :mod:`openforge_sidecar.tlsstore`: the CA loaded once, when used
@@ -55,7 +56,7 @@ from typing import Any
 
 from mitmproxy import addonmanager, exceptions, flow, hooks
 
-from openforge_sidecar import capture
+from openforge_sidecar import capture, guard
 
 #: The modules of ``mitmproxy.addons`` that :func:`build` imports (``dumper`` only with
 #: ``verbose``: it imports mitmproxy's content views, 40 ms of every pod's start).
@@ -191,7 +192,8 @@ def build(settings: Sequence[str], *, verbose: bool, extra_addons: Sequence[Any]
     # log): it keeps its state and gets the table's dispatch.
     built.addons.__class__ = HookTable
     manager: Any = built.addons  # AddonManager's methods are untyped
-    ours = [capture.Capture(), *extra_addons]
+    capturing = capture.Capture()
+    ours = [capturing, guard.ConnectionGuard(capturing.stats), *extra_addons]
     try:
         # An addon's options exist once it is added; until then they wait.
         built.options.set(*settings, defer=True)

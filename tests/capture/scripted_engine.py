@@ -81,6 +81,8 @@ class ScriptedEngine:
 
 def _handler(engine: ScriptedEngine) -> type[http.server.BaseHTTPRequestHandler]:
     class Handler(http.server.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"  # as vLLM and openforge serve answer (kept alive)
+
         def log_message(self, *args: Any) -> None:
             del args
 

@@ -23,6 +23,7 @@ import contextlib
 import json
 import random
 import socket
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -253,3 +254,80 @@ def test_non_http_bytes_and_broken_http_leave_the_sidecar_serving(
     for call in junk_calls:
         assert (call.wire_api, call.http_status) == ("WIRE_API_ANTHROPIC_MESSAGES", 400)
         assert call.error.startswith("rejected: body is not valid JSON"), call.error
+
+
+def _status_line(conn: socket.socket) -> bytes:
+    """One whole HTTP/1.1 response read from ``conn`` (its head, then its content-length
+    body); its status line."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = conn.recv(65536)
+        assert chunk, f"closed mid-response: {data!r}"
+        data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    length = next(
+        int(line.split(b":", 1)[1])
+        for line in head.split(b"\r\n")
+        if line.lower().startswith(b"content-length:")
+    )
+    while len(body) < length:
+        chunk = conn.recv(65536)
+        assert chunk, "closed mid-body"
+        body += chunk
+    return head.split(b"\r\n", 1)[0]
+
+
+def _closed_within(conn: socket.socket, seconds: float) -> bool:
+    """Whether the sidecar closes ``conn`` (EOF or reset) within ``seconds``."""
+    conn.settimeout(seconds)
+    try:
+        return conn.recv(4096) == b""
+    except ConnectionError:
+        return True
+    except TimeoutError:
+        return False
+
+
+def test_connections_beyond_the_limit_and_silent_ones_are_closed(
+    procs: Any, engine: ScriptedEngine, tmp_path: Path, tiny_tokenizer_dir: Path
+) -> None:
+    """``--max-connections``: one more connection is closed as it connects, and one is
+    accepted again once others close. ``--header-timeout``: a connection that sends no
+    whole request head in time is closed (one byte a second does not keep it), while a
+    kept-alive connection idle between its requests is not."""
+    engine.default = "good"
+    sidecar = scripted_engine.sidecar_for(
+        procs,
+        engine,
+        job="limits",
+        rollout="r-limits",
+        tokenizer=tiny_tokenizer_dir,
+        extra=("--max-connections", "3", "--header-timeout", "2"),
+    )
+    address = ("127.0.0.1", int(sidecar.url.rsplit(":", 1)[1]))
+    request = json.dumps({"model": "p", "messages": [{"role": "user", "content": "hi"}]})
+    head = (
+        f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(request)}\r\n\r\n"
+    ).encode()
+    with contextlib.ExitStack() as stack:
+        # a kept-alive connection: a call, idle past the header timeout, another call
+        kept = stack.enter_context(socket.create_connection(address, timeout=30))
+        kept.sendall(head + request.encode())
+        assert _status_line(kept) == b"HTTP/1.1 200 OK"
+        drip = stack.enter_context(socket.create_connection(address, timeout=5))
+        silent = stack.enter_context(socket.create_connection(address, timeout=5))
+        extra = stack.enter_context(socket.create_connection(address, timeout=5))
+        assert _closed_within(extra, 2), "a fourth connection was kept"
+        for byte in head[:3]:  # one byte a second, never a whole head
+            drip.sendall(bytes([byte]))
+            time.sleep(1)
+        assert _closed_within(drip, 3) and _closed_within(silent, 3)
+        kept.sendall(head + request.encode())
+        assert _status_line(kept) == b"HTTP/1.1 200 OK", "the kept-alive one was answered"
+        # with two of three closed, a new connection is accepted and answered
+        again = httpx.post(sidecar.url + "/v1/chat/completions", content=request, timeout=30)
+        assert again.status_code == 200, again.text
+    stats = httpx.get(sidecar.url + "/openforge/v1/stats", timeout=10).json()["counters"]
+    assert stats["connections_refused"] >= 1 and stats["header_timeouts"] == 2, stats
+    finish(sidecar)

@@ -65,6 +65,7 @@ def test_only_the_addons_the_sidecar_uses_in_mitmdumps_order(tmp_path: Path) -> 
         "DisableH2C",
         "Proxyserver",
         "Capture",
+        "ConnectionGuard",
         "NextLayer",
         "TlsConfig",
         "UpdateAltSvc",
