@@ -21,8 +21,10 @@ def call(
     *,
     segment: int = 0,
     version: int = 1,
+    reason: str = "",
 ) -> trajectory_pb2.ModelCall:
     return trajectory_pb2.ModelCall(
+        segment_reason=reason,
         call_index=index,
         prompt_token_ids=list(prompt),
         completion_token_ids=list(completion),
@@ -112,6 +114,43 @@ def test_tokens_decide_when_the_index_claims_a_split() -> None:
     rows, stats = export.rollout_rows(ROLLOUT, calls)
     assert len(rows) == 1
     assert stats.merged_across_index == 1
+
+
+def test_interleaved_conversations_each_make_one_row_and_the_rows_form_a_tree() -> None:
+    """A side call between two turns of the main conversation, and a sub-agent with the
+    same system prompt: each conversation is one merged row, whatever came between its
+    calls; each row says which earlier row its prompt branches from."""
+    calls = stored_calls(
+        call(0, [1, 2, 3, 4], [10], segment=0),  # main
+        call(1, [7, 8], [30], segment=1, reason="system_changed"),  # a side call (a title)
+        call(2, [1, 2, 3, 4, 10, 5], [11], segment=0),  # main again
+        call(3, [1, 2, 3, 6], [40], segment=2, reason="history_rewritten"),  # a sub-agent
+        call(4, [1, 2, 3, 6, 40, 9], [41], segment=2),
+        call(5, [1, 2, 3, 4, 10, 5, 11, 5], [12], segment=0),  # main, after both
+    )
+    rows, stats = export.rollout_rows(ROLLOUT, calls)
+    assert [row.call_indices for row in rows] == [[0, 2, 5], [1], [3, 4]]
+    assert rows[0].response_ids == [10, 5, 11, 5, 12]
+    assert rows[0].response_mask == [1, 0, 1, 0, 1]
+    assert [(row.branch_of, row.branch_tokens) for row in rows] == [(-1, 0), (-1, 0), (0, 3)]
+    assert (stats.extended, stats.followers, stats.split_on_mismatch) == (3, 5, 0)
+
+
+def test_a_call_joins_the_longest_context_it_extends() -> None:
+    calls = stored_calls(
+        call(0, [1, 2], [3], segment=0),
+        call(1, [1, 2, 3, 4], [5], segment=1, reason="history_rewritten"),  # extends row 0 too
+    )
+    rows, _ = export.rollout_rows(ROLLOUT, calls)
+    assert [row.call_indices for row in rows] == [[0, 1]]
+    longer = stored_calls(
+        call(0, [1, 2], [3], segment=0),
+        call(1, [9], [8], segment=1, reason="new_conversation"),
+        call(2, [1, 2, 3, 4], [5], segment=0),
+        call(3, [1, 2, 3, 4, 5, 6], [7], segment=0),
+    )
+    rows, _ = export.rollout_rows(ROLLOUT, longer)
+    assert [row.call_indices for row in rows] == [[0, 2, 3], [1]]
 
 
 def test_untokenized_calls_are_skipped_and_missing_logprobs_are_zero() -> None:

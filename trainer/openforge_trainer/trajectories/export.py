@@ -8,13 +8,22 @@ logprobs) and the appended tokens (mask 0, logprob 0.0). This is the layout
 veRL's agent loop produces (``prompt_ids``, ``response_ids``,
 ``response_mask``, ``response_logprobs``).
 
-Whether a call extends its predecessor is decided here from the tokens, not
-trusted from the sidecar's ``segment_index``: it extends exactly when its
-``prompt_token_ids`` begin with the previous call's prompt + completion.
-When the sidecar said "same segment" and the tokens disagree, a new segment
-starts and the disagreement is counted (``split_on_mismatch``); a harness
-that rewrites its history (compaction, edited turns) thus yields several
-rows, each token-exact.
+Which segment a call continues is decided here from the tokens, not trusted
+from the sidecar's ``segment_index``: a call extends a segment exactly when its
+``prompt_token_ids`` begin with that segment's last call's prompt +
+completion. Every segment stays open, so conversations that interleave (a
+harness's side call for a title, a sub-agent, a summary) each stay one row: a
+call joins the segment it extends (the longest context, when several do), and
+a call that extends none starts a segment. When the sidecar said "extends" and
+the tokens disagree, the disagreement is counted (``split_on_mismatch``); a
+harness that rewrites its history (compaction, edited turns) thus yields
+several rows, each token-exact.
+
+The rows of a rollout form a tree: a row's ``branch_of`` is the earlier row
+whose tokens its prompt shares the longest prefix with, ``branch_tokens`` that
+prefix's length (``-1`` and 0 for a row that shares no token with an earlier
+one). A compaction shares most of its conversation's prompt, a sub-agent its
+system prompt, a side call little or nothing.
 
 Only completed calls are training data (:mod:`outcome`: HTTP 200, no error,
 a finish reason other than "error"). A call that was aborted (the harness
@@ -79,6 +88,8 @@ class Row:
     call_indices: list[int]
     num_turns: int  # model calls in the row
     images: list[str] = dataclasses.field(default_factory=list)  # in placeholder order
+    branch_of: int = -1  # the earlier row this one's prompt shares the most tokens with
+    branch_tokens: int = 0  # how many (0: none; then branch_of is -1)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -92,7 +103,7 @@ class ExportStats:
     errored: int = 0
     refused: int = 0
     untokenized: int = 0  # completed calls without prompt tokens
-    extended: int = 0  # calls that extended their predecessor
+    extended: int = 0  # calls that extended an earlier call of their segment
     followers: int = 0  # completed, tokenized calls after a rollout's first one
     split_on_mismatch: int = 0  # sidecar said "extends", tokens said no
     merged_across_index: int = 0  # sidecar said "new segment", tokens extend
@@ -121,7 +132,8 @@ def extends(previous: store_module.ModelCall, call: store_module.ModelCall) -> b
 def segments(
     calls: Sequence[store_module.ModelCall],
 ) -> tuple[list[list[store_module.ModelCall]], ExportStats]:
-    """Split the completed calls (in call order) into token-verified segments."""
+    """Split the completed calls (in call order) into token-verified segments, each call
+    into the open segment it extends (see the module's docstring)."""
     stats = ExportStats(calls=len(calls))
     result: list[list[store_module.ModelCall]] = []
     for call in sorted(calls, key=lambda c: c.call_index):
@@ -136,16 +148,48 @@ def segments(
             result.append([call])
             continue
         stats.followers += 1
-        previous = result[-1][-1]
-        claimed = call.segment_index == previous.segment_index
-        if extends(previous, call):
+        target = _extended(result, call)
+        if target is not None:
             stats.extended += 1
-            stats.merged_across_index += not claimed
-            result[-1].append(call)
+            stats.merged_across_index += call.segment_index != target[-1].segment_index
+            target.append(call)
         else:
-            stats.split_on_mismatch += claimed
+            stats.split_on_mismatch += not call.segment_reason  # the sidecar said "extends"
             result.append([call])
     return result, stats
+
+
+def _extended(
+    found: Sequence[list[store_module.ModelCall]], call: store_module.ModelCall
+) -> list[store_module.ModelCall] | None:
+    """The segment whose last call ``call`` extends, the longest context of those it
+    does; None when it extends none."""
+    best: list[store_module.ModelCall] | None = None
+    for segment in found:
+        last = segment[-1]
+        if extends(last, call) and (
+            best is None
+            or len(last.prompt_token_ids) + len(last.completion_token_ids)
+            > len(best[-1].prompt_token_ids) + len(best[-1].completion_token_ids)
+        ):
+            best = segment
+    return best
+
+
+def _branch(rows: Sequence[Row], prompt: Sequence[int]) -> tuple[int, int]:
+    """(row index, shared tokens) of the row among ``rows`` whose tokens ``prompt`` shares
+    the longest prefix with; (-1, 0) when it shares none."""
+    best, shared = -1, 0
+    for index, row in enumerate(rows):
+        tokens = (*row.prompt_ids, *row.response_ids)
+        length = 0
+        for a, b in zip(prompt, tokens, strict=False):
+            if a != b:
+                break
+            length += 1
+        if length > shared:
+            best, shared = index, length
+    return best, shared
 
 
 def build_row(
@@ -211,7 +255,11 @@ def rollout_rows(
     rollout: store_module.Rollout, calls: Sequence[store_module.ModelCall]
 ) -> tuple[list[Row], ExportStats]:
     found, stats = segments(calls)
-    rows = [build_row(rollout, segment, index=index) for index, segment in enumerate(found)]
+    rows: list[Row] = []
+    for index, segment in enumerate(found):
+        row = build_row(rollout, segment, index=index)
+        branch_of, branch_tokens = _branch(rows, row.prompt_ids)
+        rows.append(dataclasses.replace(row, branch_of=branch_of, branch_tokens=branch_tokens))
     stats.rollouts = 1
     stats.rows = len(rows)
     return rows, stats
@@ -248,6 +296,8 @@ SCHEMA = pa.schema(
         ("call_indices", pa.list_(pa.int32())),
         ("num_turns", pa.int32()),
         ("images", pa.list_(pa.string())),
+        ("branch_of", pa.int32()),
+        ("branch_tokens", pa.int32()),
     ]
 )
 

@@ -233,6 +233,8 @@ def _row_json(view: RowView) -> dict[str, Any]:
     row = view.row
     return {
         "segment_index": row.segment_index,
+        "branch_of": row.branch_of,
+        "branch_tokens": row.branch_tokens,
         "call_indices": row.call_indices,
         "prompt_tokens": len(row.prompt_ids),
         "response_tokens": len(row.response_ids),
@@ -421,8 +423,13 @@ def row_summary(view: RowView) -> str:
     row = view.row
     calls = ", ".join(f"#{i}" for i in row.call_indices)
     reward = f" · reward {row.reward:g}" if row.has_reward else ""
+    branch = (
+        f" · branches from row {row.branch_of} after {row.branch_tokens} tokens"
+        if row.branch_of >= 0
+        else ""
+    )
     return (
-        f"row {row.segment_index} · calls {calls} · prompt {len(row.prompt_ids)} tokens · "
+        f"row {row.segment_index}{branch} · calls {calls} · prompt {len(row.prompt_ids)} tokens · "
         f"response {len(row.response_ids)} tokens: {view.trained} trained, {view.masked} masked"
         f"{reward}"
     )
