@@ -688,6 +688,8 @@ class Capture:
         )
         if error:
             self.stats["calls_with_error"] += 1
+        if plan is not None and self._history is not None:
+            self._history.finished(plan)
         model_call = records.model_call(
             call_index=call.index,
             api=call.codec.api,

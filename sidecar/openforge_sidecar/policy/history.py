@@ -10,7 +10,10 @@ what was sampled. Anything else starts a new segment, with the reason.
 
 Several conversations may interleave (a harness's side calls for titles,
 sub-agents, compaction), so the history keeps the last few conversation
-heads and continues whichever one the request extends.
+heads and continues whichever one the request extends. A call that extends
+no head while a call with the same leading messages is still being answered
+(a harness sampling one conversation several times at once, sub-agents fanned
+out from one context) starts a segment marked ``concurrent``.
 """
 
 from __future__ import annotations
@@ -57,6 +60,7 @@ class Plan:
     segment_index: int
     segment_reason: str  # "" when the call extends an earlier one
     prefix_token_count: int
+    ticket: int = 0  # which call of the history planned it (see TokenHistory.finished)
 
 
 @dataclass(slots=True)
@@ -124,6 +128,7 @@ class TokenHistory:
         self.calls = 0
         self.merged = 0
         self._prerender = True  # the harness sent the last head back exactly as we kept it
+        self._answering: dict[int, tuple[conversation.Message, ...]] = {}  # ticket -> messages
 
     @property
     def merge_rate(self) -> float:
@@ -131,11 +136,29 @@ class TokenHistory:
         return self.merged / (self.calls - 1) if self.calls > 1 else 0.0
 
     def plan(self, request: conversation.ChatRequest) -> Plan:
+        """The prompt of a call; the call is being answered until :meth:`finished`."""
         self.calls += 1
         messages = request.messages
-        head, reason = self._find_head(messages, request.tools)
+        found = self._plan(messages, request.tools)
+        self._answering[self.calls] = messages
+        return Plan(
+            found.prompt_ids,
+            found.segment_index,
+            found.segment_reason,
+            found.prefix_token_count,
+            ticket=self.calls,
+        )
+
+    def finished(self, plan: Plan) -> None:
+        """The call ``plan`` was made for is no longer being answered (answered or not)."""
+        self._answering.pop(plan.ticket, None)
+
+    def _plan(
+        self, messages: tuple[conversation.Message, ...], tools: tuple[conversation.Tool, ...]
+    ) -> Plan:
+        head, reason = self._find_head(messages, tools)
         if head is not None:
-            delta = self._delta_text(head, messages, tools=request.tools)
+            delta = self._delta_text(head, messages, tools=tools)
             if delta is not None:
                 self.merged += 1
                 prefix = head.token_ids
@@ -146,10 +169,25 @@ class TokenHistory:
                     len(prefix),
                 )
             reason = "template_not_prefix_stable"
+        elif self._concurrent(messages):
+            reason = "concurrent"
         segment = self._segments
         self._segments += 1
-        text = self._renderer.render(messages, request.tools, add_generation_prompt=True)
+        text = self._renderer.render(messages, tools, add_generation_prompt=True)
         return Plan(self._renderer.encode_ids(text), segment, reason, 0)
+
+    def _concurrent(self, messages: tuple[conversation.Message, ...]) -> bool:
+        """Whether a call being answered has the same messages, or the same before its last
+        one and more than a system prompt."""
+        for asked in self._answering.values():
+            lead = asked[:-1]
+            if _all_same(messages, asked) or (
+                any(m.role != "system" for m in lead)
+                and len(messages) > len(lead)
+                and _all_same(messages[: len(lead)], lead)
+            ):
+                return True
+        return False
 
     def record(
         self,
@@ -159,7 +197,9 @@ class TokenHistory:
         reply: conversation.Message,
         completion_ids: Sequence[int],
     ) -> None:
-        """Remember the conversation this call ended, for the next call to extend."""
+        """Remember the conversation this call ended, for the next call to extend (the call
+        is answered: no longer being answered, see :meth:`finished`)."""
+        self.finished(plan)
         stopped = bool(completion_ids) and completion_ids[-1] in self._renderer.stop_token_ids
         head = _Head(
             (*request.messages, reply),

@@ -75,6 +75,26 @@ def test_what_does_not_continue_starts_a_segment_with_its_reason() -> None:
         assert plan.segment_index == first.segment_index + 1
 
 
+def test_a_call_beside_one_still_answered_in_the_same_conversation_is_concurrent() -> None:
+    tokens = history.TokenHistory(tiny())
+    answering = tokens.plan(request(*BASE))
+    beside = tokens.plan(request(*BASE))  # the same conversation asked again, at once
+    sub_agent = tokens.plan(request(BASE[0], text("user", "Count the files.")))
+    assert [p.segment_reason for p in (answering, beside, sub_agent)] == [
+        "first",
+        "concurrent",
+        "first",  # a system prompt in common is not one conversation
+    ]
+    assert len({p.segment_index for p in (answering, beside, sub_agent)}) == 3
+    for plan in (answering, beside, sub_agent):
+        tokens.finished(plan)
+    assert tokens.plan(request(*BASE)).segment_reason == "first"  # none is answered now
+    # the same turn asked twice once it has a history: both extend it, no new segment
+    extended, _ = first_call()
+    turn = (*BASE, REPLY, result("call_1", "a.txt"))
+    assert [extended.plan(request(*turn)).segment_reason for _ in range(2)] == ["", ""]
+
+
 # --- the head search, against the list-of-normalized-messages form it had -----------
 
 
