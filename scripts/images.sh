@@ -110,9 +110,14 @@ need() { # <name> <Dockerfile>
   else echo 2
   fi
 }
-# What a dependency stage is made from: its base, its own lines and the files it copies.
+# What a dependency stage is made from: its base, its own lines, the requirements its
+# requirements stage reads from pyproject.toml (not the whole file: an edit elsewhere in
+# it reinstalls nothing) and the constraints.
 deps_stamp() { # <Dockerfile>
-  { "$docker" image inspect -f '{{.Id}}' "$python_image"; sed -n '/^FROM .* AS deps$/,/^FROM /p' "$1"; cat "$root/pyproject.toml" "$root/constraints.txt" "$root/docker/requirements.py"; } | sha256sum | cut -c1-16
+  local extras
+  extras=$(sed -n 's/^RUN python requirements.py\([^<]*\)<.*/\1/p' "$1")
+  # shellcheck disable=SC2086 # the extras are words
+  { "$docker" image inspect -f '{{.Id}}' "$python_image"; sed -n '/^FROM .* AS deps$/,/^FROM /p' "$1"; python3 "$root/docker/requirements.py" $extras < "$root/pyproject.toml"; cat "$root/constraints.txt"; } | sha256sum | cut -c1-16
 }
 
 mirror() {

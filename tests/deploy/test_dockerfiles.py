@@ -98,28 +98,41 @@ def test_trainer_image_runs_as_the_charts_user() -> None:
     assert ("ENTRYPOINT", json.dumps(["openforge"])) in steps
 
 
-@pytest.mark.parametrize(("component", "extras"), [("sidecar", ""), ("trainer", " train")])
+@pytest.mark.parametrize(
+    ("component", "extras"), [("sidecar", ""), ("trainer", " train"), ("operator", " operator")]
+)
 def test_dependencies_come_before_the_sources_with_only_the_components_extras(
     component: str, extras: str
 ) -> None:
-    """The dependencies are installed from pyproject.toml alone, in a layer no source change
-    invalidates; the project is installed after them without its dependencies."""
+    """The requirements are read from pyproject.toml in a stage of their own; the
+    dependencies are installed from them and the constraints alone, in a layer that neither
+    a source change nor an edit of pyproject.toml that keeps the requirements invalidates;
+    the project is installed after them without its dependencies."""
     steps = instructions(ROOT / component / "Dockerfile")
-    (install,) = [
-        i for i, (word, args) in enumerate(steps) if word == "RUN" and "-c constraints.txt" in args
+    froms = [i for i, (word, _) in enumerate(steps) if word == "FROM"]
+    assert [steps[i][1] for i in froms] == [
+        "${PYTHON_IMAGE} AS requirements",
+        "${PYTHON_IMAGE} AS deps",
+        "deps",
     ]
-    assert steps[install][1].startswith(
+    reading = steps[froms[0] : froms[1]]
+    assert [shlex.split(args)[:-1] for word, args in reading if word == "COPY"] == [
+        ["pyproject.toml", "docker/requirements.py"]
+    ]
+    assert [args for word, args in reading if word == "RUN"] == [
         f"python requirements.py{extras} < pyproject.toml > requirements.txt"
-    )
-    assert steps[install][1].endswith("-c constraints.txt -r requirements.txt")
-    copied = [shlex.split(args)[:-1] for word, args in steps[:install] if word == "COPY"]
-    assert copied == [["pyproject.toml", "constraints.txt", "docker/requirements.py"]], (
-        "only what the dependencies are read from"
-    )
+    ]
+    installing = steps[froms[1] : froms[2]]
+    assert [shlex.split(args)[:-1] for word, args in installing if word == "COPY"] == [
+        ["constraints.txt"],
+        ["--from=requirements", "/src/requirements.txt"],
+    ], "only what the dependencies are read from"
+    (install,) = [args for word, args in installing if word == "RUN"]
+    assert install.endswith("-c constraints.txt -r requirements.txt")
     (project,) = [
         i for i, (word, args) in enumerate(steps) if word == "RUN" and "--no-deps" in args
     ]
-    assert project > install
+    assert project > froms[2]
     assert "--no-compile" not in steps[project][1], (
         "the project is byte-compiled in the image, not at every start"
     )
@@ -192,8 +205,9 @@ def test_the_image_builds_on_its_dependency_stage_so_the_two_share_their_layers(
     of torch and CUDA were stored twice (the CI machine's disk ran out building it)."""
     steps = instructions(ROOT / component / "Dockerfile")
     froms = [args for word, args in steps if word == "FROM"]
-    assert froms == ["${PYTHON_IMAGE} AS deps", "deps"]
-    assert not [args for word, args in steps if word == "COPY" and args.startswith("--from")]
+    assert froms[-2:] == ["${PYTHON_IMAGE} AS deps", "deps"]
+    copied = [args for word, args in steps if word == "COPY" and args.startswith("--from")]
+    assert copied == ["--from=requirements /src/requirements.txt ./"], "no stage's venv copied"
 
 
 @pytest.mark.parametrize(
