@@ -84,7 +84,12 @@ has() { "$docker" image inspect "$1" >/dev/null 2>&1; }
 # them), pruned before building as well as after: a build that failed or was
 # stopped never reached the prune at its end, and its leftovers (7 GB for each
 # old trainer) are what fills the disk of the next one.
-prune() { run "$docker" image prune -f --filter label=dev.openforge.build=1; }
+# A dependency stage a new one replaced under its tag is left untagged too (the
+# trainer's: 7 GB), and is pruned with them; the tagged ones stay.
+prune() {
+  run "$docker" image prune -f --filter label=dev.openforge.build=1
+  run "$docker" image prune -f --filter label=dev.openforge.deps
+}
 
 # Refuse to start a build the disk cannot hold, saying so, rather than fail
 # mid-layer with "no space left on device".

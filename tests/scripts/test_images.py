@@ -59,3 +59,46 @@ def test_a_build_the_disk_cannot_hold_is_refused_with_the_space_it_needs(
     assert f"GiB free in {full_disk}; it has 0 GiB" in done.stderr
     assert "docker image prune" in done.stderr  # and what to do about it
     assert "ghcr.io/openforge/operator" not in done.stdout  # nothing was built
+
+
+def _build(tmp_path: Path, *, tag: str, label: str, marker: str) -> str:
+    """A tiny image (a label, one file) tagged ``tag``; its id."""
+    context = tmp_path / marker
+    context.mkdir()
+    (context / "marker").write_text(marker)
+    (context / "Dockerfile").write_text("FROM openforge/debian:bookworm\nCOPY marker /marker\n")
+    subprocess.run(
+        ["docker", "build", "-q", "--label", label, "-t", tag, str(context)],
+        check=True, capture_output=True, timeout=300,
+    )  # fmt: skip
+    inspected = subprocess.run(
+        ["docker", "image", "inspect", "-f", "{{.Id}}", tag],
+        check=True, capture_output=True, text=True,
+    )  # fmt: skip
+    return inspected.stdout.strip()
+
+
+def _exists(image: str) -> bool:
+    return (
+        subprocess.run(["docker", "image", "inspect", image], capture_output=True).returncode == 0
+    )
+
+
+def test_a_replaced_dependency_stage_is_pruned_and_the_current_one_kept(tmp_path: Path) -> None:
+    """A dependency stage that a new build replaced under its tag is left untagged: images.sh
+    prunes it (the trainer's is 7 GB, and a CI machine's disk filled with them), and keeps
+    the tagged one, which is the layer cache of the next build."""
+    subprocess.run(["bash", str(IMAGES), "base"], check=True, capture_output=True, timeout=1800)
+    tag = "openforge/deps-prune-test:0"
+    try:
+        old = _build(tmp_path, tag=tag, label="dev.openforge.deps=old", marker="old")
+        new = _build(tmp_path, tag=tag, label="dev.openforge.deps=new", marker="new")
+        assert old != new and _exists(old)
+        done = subprocess.run(
+            ["bash", str(IMAGES), "base"], capture_output=True, text=True, timeout=1800
+        )
+        assert done.returncode == 0, done.stderr
+        assert not _exists(old), "the replaced dependency stage was kept"
+        assert _exists(new) and _exists(tag)
+    finally:
+        subprocess.run(["docker", "rmi", "-f", tag], capture_output=True)
