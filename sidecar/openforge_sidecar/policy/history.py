@@ -18,6 +18,7 @@ out from one context) starts a segment marked ``concurrent``.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from array import array
 from collections.abc import Sequence
@@ -139,15 +140,9 @@ class TokenHistory:
         """The prompt of a call; the call is being answered until :meth:`finished`."""
         self.calls += 1
         messages = request.messages
-        found = self._plan(messages, request.tools)
+        found = self._plan(messages, request.tools)  # before this call counts as answering
         self._answering[self.calls] = messages
-        return Plan(
-            found.prompt_ids,
-            found.segment_index,
-            found.segment_reason,
-            found.prefix_token_count,
-            ticket=self.calls,
-        )
+        return dataclasses.replace(found, ticket=self.calls)
 
     def finished(self, plan: Plan) -> None:
         """The call ``plan`` was made for is no longer being answered (answered or not)."""

@@ -164,16 +164,11 @@ def _extended(
 ) -> list[store_module.ModelCall] | None:
     """The segment whose last call ``call`` extends, the longest context of those it
     does; None when it extends none."""
-    best: list[store_module.ModelCall] | None = None
-    for segment in found:
-        last = segment[-1]
-        if extends(last, call) and (
-            best is None
-            or len(last.prompt_token_ids) + len(last.completion_token_ids)
-            > len(best[-1].prompt_token_ids) + len(best[-1].completion_token_ids)
-        ):
-            best = segment
-    return best
+    return max(
+        (segment for segment in found if extends(segment[-1], call)),
+        key=lambda s: len(s[-1].prompt_token_ids) + len(s[-1].completion_token_ids),
+        default=None,
+    )
 
 
 def _branch(rows: Sequence[Row], prompt: Sequence[int]) -> tuple[int, int]:
