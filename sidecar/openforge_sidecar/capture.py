@@ -89,6 +89,10 @@ class Capture:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._engine_model = ""
         self._max_model_len = DEFAULT_MAX_MODEL_LEN
+        # the engine's policy version last seen, and whether /v1/models is being reread
+        self._engine_version: int | None = None
+        self._rereading = False
+        self._background: set[asyncio.Task[None]] = set()
         self._signer: signatures.Signer | None = None
 
     # --- mitmproxy lifecycle ------------------------------------------------
@@ -397,6 +401,10 @@ class Capture:
         version = response.headers.get(endpoints.POLICY_VERSION_HEADER, "")
         if version.isdigit():
             call.policy_version = int(version)
+            if call.policy_version != self._engine_version:
+                if self._engine_version is not None:
+                    self._reread_served_model(f"policy version {call.policy_version}")
+                self._engine_version = call.policy_version
         for name in ("content-length", "content-encoding", "etag"):
             response.headers.pop(name, None)
         if not call.request.stream:
@@ -513,6 +521,8 @@ class Capture:
             self.stats["engine_errors"] += 1
             status = response.status_code if response.status_code in _ENGINE_STATUSES_KEPT else 502
             retry_after = response.headers.get("retry-after")
+            if response.status_code in (400, 404):  # e.g. another model, another context length
+                self._reread_served_model(f"the engine answered {response.status_code}")
             self._fail(
                 flow,
                 call,
@@ -775,6 +785,40 @@ class Capture:
                 self._tokenizer = tokenizer
                 return_freed_memory()
             return self._tokenizer
+
+    def _reread_served_model(self, reason: str) -> None:
+        """Read the engine's model name and context length again, in a worker thread.
+
+        Done when the engine reports a new policy version (its weights or its
+        model changed) or refuses a call as a request it cannot serve; the
+        calls planned until the answer comes keep the old figures. One reread
+        at a time; a failed one keeps them too.
+        """
+        opts = ctx.options
+        if self._rereading or self._tokenizer is None or opts.openforge_mode != "tokens":
+            return
+        self._rereading = True
+
+        async def reread() -> None:
+            try:
+                served = await asyncio.to_thread(_served_model, opts.openforge_engine)
+            except OSError as exc:
+                log.warning("rereading the engine's /v1/models (%s) failed: %s", reason, exc)
+                return
+            finally:
+                self._rereading = False
+            length = context_length(opts.openforge_max_model_len, served.max_model_len)
+            if (served.name, length) != (self._engine_model, self._max_model_len):
+                log.info(
+                    "the engine serves %s with a context of %d tokens now (was %s, %d; %s)",
+                    served.name, length, self._engine_model, self._max_model_len, reason,
+                )  # fmt: skip
+                self.stats["engine_model_changes"] += 1
+            self._engine_model, self._max_model_len = served.name, length
+
+        task = asyncio.get_running_loop().create_task(reread())
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
 
     # --- control API ------------------------------------------------------------------
 

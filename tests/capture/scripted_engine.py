@@ -1,9 +1,10 @@
 """An engine that answers the sidecar's token-in/token-out requests as a test scripts.
 
 A stdlib HTTP server in the test's process, on 127.0.0.1: ``GET /v1/models``
-lists model ``m``; each ``POST`` takes the next answer named in ``script``
-(``default`` once it is empty) from :data:`ANSWERS`, and its path is kept in
-``posts``, so a test can tell what reached the engine.
+lists the model card ``card`` (model ``m``; a test may change it); each ``POST``
+takes the next answer named in ``script`` (``default`` once it is empty) from
+:data:`ANSWERS`, and its path and body are kept in ``posts`` and ``bodies``, so
+a test can tell what reached the engine.
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ from __future__ import annotations
 import http.server
 import json
 import threading
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -50,8 +53,19 @@ ANSWERS: dict[str, tuple[int, dict[str, str], bytes]] = {
         {},
         chunk([72]) + b'data: {"error": {"message": "out of memory"}}\n\n',
     ),
+    "good-v1": (
+        200,
+        {"x-openforge-policy-version": "1"},
+        chunk([72]) + chunk([105], finish="stop") + DONE,
+    ),
+    "good-v2": (
+        200,
+        {"x-openforge-policy-version": "2"},
+        chunk([72]) + chunk([105], finish="stop") + DONE,
+    ),
     "busy": (429, {"retry-after": "7"}, b'{"error": {"message": "too many requests"}}'),
     "down": (500, {}, b"internal"),
+    "too-long": (400, {}, b'{"error": {"message": "the prompt exceeds the context length"}}'),
 }
 
 
@@ -60,6 +74,9 @@ class ScriptedEngine:
         self.script: list[str] = []
         self.default = default
         self.posts: list[str] = []  # the paths of the requests that reached the engine
+        self.bodies: list[dict[str, Any]] = []  # and their JSON bodies
+        self.card: dict[str, Any] = {"id": "m"}
+        self.models_read = 0  # GET /v1/models answered
         self._server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
         self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
@@ -87,10 +104,13 @@ def _handler(engine: ScriptedEngine) -> type[http.server.BaseHTTPRequestHandler]
             del args
 
         def do_GET(self) -> None:
-            self._send(200, {}, json.dumps({"data": [{"id": "m"}]}).encode(), "application/json")
+            body = json.dumps({"data": [engine.card]}).encode()
+            engine.models_read += 1
+            self._send(200, {}, body, "application/json")
 
         def do_POST(self) -> None:
-            self.rfile.read(int(self.headers.get("content-length", "0")))
+            body = self.rfile.read(int(self.headers.get("content-length", "0")))
+            engine.bodies.append(json.loads(body) if body else {})
             engine.posts.append(self.path)
             status, headers, body = engine.next_answer()
             self._send(
@@ -107,6 +127,14 @@ def _handler(engine: ScriptedEngine) -> type[http.server.BaseHTTPRequestHandler]
             self.wfile.write(body)
 
     return Handler
+
+
+def wait_for(predicate: Callable[[], bool], *, timeout: float = 10.0) -> None:
+    """Wait until ``predicate()`` holds; fail the test after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out waiting"
+        time.sleep(0.05)
 
 
 def sidecar_for(

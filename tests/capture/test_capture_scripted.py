@@ -275,3 +275,51 @@ def test_responses_reasoning_round_trips_through_its_encrypted_content(
     first_tokens = [*calls[0].prompt_token_ids, *calls[0].completion_token_ids]
     assert list(calls[1].prompt_token_ids[: len(first_tokens)]) == first_tokens  # merged
     assert calls[1].prefix_token_count == len(first_tokens)
+
+
+def test_the_context_length_is_reread_when_the_engine_changes(
+    procs: Any, engine: ScriptedEngine, tiny_tokenizer_dir: Path
+) -> None:
+    """A new policy version (new weights or a new model) or a refused call makes the
+    sidecar read the engine's /v1/models again: a call's completion budget is then
+    clamped to the engine's new context length (it kept the one read at start)."""
+    engine.card = {"id": "m", "max_model_len": 4096}
+    sidecar = start(procs, engine, "r-context", tiny_tokenizer_dir)
+
+    def budget() -> int:
+        response = httpx.post(
+            sidecar.url + "/v1/chat/completions",
+            json={
+                "model": "p",
+                "max_tokens": 16384,
+                "messages": [{"role": "user", "content": "hi"}],
+            },
+            timeout=30,
+        )
+        assert response.status_code == 200, response.text
+        prompt = len(engine.bodies[-1]["prompt"])
+        return int(engine.bodies[-1]["max_tokens"]) + prompt
+
+    engine.script += ["good-v1", "good-v1"]
+    assert budget() == 4096
+    reads = engine.models_read
+    engine.card = {"id": "m", "max_model_len": 300}  # the same weights: nothing reread
+    assert budget() == 4096 and engine.models_read == reads
+
+    engine.script += ["good-v2", "good-v2"]
+    budget()  # answered by the new version, planned with the old length
+    scripted_engine.wait_for(lambda: engine.models_read > reads)
+    assert budget() == 300
+
+    engine.card = {"id": "m", "max_model_len": 200}
+    engine.script += ["too-long", "good"]
+    refused = httpx.post(
+        sidecar.url + "/v1/chat/completions",
+        json={"model": "p", "messages": [{"role": "user", "content": "hi"}]},
+        timeout=30,
+    )
+    assert refused.status_code == 400, refused.text
+    scripted_engine.wait_for(lambda: engine.models_read > reads + 1)
+    assert budget() == 200
+    stats = httpx.get(f"{sidecar.url}/openforge/v1/stats", timeout=10).json()
+    assert stats["counters"]["engine_model_changes"] == 2
