@@ -265,22 +265,35 @@ def test_anthropic_messages_tool_round_trip(stack: dict[str, Any], streamed: boo
 
 def test_history_rewrite_starts_a_new_segment(stack: dict[str, Any]) -> None:
     client = openai.OpenAI(base_url=f"{stack['sidecar'].url}/v1", api_key="x", max_retries=0)
-    client.chat.completions.create(model="p", messages=[{"role": "user", "content": "hello there"}])
-    # the harness compacts: same system-less start, but the history is rewritten
+    system = {"role": "system", "content": "You are an agent."}
+    client.chat.completions.create(
+        model="p", messages=[system, {"role": "user", "content": "hello there"}]
+    )
+    # the harness compacts: the same system prompt, but the history is rewritten
     client.chat.completions.create(
         model="p",
         messages=[
+            system,
             {"role": "user", "content": "summary of earlier work"},
             {"role": "user", "content": "continue"},
         ],
     )
+    # a side call (a title) shares neither the system prompt nor the opening turn
+    client.chat.completions.create(
+        model="p",
+        messages=[
+            {"role": "system", "content": "Write a title."},
+            {"role": "user", "content": "the chat so far"},
+        ],
+    )
     finish(stack["sidecar"])
-    first, second = stored_calls(stack["store"])
+    first, second, title = stored_calls(stack["store"])
     assert second.segment_index == first.segment_index + 1
     assert second.segment_reason == "history_rewritten"
     assert second.prefix_token_count == 0
+    assert title.segment_reason == "new_conversation"
     rows, _ = export.rollout_rows(stored_rollout(stack["store"]), stored_calls(stack["store"]))
-    assert len(rows) == 2
+    assert [row.conversation for row in rows] == [0, 0, 1]
 
 
 def test_bad_requests_get_the_real_api_error_and_the_sidecar_keeps_serving(

@@ -265,7 +265,8 @@ def _export(store: store_module.Store, job: str, *, format: str, out: Path) -> i
     failed = ", ".join(f"{number} {kind}" for kind, number in stats.failures().items())
     print(
         f"wrote {count} rows from {stats.rollouts} complete rollouts to {out}"
-        f" (merge rate {stats.merge_rate:.1%}, split on token mismatch {stats.split_on_mismatch},"
+        f" ({stats.conversations} conversations, merge rate {stats.merge_rate:.1%} within them,"
+        f" split on token mismatch {stats.split_on_mismatch},"
         f" untokenized calls {stats.untokenized}, failed calls not trained: {failed})"
     )
     return 0

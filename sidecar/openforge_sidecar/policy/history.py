@@ -10,7 +10,11 @@ what was sampled. Anything else starts a new segment, with the reason.
 
 Several conversations may interleave (a harness's side calls for titles,
 sub-agents, compaction), so the history keeps the last few conversation
-heads and continues whichever one the request extends. A call that extends
+heads and continues whichever one the request extends. A call that shares
+neither the system prompt nor the opening turn with any head starts a
+``new_conversation``; one that does but extends none is a rewrite of a
+conversation (``history_rewritten``, ``system_changed``, ``tools_changed``,
+``retry``), a new segment of it. A call that extends
 no head while a call with the same leading messages is still being answered
 (a harness sampling one conversation several times at once, sub-agents fanned
 out from one context) starts a segment marked ``concurrent``.
@@ -115,6 +119,25 @@ def _all_same(
     return len(messages) == len(known) and all(map(_same, messages, known))
 
 
+def _opening(messages: Sequence[conversation.Message]) -> conversation.Message | None:
+    """A conversation's first turn after its system prompt (its task), if any."""
+    return next((m for m in messages if m.role not in ("system", "developer")), None)
+
+
+def _related(
+    messages: Sequence[conversation.Message], known: Sequence[conversation.Message]
+) -> bool:
+    """Whether ``messages`` may be the conversation ``known`` rewritten: they share the
+    system prompt or the opening turn. A side call (a title, a summary) or a
+    sub-agent shares neither, so it starts a conversation of its own."""
+    if not messages or not known:
+        return False
+    if _same(messages[0], known[0]):
+        return True
+    opening, known_opening = _opening(messages), _opening(known)
+    return opening is not None and known_opening is not None and _same(opening, known_opening)
+
+
 class TokenHistory:
     """Plans each call's prompt tokens and remembers what was generated."""
 
@@ -128,13 +151,15 @@ class TokenHistory:
         self._first_reason = first_reason
         self.calls = 0
         self.merged = 0
+        self.conversations = 0  # calls that started a conversation (first, new_conversation)
         self._prerender = True  # the harness sent the last head back exactly as we kept it
         self._answering: dict[int, tuple[conversation.Message, ...]] = {}  # ticket -> messages
 
     @property
     def merge_rate(self) -> float:
-        """Calls that extended an earlier call, over calls after the first."""
-        return self.merged / (self.calls - 1) if self.calls > 1 else 0.0
+        """Calls that extended an earlier call, over calls after their conversation's first."""
+        followers = self.calls - self.conversations
+        return self.merged / followers if followers > 0 else 0.0
 
     def plan(self, request: conversation.ChatRequest) -> Plan:
         """The prompt of a call; the call is being answered until :meth:`finished`."""
@@ -166,6 +191,8 @@ class TokenHistory:
             reason = "template_not_prefix_stable"
         elif self._concurrent(messages):
             reason = "concurrent"
+        if reason in (self._first_reason, "new_conversation"):
+            self.conversations += 1
         segment = self._segments
         self._segments += 1
         text = self._renderer.render(messages, tools, add_generation_prompt=True)
@@ -241,6 +268,8 @@ class TokenHistory:
     ) -> tuple[_Head | None, str]:
         if not self._heads:
             return None, self._first_reason
+        if not any(_related(messages, head.messages) for head in self._heads):
+            return None, "new_conversation"
         reason = "history_rewritten"
         for head in reversed(self._heads):
             known = len(head.messages)

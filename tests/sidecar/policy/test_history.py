@@ -55,6 +55,18 @@ def test_a_continuation_extends_the_earlier_call_tokens_exactly() -> None:
     assert tokens.merge_rate == 1.0
 
 
+def test_the_merge_rate_counts_the_calls_after_each_conversations_first() -> None:
+    """A side conversation between two turns neither merges nor counts against the rate."""
+    tokens, _ = first_call()
+    title = request(text("system", "Write a title."), text("user", "List the files."[::-1]))
+    assert tokens.plan(title).segment_reason == "new_conversation"
+    assert tokens.plan(request(*BASE, REPLY, result("call_1", "a.txt"))).segment_reason == ""
+    assert (tokens.calls, tokens.conversations, tokens.merged, tokens.merge_rate) == (3, 2, 1, 1.0)
+    rewritten = request(BASE[0], text("user", "Summary: files listed."))
+    assert tokens.plan(rewritten).segment_reason == "history_rewritten"  # same system prompt
+    assert tokens.merge_rate == 0.5
+
+
 def test_rewritten_ids_and_reformatted_arguments_still_merge() -> None:
     tokens, _ = first_call()
     echo = call("toolu_other_id", '{ "command":  "ls" }')
@@ -67,6 +79,7 @@ def test_what_does_not_continue_starts_a_segment_with_its_reason() -> None:
         "system_changed": request(text("system", "Be verbose."), BASE[1], REPLY, result("c", "x")),
         "retry": request(*BASE),
         "tools_changed": request(*BASE, REPLY, result("c", "x"), tools=()),
+        "new_conversation": request(text("system", "Write a title."), text("user", "Chat 1")),
     }
     for reason, asked in cases.items():
         tokens, first = first_call()
@@ -104,8 +117,22 @@ def _reference_find_head(
     norm = history._norm_message
     if not heads:
         return None, "first"
-    reason = "history_rewritten"
     normalized = [norm(m) for m in messages]
+
+    def opening(found: tuple[cv.Message, ...]) -> cv.Message | None:
+        return next((m for m in found if m.role not in ("system", "developer")), None)
+
+    def related(known: tuple[cv.Message, ...]) -> bool:
+        if not messages or not known:
+            return False
+        mine, theirs = opening(messages), opening(known)
+        return normalized[0] == norm(known[0]) or (
+            mine is not None and theirs is not None and norm(mine) == norm(theirs)
+        )
+
+    if not any(related(head.messages) for head in heads):
+        return None, "new_conversation"
+    reason = "history_rewritten"
     for head in reversed(heads):
         known = len(head.messages)
         if len(messages) <= known:

@@ -133,7 +133,28 @@ def test_interleaved_conversations_each_make_one_row_and_the_rows_form_a_tree() 
     assert rows[0].response_ids == [10, 5, 11, 5, 12]
     assert rows[0].response_mask == [1, 0, 1, 0, 1]
     assert [(row.branch_of, row.branch_tokens) for row in rows] == [(-1, 0), (-1, 0), (0, 3)]
-    assert (stats.extended, stats.followers, stats.split_on_mismatch) == (3, 5, 0)
+    # the side call and the sub-agent ran while the main conversation went on: each is a
+    # conversation of its own, and neither counts against the merge rate
+    assert [row.conversation for row in rows] == [0, 1, 2]
+    assert (stats.extended, stats.followers, stats.conversations) == (3, 3, 3)
+    assert (stats.merge_rate, stats.split_on_mismatch) == (1.0, 0)
+
+
+def test_a_rewrite_is_a_new_segment_of_its_conversation() -> None:
+    """A compaction (the old segment takes no call after it) continues its conversation
+    in a new row, and counts against the merge rate; a new conversation does not."""
+    calls = stored_calls(
+        call(0, [1, 2, 3, 4], [10], segment=0),
+        call(1, [1, 2, 3, 4, 10, 5], [11], segment=0),
+        call(2, [1, 2, 3, 9], [12], segment=1, reason="history_rewritten"),  # compacted
+        call(3, [1, 2, 3, 9, 12, 5], [13], segment=1),
+        call(4, [7, 8], [30], segment=2, reason="new_conversation"),  # a title, at the end
+    )
+    rows, stats = export.rollout_rows(ROLLOUT, calls)
+    assert [row.call_indices for row in rows] == [[0, 1], [2, 3], [4]]
+    assert [row.conversation for row in rows] == [0, 0, 1]
+    assert (rows[1].branch_of, rows[1].branch_tokens) == (0, 3)
+    assert (stats.extended, stats.followers, stats.conversations) == (2, 3, 2)
 
 
 def test_a_call_joins_the_longest_context_it_extends() -> None:

@@ -140,6 +140,42 @@ def test_a_rewritten_history_starts_a_new_row_and_shows_every_message(db: store.
     assert "segment 1 (history_rewritten)" in out.getvalue()
 
 
+def test_the_rows_are_drawn_as_a_tree_of_conversations(db: store.Store) -> None:
+    """A title call beside the main conversation is a conversation of its own; a
+    compaction of the main conversation is a second row of it, a rewrite."""
+    title = [{"role": "system", "content": "Write a title."}, USER]
+    summary = [SYSTEM, {"role": "user", "content": "Summary: a.txt listed."}]
+    calls = [
+        *two_turns(),
+        chat_call(2, title, {"content": "Files"}, prompt_token_ids=[50, 51],
+                  completion_token_ids=[52], completion_logprobs=[-0.1], finish_reason="stop",
+                  segment_index=1, segment_reason="new_conversation"),
+        chat_call(3, summary, {"content": "ok"}, prompt_token_ids=[10, 11, 60],
+                  completion_token_ids=[61], completion_logprobs=[-0.1], finish_reason="stop",
+                  segment_index=2, segment_reason="history_rewritten"),
+    ]  # fmt: skip
+    put_rollout(db, "r0", calls)
+    view = render.build(db, "r0")
+    assert view is not None
+    out = io.StringIO()
+    render.render_plain(view, out)
+    lines = [line for line in out.getvalue().splitlines() if "row" in line]
+    assert lines[1:] == [
+        "conversation 0 · 2 rows, 3 calls · merge rate 50%",
+        "├─ row 0 · calls #0, #1 · prompt 3 tokens · response 4 tokens: 3 trained, 1 masked"
+        " · reward 1",
+        "└─ row 2 · rewrites row 0 after 2 tokens (history_rewritten) · calls #3 · prompt 3"
+        " tokens · response 1 tokens: 1 trained, 0 masked · reward 1",
+        "conversation 1 · 1 row, 1 call",
+        "└─ row 1 · calls #2 · prompt 2 tokens · response 1 tokens: 1 trained, 0 masked · reward 1",
+    ]
+    document = render.to_json(view)
+    assert [(c["rows"], c["calls"]) for c in document["conversations"]] == [([0, 2], 3), ([1], 1)]
+    console = Console(record=True, width=200, file=io.StringIO())
+    render.render_rich(view, console)
+    assert "rewrites row 0 after 2 tokens (history_rewritten)" in console.export_text()
+
+
 def test_plain_rendering(db: store.Store) -> None:
     put_rollout(db, "r0", two_turns())
     view = render.build(db, "r0")
@@ -156,12 +192,10 @@ def test_plain_rendering(db: store.Store) -> None:
     )
     assert 'tool call shell {"cmd": "ls"}' in text
     assert "[tool] (result of c1)\n    a.txt" in text
-    assert (
-        "row 0 · calls #0, #1 · prompt 3 tokens · response 4 tokens: 3 trained, 1 masked · reward 1"
-        in text
-    )
-    assert "  mask TT·T  (1 char = 1 token)" in text
-    assert "  trained 2\n  masked 1\n  trained 1" in text
+    assert "conversation 0 · 1 row, 2 calls · merge rate 100%\n└─ row 0 · calls #0, #1 · " in text
+    assert "prompt 3 tokens · response 4 tokens: 3 trained, 1 masked · reward 1" in text
+    assert "     mask TT·T  (1 char = 1 token)" in text
+    assert "     trained 2\n     masked 1\n     trained 1" in text
 
 
 def test_rich_rendering_shows_the_same(db: store.Store) -> None:

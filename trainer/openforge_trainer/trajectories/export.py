@@ -23,7 +23,13 @@ The rows of a rollout form a tree: a row's ``branch_of`` is the earlier row
 whose tokens its prompt shares the longest prefix with, ``branch_tokens`` that
 prefix's length (``-1`` and 0 for a row that shares no token with an earlier
 one). A compaction shares most of its conversation's prompt, a sub-agent its
-system prompt, a side call little or nothing.
+system prompt, a side call little or nothing. Rows are grouped into
+*conversations* (``conversation``): a row begins one unless it rewrites the
+conversation of the row it branches from, i.e. the sidecar found it related
+(same system prompt or opening turn: not ``first`` or ``new_conversation``)
+and that row took no call after it began (a sub-agent runs beside its parent,
+a compaction replaces it). The merge rate is per conversation: calls that
+extended an earlier call over calls after their conversation's first.
 
 Only completed calls are training data (:mod:`outcome`: HTTP 200, no error,
 a finish reason other than "error"). A call that was aborted (the harness
@@ -90,6 +96,7 @@ class Row:
     images: list[str] = dataclasses.field(default_factory=list)  # in placeholder order
     branch_of: int = -1  # the earlier row this one's prompt shares the most tokens with
     branch_tokens: int = 0  # how many (0: none; then branch_of is -1)
+    conversation: int = 0  # 0-based, in the order conversations began in this rollout
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -104,14 +111,16 @@ class ExportStats:
     refused: int = 0
     untokenized: int = 0  # completed calls without prompt tokens
     extended: int = 0  # calls that extended an earlier call of their segment
-    followers: int = 0  # completed, tokenized calls after a rollout's first one
+    followers: int = 0  # completed, tokenized calls after their conversation's first one
+    conversations: int = 0
     split_on_mismatch: int = 0  # sidecar said "extends", tokens said no
     merged_across_index: int = 0  # sidecar said "new segment", tokens extend
     rows: int = 0
 
     @property
     def merge_rate(self) -> float:
-        """Calls that extended their predecessor / calls after the first (0 when none)."""
+        """Calls that extended an earlier call / calls after their conversation's first
+        (0 when none): a side conversation does not count against it, a rewrite does."""
         return self.extended / self.followers if self.followers else 0.0
 
     def failures(self) -> dict[str, int]:
@@ -147,7 +156,6 @@ def segments(
         if not result:
             result.append([call])
             continue
-        stats.followers += 1
         target = _extended(result, call)
         if target is not None:
             stats.extended += 1
@@ -246,6 +254,35 @@ def _logprobs(rollout: store_module.Rollout, call: store_module.ModelCall) -> li
     )
 
 
+#: The sidecar's segment reasons for a call that shares neither the system prompt nor
+#: the opening turn with any conversation before it.
+NEW_CONVERSATION_REASONS = frozenset({"first", "new_conversation"})
+
+
+def _conversation(
+    rows: Sequence[Row],
+    found: Sequence[Sequence[store_module.ModelCall]],
+    *,
+    index: int,
+    branch_of: int,
+) -> int | None:
+    """The conversation row ``index`` continues as a rewrite, or None when it begins one.
+
+    It begins one when it is the first row, when the sidecar found it related to
+    no earlier conversation, or when the row it branches from (else the row before
+    it) lives on after it began: what went on beside it is a side conversation (a
+    sub-agent with the same system prompt, a concurrent sample). A rewrite
+    (compaction, edited turns) replaces its conversation's last segment instead.
+    """
+    first = found[index][0]
+    if index == 0 or first.segment_reason in NEW_CONVERSATION_REASONS:
+        return None
+    parent = branch_of if branch_of >= 0 else index - 1
+    if found[parent][-1].call_index > first.call_index:
+        return None
+    return rows[parent].conversation
+
+
 def rollout_rows(
     rollout: store_module.Rollout, calls: Sequence[store_module.ModelCall]
 ) -> tuple[list[Row], ExportStats]:
@@ -254,7 +291,16 @@ def rollout_rows(
     for index, segment in enumerate(found):
         row = build_row(rollout, segment, index=index)
         branch_of, branch_tokens = _branch(rows, row.prompt_ids)
-        rows.append(dataclasses.replace(row, branch_of=branch_of, branch_tokens=branch_tokens))
+        conversation = _conversation(rows, found, index=index, branch_of=branch_of)
+        if conversation is None:
+            conversation = stats.conversations
+            stats.conversations += 1
+        rows.append(
+            dataclasses.replace(
+                row, branch_of=branch_of, branch_tokens=branch_tokens, conversation=conversation
+            )
+        )
+    stats.followers = sum(map(len, found)) - stats.conversations
     stats.rollouts = 1
     stats.rows = len(rows)
     return rows, stats
@@ -293,6 +339,7 @@ SCHEMA = pa.schema(
         ("images", pa.list_(pa.string())),
         ("branch_of", pa.int32()),
         ("branch_tokens", pa.int32()),
+        ("conversation", pa.int32()),
     ]
 )
 

@@ -76,6 +76,33 @@ class RowView:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class ConversationView:
+    """One conversation of a rollout: its rows (a row per segment, rewrites after the
+    first) and where it branched from."""
+
+    index: int
+    rows: list[RowView]
+
+    @property
+    def calls(self) -> int:
+        return sum(len(r.row.call_indices) for r in self.rows)
+
+    @property
+    def merge_rate(self) -> float:
+        """Calls that extended an earlier call / calls after the conversation's first."""
+        followers = self.calls - 1
+        return (self.calls - len(self.rows)) / followers if followers else 0.0
+
+
+def conversations(rows: list[RowView]) -> list[ConversationView]:
+    """The rows grouped by conversation, in the order conversations began."""
+    grouped: dict[int, list[RowView]] = {}
+    for row_view in rows:
+        grouped.setdefault(row_view.row.conversation, []).append(row_view)
+    return [ConversationView(index, found) for index, found in grouped.items()]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class RolloutView:
     rollout: store_module.Rollout
     grader_output: str
@@ -196,6 +223,15 @@ def to_json(view: RolloutView) -> dict[str, Any]:
         },
         "calls": [_call_json(c) for c in view.calls],
         "rows": [_row_json(r) for r in view.rows],
+        "conversations": [
+            {
+                "conversation": c.index,
+                "rows": [r.row.segment_index for r in c.rows],
+                "calls": c.calls,
+                "merge_rate": c.merge_rate,
+            }
+            for c in conversations(view.rows)
+        ],
         "row_error": view.row_error,
         "stats": {**dataclasses.asdict(view.stats), "merge_rate": view.stats.merge_rate},
         "lost": [dataclasses.asdict(lost) for lost in view.lost],
@@ -235,6 +271,7 @@ def _row_json(view: RowView) -> dict[str, Any]:
         "segment_index": row.segment_index,
         "branch_of": row.branch_of,
         "branch_tokens": row.branch_tokens,
+        "conversation": row.conversation,
         "call_indices": row.call_indices,
         "prompt_tokens": len(row.prompt_ids),
         "response_tokens": len(row.response_ids),
@@ -398,19 +435,25 @@ def rows_plain(view: RolloutView, full: bool) -> list[str]:
         return [*lines, f"no rows: {view.row_error}"]
     if not view.rows:
         return [*lines, f"no rows ({no_rows_reason(view.stats)})"]
-    for row_view in view.rows:
-        lines.append(row_summary(row_view))
-        mask = row_view.row.response_mask
-        per = _per_char(mask)
-        lines.append(f"  mask {mask_bar(mask)}  (1 char = {per} token{'' if per == 1 else 's'})")
-        for span in row_view.spans:
-            kind = "trained" if span.trained else "masked"
-            text = (
-                ""
-                if span.text is None
-                else " " + json.dumps(_clip(span.text, full), ensure_ascii=False)
-            )
-            lines.append(f"  {kind} {len(span.token_ids)}{text}")
+    reasons = {c.call.call_index: c.call.segment_reason for c in view.calls}
+    for talk in conversations(view.rows):
+        lines.append(conversation_summary(talk))
+        for position, row_view in enumerate(talk.rows):
+            last = position == len(talk.rows) - 1
+            branch, stem = ("└─ ", "   ") if last else ("├─ ", "│  ")
+            lines.append(branch + row_summary(row_view, reasons=reasons, first=position == 0))
+            mask = row_view.row.response_mask
+            per = _per_char(mask)
+            plural = "" if per == 1 else "s"
+            lines.append(f"{stem}  mask {mask_bar(mask)}  (1 char = {per} token{plural})")
+            for span in row_view.spans:
+                kind = "trained" if span.trained else "masked"
+                text = (
+                    ""
+                    if span.text is None
+                    else " " + json.dumps(_clip(span.text, full), ensure_ascii=False)
+                )
+                lines.append(f"{stem}  {kind} {len(span.token_ids)}{text}")
     if view.stats.split_on_mismatch:
         lines.append(
             f"{view.stats.split_on_mismatch} call(s) split: "
@@ -419,18 +462,36 @@ def rows_plain(view: RolloutView, full: bool) -> list[str]:
     return lines
 
 
-def row_summary(view: RowView) -> str:
+def conversation_summary(view: ConversationView) -> str:
+    """A conversation's line: its rows and calls, its merge rate, where it branched from."""
+    head = view.rows[0].row
+    branch = (
+        f" · branches from row {head.branch_of} after {head.branch_tokens} tokens"
+        if view.index > 0 and head.branch_of >= 0
+        else ""
+    )
+    rows = f"{len(view.rows)} row{'' if len(view.rows) == 1 else 's'}"
+    calls = f"{view.calls} call{'' if view.calls == 1 else 's'}"
+    rate = f" · merge rate {view.merge_rate:.0%}" if view.calls > 1 else ""
+    return f"conversation {view.index}{branch} · {rows}, {calls}{rate}"
+
+
+def row_summary(view: RowView, *, reasons: dict[int, str], first: bool) -> str:
+    """A row's line; a row after its conversation's first is a rewrite of it (with the
+    sidecar's reason)."""
     row = view.row
     calls = ", ".join(f"#{i}" for i in row.call_indices)
     reward = f" · reward {row.reward:g}" if row.has_reward else ""
-    branch = (
-        f" · branches from row {row.branch_of} after {row.branch_tokens} tokens"
-        if row.branch_of >= 0
-        else ""
-    )
+    rewrite = ""
+    if not first:
+        reason = reasons.get(row.call_indices[0]) or "tokens differ"
+        after = (
+            f"row {row.branch_of} after {row.branch_tokens} tokens" if row.branch_of >= 0 else ""
+        )
+        rewrite = f" · rewrites {after or 'the conversation'} ({reason})"
     return (
-        f"row {row.segment_index}{branch} · calls {calls} · prompt {len(row.prompt_ids)} tokens · "
-        f"response {len(row.response_ids)} tokens: {view.trained} trained, {view.masked} masked"
+        f"row {row.segment_index}{rewrite} · calls {calls} · prompt {len(row.prompt_ids)} tokens"
+        f" · response {len(row.response_ids)} tokens: {view.trained} trained, {view.masked} masked"
         f"{reward}"
     )
 
@@ -503,19 +564,28 @@ def _rows_body(view: RolloutView, full: bool) -> RenderableType:
             " = appended by the harness",
         )
     ]
-    for row_view in view.rows:
-        parts.append(Text(row_summary(row_view), style="bold"))
-        bar = Text("  ")
-        for char in mask_bar(row_view.row.response_mask):
-            bar.append("█" if char == TRAINED else "░", style="green" if char == TRAINED else "dim")
-        parts.append(bar)
-        decoded = Text("  ")
-        for span in row_view.spans:
-            label = (
-                span.text
-                if span.text is not None
-                else f"[{'trained' if span.trained else 'masked'} {len(span.token_ids)}]"
-            )
-            decoded.append(_clip(label, full), style="bold green" if span.trained else "dim")
-        parts.append(decoded)
+    reasons = {c.call.call_index: c.call.segment_reason for c in view.calls}
+    for talk in conversations(view.rows):
+        parts.append(Text(conversation_summary(talk), style="bold cyan"))
+        for position, row_view in enumerate(talk.rows):
+            parts += _row_parts(row_view, full, reasons=reasons, first=position == 0)
     return Group(*parts)
+
+
+def _row_parts(
+    row_view: RowView, full: bool, *, reasons: dict[int, str], first: bool
+) -> list[RenderableType]:
+    """A row under its conversation: its line, its mask bar, its decoded spans."""
+    summary = Text("  " + row_summary(row_view, reasons=reasons, first=first), style="bold")
+    bar = Text("    ")
+    for char in mask_bar(row_view.row.response_mask):
+        bar.append("█" if char == TRAINED else "░", style="green" if char == TRAINED else "dim")
+    decoded = Text("    ")
+    for span in row_view.spans:
+        label = (
+            span.text
+            if span.text is not None
+            else f"[{'trained' if span.trained else 'masked'} {len(span.token_ids)}]"
+        )
+        decoded.append(_clip(label, full), style="bold green" if span.trained else "dim")
+    return [summary, bar, decoded]
