@@ -38,7 +38,7 @@ from openforge.wire import codecs, conversation
 from openforge.wire.codecs import Codec
 from openforge.wire.codecs.errors import CodecError
 
-from openforge_sidecar import relay, tee
+from openforge_sidecar import relay, tee, upstream
 from openforge_sidecar.policy import engine, history, signatures, template
 from openforge_sidecar.recording import recorder, records, redact
 
@@ -65,6 +65,7 @@ class _Call:
     plan: history.Plan | None = None
     relay: relay.Relay | None = None
     tee: tee.Tee | None = None
+    deadline: upstream.Deadline | None = None  # the engine's, while it is being called
     response_id: str = ""
     finished: bool = False
     policy_version: int | None = None  # as the engine reported it for this call
@@ -133,6 +134,7 @@ class Capture:
             "completion fit. 0: the engine's (its /v1/models max_model_len), else 32768; a value "
             "above the engine's is lowered to it.",
         )
+        upstream.add_options(loader)
         loader.add_option("openforge_spool", str, "", "Directory of the durable spool (required).")
         loader.add_option(
             "openforge_collector",
@@ -343,8 +345,11 @@ class Capture:
         flow.metadata["openforge"] = call
         self.stats["calls"] += 1
         self.stats["streamed" if request.stream else "unstreamed"] += 1
-        if ctx.options.openforge_mode == "tokens" and not await self._to_engine(flow, call):
-            return  # answered with an error, and spooled
+        if ctx.options.openforge_mode == "tokens":
+            if not await self._to_engine(flow, call):
+                return  # answered with an error, and spooled
+            call.deadline = upstream.Deadline(flow)
+            call.deadline.start()
         # mitmproxy sends the request on as this hook returns; what the call
         # needs only once the answer comes back is done right after that.
         asyncio.get_running_loop().call_soon(self._after_forward, call)
@@ -396,6 +401,8 @@ class Capture:
             )
             response.stream = _teeing(call)
             return
+        if call.deadline is not None:
+            call.deadline.answering()
         if response.status_code != 200 or call.relay is None:
             return  # the engine's error is translated whole in `response`
         version = response.headers.get(endpoints.POLICY_VERSION_HEADER, "")
@@ -421,6 +428,8 @@ class Capture:
         call: _Call | None = flow.metadata.get("openforge")
         if call is None or call.finished or flow.response is None:
             return
+        if call.deadline is not None:
+            call.deadline.cancel()
         if ctx.options.openforge_mode == "passthrough":
             self._finish_passthrough(flow, call)
         else:
@@ -430,13 +439,38 @@ class Capture:
         call: _Call | None = flow.metadata.get("openforge")
         if call is None or call.finished:
             return
+        if call.deadline is not None:
+            call.deadline.cancel()
         message = flow.error.msg if flow.error else "unknown error"
         self.stats["failed_calls"] += 1
+        if ctx.options.openforge_mode == "tokens" and upstream.engine_failed(flow, call.deadline):
+            self._answer_engine_failure(flow, call, message=message)
+            return
         self._spool_call(
             call,
             status=flow.response.status_code if flow.response else 502,
             error=f"connection failed: {message}",
         )
+
+    def _answer_engine_failure(self, flow: http.HTTPFlow, call: _Call, *, message: str) -> None:
+        """The harness's answer when the engine timed out, refused or broke off: the API's
+        error object (504 for a deadline, else 502), or, once a streamed answer began,
+        its end with the API's error event (see :mod:`upstream`)."""
+        expired = call.deadline.expired if call.deadline is not None else ""
+        status = 504 if expired else 502
+        reason = f"the engine failed: {expired or message}"
+        response = flow.response
+        if response is not None and response.stream and call.relay is not None:
+            status = response.status_code  # the head went out: the error is the stream's end
+            data = upstream.rest_of_stream(response, call.relay.fail(reason))
+        else:
+            body = json.dumps(call.codec.error_body(status, reason)).encode()
+            data = upstream.error_response(status, body)
+        delivered = upstream.answer_client(flow, data)
+        self.stats["engine_timeouts" if expired else "engine_unreachable"] += 1
+        log.warning("call %d: %s (the harness %s)", call.index, reason,
+                    "was answered" if delivered else "was gone")  # fmt: skip
+        self._spool_call(call, status=status, error=reason)
 
     # --- tokens mode ----------------------------------------------------------
 

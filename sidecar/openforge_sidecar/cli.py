@@ -28,7 +28,7 @@ from typing import Any
 from openforge import cli as front_door
 from openforge import endpoints, trajectory
 
-from openforge_sidecar import capture, guard, master
+from openforge_sidecar import capture, guard, master, upstream
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -132,6 +132,17 @@ def build_parser() -> argparse.ArgumentParser:
         default=guard.DEFAULT_HEADER_TIMEOUT,
         help="seconds a new connection has to send its first request head (0: no limit)",
     )
+    for name, default, what in (
+        ("connect", upstream.DEFAULT_CONNECT_TIMEOUT, "to connect to the engine"),
+        ("first-byte", upstream.DEFAULT_FIRST_BYTE_TIMEOUT, "of engine silence before its answer"),
+        ("idle", upstream.DEFAULT_IDLE_TIMEOUT, "of engine silence within its answer"),
+    ):
+        parser.add_argument(
+            f"--engine-{name}-timeout",
+            type=int,
+            default=default,
+            help=f"seconds {what}; past them the call is the API's 504 (0: no limit)",
+        )
     parser.add_argument("--verbose", action="store_true", help="log every flow")
     return parser
 
@@ -185,6 +196,9 @@ def settings(ns: argparse.Namespace) -> list[str]:
         f"openforge_api={ns.api}",
         f"openforge_max_connections={ns.max_connections}",
         f"openforge_header_timeout={ns.header_timeout}",
+        f"openforge_engine_connect_timeout={ns.engine_connect_timeout}",
+        f"openforge_engine_first_byte_timeout={ns.engine_first_byte_timeout}",
+        f"openforge_engine_idle_timeout={ns.engine_idle_timeout}",
         f"openforge_policy_version={ns.policy_version}",
         f"openforge_labels={json.dumps(labels(ns.label))}",
         f"openforge_ready_file={ns.ready_file}",

@@ -160,6 +160,15 @@ class Relay:
             out.append(event)
         return out
 
+    def fail(self, reason: str) -> bytes:
+        """End a stream the engine broke off: what is left of the answer, then the API's
+        error event (``reason`` kept as :attr:`error`)."""
+        if self.done:
+            return b""
+        if self.error is None:
+            self.error = reason
+        return self._finish()
+
     def _finish(self) -> bytes:
         self.done = True
         if self.engine_finish_reason is None and self.error is None:

@@ -9,8 +9,11 @@ a test can tell what reached the engine.
 
 from __future__ import annotations
 
+import contextlib
 import http.server
 import json
+import socket
+import struct
 import threading
 import time
 from collections.abc import Callable
@@ -63,10 +66,22 @@ ANSWERS: dict[str, tuple[int, dict[str, str], bytes]] = {
         {"x-openforge-policy-version": "2"},
         chunk([72]) + chunk([105], finish="stop") + DONE,
     ),
+    "good-close": (
+        200,
+        {"connection": "close"},
+        chunk([72]) + chunk([105], finish="stop") + DONE,
+    ),
     "busy": (429, {"retry-after": "7"}, b'{"error": {"message": "too many requests"}}'),
     "down": (500, {}, b"internal"),
     "too-long": (400, {}, b'{"error": {"message": "the prompt exceeds the context length"}}'),
 }
+
+
+#: Answers that fail at the connection: ``hang`` reads the request and says nothing,
+#: ``stall`` sends the head and one chunk of a chunked stream and then nothing,
+#: ``reset`` and ``reset-mid`` reset the connection before the head and after a chunk.
+#: The silent ones hold until the engine stops.
+FAILURES = frozenset({"hang", "stall", "reset", "reset-mid"})
 
 
 class ScriptedEngine:
@@ -76,6 +91,8 @@ class ScriptedEngine:
         self.posts: list[str] = []  # the paths of the requests that reached the engine
         self.bodies: list[dict[str, Any]] = []  # and their JSON bodies
         self.card: dict[str, Any] = {"id": "m"}
+        self.stopping = threading.Event()  # releases the answers that hang
+        self._fillers: list[socket.socket] = []
         self.models_read = 0  # GET /v1/models answered
         self._server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
         self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
@@ -86,11 +103,28 @@ class ScriptedEngine:
         return self
 
     def __exit__(self, *exc: object) -> None:
+        self.stopping.set()
         self._server.shutdown()
         self._server.server_close()
+        for filler in self._fillers:
+            filler.close()
 
-    def next_answer(self) -> tuple[int, dict[str, str], bytes]:
-        name = self.script.pop(0) if self.script else self.default
+    def stop_accepting(self) -> None:
+        """Accept no more connections, and let a new one hang in its connect: the
+        listening socket stays, its backlog filled by connections nobody accepts."""
+        self._server.shutdown()
+        port = self._server.server_address[1]
+        for _ in range(self._server.request_queue_size + 3):
+            filler = socket.socket()
+            filler.setblocking(False)
+            with contextlib.suppress(BlockingIOError):
+                filler.connect(("127.0.0.1", port))
+            self._fillers.append(filler)
+
+    def next_name(self) -> str | None:
+        return self.script.pop(0) if self.script else self.default
+
+    def next_answer(self, name: str | None) -> tuple[int, dict[str, str], bytes]:
         if name is None:
             return 500, {}, b'{"error": {"message": "the test scripted no answer"}}'
         return ANSWERS[name]
@@ -112,10 +146,38 @@ def _handler(engine: ScriptedEngine) -> type[http.server.BaseHTTPRequestHandler]
             body = self.rfile.read(int(self.headers.get("content-length", "0")))
             engine.bodies.append(json.loads(body) if body else {})
             engine.posts.append(self.path)
-            status, headers, body = engine.next_answer()
+            name = engine.next_name()
+            if name in FAILURES:
+                self._fail(name)
+                return
+            status, headers, body = engine.next_answer(name)
             self._send(
                 status, headers, body, "text/event-stream" if status == 200 else "application/json"
             )
+
+        def _fail(self, name: str) -> None:
+            if name in ("stall", "reset-mid"):
+                self.send_response(200)
+                self.send_header("content-type", "text/event-stream")
+                self.send_header("transfer-encoding", "chunked")
+                self.end_headers()
+                data = chunk([72])
+                self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+                self.wfile.flush()
+            if name in ("reset", "reset-mid"):
+                linger = struct.pack("ii", 1, 0)  # close with a RST
+                self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, linger)
+            else:
+                engine.stopping.wait(60)
+            self.close_connection = True
+            if name not in ("reset", "reset-mid"):
+                with contextlib.suppress(OSError):
+                    self.connection.shutdown(socket.SHUT_RDWR)
+            self.connection.close()
+
+        def finish(self) -> None:
+            with contextlib.suppress(OSError, ValueError):
+                super().finish()
 
         def _send(self, status: int, headers: dict[str, str], body: bytes, kind: str) -> None:
             self.send_response(status)
