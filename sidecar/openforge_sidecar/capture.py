@@ -94,6 +94,7 @@ class Capture:
         self._engine_version: int | None = None
         self._rereading = False
         self._background: set[asyncio.Task[None]] = set()
+        self._trim: asyncio.TimerHandle | None = None  # a collection and trim to come
         self._signer: signatures.Signer | None = None
 
     # --- mitmproxy lifecycle ------------------------------------------------
@@ -234,6 +235,7 @@ class Capture:
     async def running(self) -> None:
         opts = ctx.options
         self._loop = asyncio.get_running_loop()
+        map_large_buffers()
         directory = Path(opts.openforge_spool)
         if opts.openforge_collector_token_file:
             self._collector_token = Path(opts.openforge_collector_token_file).read_text().strip()
@@ -734,7 +736,7 @@ class Capture:
             self.stats["calls_with_error"] += 1
         if plan is not None and self._history is not None:
             self._history.finished(plan)
-        model_call = records.model_call(
+        finished = records.Call(
             call_index=call.index,
             api=call.codec.api,
             token_mode=opts.openforge_mode == "tokens",
@@ -763,8 +765,23 @@ class Capture:
             total_ms=(now - call.started) * 1000,
             error=error,
         )
-        self._recording().call(model_call)
-        _release(call)
+        self._recording().call(finished)
+        if _release(call):
+            self._trim_soon()
+
+    def _trim_soon(self) -> None:
+        """Collect the garbage and hand freed memory back to the OS shortly, once (see
+        :func:`_release`): by then mitmproxy has let go of the flow, with its bodies,
+        and the spool writer has written the record."""
+        if self._trim is not None:
+            return
+
+        def trim() -> None:
+            self._trim = None
+            gc.collect()
+            return_freed_memory()
+
+        self._trim = asyncio.get_running_loop().call_later(TRIM_DELAY_S, trim)
 
     def _recording(self) -> recorder.Recorder:
         if self._recorder is None:
@@ -983,8 +1000,9 @@ def _to_control_host(request: http.Request) -> bool:
     return request.pretty_host == CONTROL_HOST
 
 
-def _release(call: _Call) -> None:
-    """Let go of a spooled call's bulk: the request body, the prompt, the relay or tee.
+def _release(call: _Call) -> bool:
+    """Let go of a spooled call's bulk: the request body, the prompt, the relay or tee;
+    whether it was a large call, after which memory is collected and trimmed.
 
     mitmproxy's flows are freed by the cyclic garbage collector, not when
     they end (each HTTP stream layer and its context refer to each other),
@@ -995,9 +1013,10 @@ def _release(call: _Call) -> None:
     The record, which has them all, is already with the spool writer.
 
     After a large call (a request over :data:`TRIM_AFTER_BYTES`) the garbage is
-    collected and freed memory handed back to the OS at once: the tokenizer's
-    and the flow's buffers for a 10 MB request are some 100 MB, which glibc
-    would otherwise keep resident for good.
+    collected and freed memory handed back to the OS (:meth:`Capture._trim_soon`):
+    the tokenizer's and the flow's buffers for a 10 MB request are some 100 MB,
+    which glibc would otherwise keep resident for good. Not at once: the flow
+    is still in mitmproxy's hands then, and the record not yet serialized.
     """
     large = len(call.request_json) > TRIM_AFTER_BYTES
     call.request_json = b""
@@ -1005,13 +1024,13 @@ def _release(call: _Call) -> None:
     call.plan = None
     call.relay = None
     call.tee = None
-    if large:
-        gc.collect()
-        return_freed_memory()
+    return large
 
 
-#: A call whose request is larger than this is followed by a collection and a trim.
+#: A call whose request is larger than this is followed by a collection and a trim...
 TRIM_AFTER_BYTES = 1024 * 1024
+#: ...this many seconds later.
+TRIM_DELAY_S = 0.5
 
 
 def _guarded(call: _Call) -> Any:
@@ -1070,6 +1089,29 @@ def return_freed_memory() -> None:
     except (OSError, AttributeError):
         return
     trim(0)
+
+
+#: glibc's ``mallopt`` parameter for the size from which an allocation is its own mapping.
+_M_MMAP_THRESHOLD = -3
+#: Buffers at least this large get mappings of their own, given back to the OS when freed.
+MMAP_THRESHOLD_BYTES = 256 * 1024
+
+
+def map_large_buffers() -> None:
+    """Keep large buffers out of the C heap, so that freeing one gives its memory back.
+
+    glibc maps a buffer over 128 KB apart and unmaps it when freed, but raises
+    that threshold to the size of every mapped buffer freed (up to 32 MB): after
+    one large call, the next large call's buffers (bodies, rendered prompts, token
+    arrays) come from the heap, where what is freed stays resident, fragmented,
+    beyond what ``malloc_trim`` gives back (some 50 MB after a 10 MB call). Fixing
+    the threshold stops that. Without glibc nothing is done.
+    """
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):
+        return
+    mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES)
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from openforge.trajectory.v1 import trajectory_pb2 as pb
+from openforge.wire import conversation
 from openforge_sidecar.recording import records, resume, spool
 from openforge_trainer.collection import store as store_module
 
@@ -22,8 +23,8 @@ def openforge(*args: str) -> list[str]:
 def call(index: int) -> pb.Record:
     return records.call(
         job=JOB, rollout_id=ROLLOUT,
-        model_call=pb.ModelCall(call_index=index, prompt_token_ids=[1, 2, index],
-                                completion_token_ids=[7]),
+        finished=records.Call(call_index=index, api=conversation.WireApi.OPENAI_CHAT,
+                              prompt_ids=[1, 2, index], completion_ids=[7]),
     )  # fmt: skip
 
 

@@ -133,6 +133,9 @@ class EngineChunk:
 
 def parse_chunk(data: str) -> EngineChunk:
     """Read one ``data:`` payload of the engine's completions stream."""
+    echoed = None
+    if len(data) > _LARGE_CHUNK:
+        data, echoed = _cut_prompt_ids(data)
     try:
         body = fastjson.loads(data)
     except ValueError as exc:
@@ -168,10 +171,47 @@ def parse_chunk(data: str) -> EngineChunk:
                 f"engine chunk has {len(chunk.token_ids)} token_ids "
                 f"but {len(chunk.logprobs)} token_logprobs"
             )
-        if choice.get("prompt_token_ids") is not None:
+        if echoed is not None:
+            chunk.prompt_token_ids = echoed
+        elif choice.get("prompt_token_ids") is not None:
             chunk.prompt_token_ids = _token_array(choice["prompt_token_ids"])
         chunk.finish_reason = choice.get("finish_reason")
     return chunk
+
+
+#: A chunk longer than this (characters) has its echoed prompt IDs read by
+#: :func:`_cut_prompt_ids`: vLLM echoes the whole prompt in the first chunk, and a
+#: JSON parser makes a list of int objects of it (a 2-million-token prompt: ~220 MB).
+_LARGE_CHUNK = 64 * 1024
+_PROMPT_IDS_KEY = '"prompt_token_ids"'
+_IDS_PER_PIECE = 64 * 1024  # characters of the ID list read at a time
+
+
+def _cut_prompt_ids(data: str) -> tuple[str, array[int] | None]:
+    """``data`` without its echoed prompt IDs (an empty list in their place), and the IDs
+    read a piece at a time into an int32 array; ``data`` as it is, and None, when it
+    echoes none, or not as one flat list of plain ints (left to the JSON parser and
+    :func:`_token_array` to judge, as for a small chunk)."""
+    key = data.find(_PROMPT_IDS_KEY)
+    if key < 0:
+        return data, None
+    start = data.find("[", key + len(_PROMPT_IDS_KEY))
+    end = data.find("]", start)
+    between = data[key + len(_PROMPT_IDS_KEY) : start]
+    if start < 0 or end < 0 or between.strip() != ":" or "[" in data[start + 1 : start + 2]:
+        return data, None
+    ids: array[int] = array("i")
+    position = start + 1
+    while position < end:
+        stop = min(end, position + _IDS_PER_PIECE)
+        if stop < end:
+            stop = data.rfind(",", position, stop) + 1 or end
+        try:
+            ids.extend(int(t) for t in data[position:stop].split(",") if not t.isspace() and t)
+        except (ValueError, OverflowError):
+            return data, None  # not plain ints: the JSON parser and _token_array judge
+        position = stop
+    return data[: start + 1] + data[end:], ids
 
 
 def _token_array(ids: Any) -> array[int]:

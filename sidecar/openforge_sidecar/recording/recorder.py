@@ -159,11 +159,11 @@ class Recorder:
         if self._journal is not None:
             os.write(self._journal, f"{index}\n".encode())
 
-    def call(self, model_call: pb.ModelCall) -> None:
+    def call(self, finished: records.Call) -> None:
         """Spool a finished call."""
         self._put(
             records.call(
-                job=self.identity.job, rollout_id=self.identity.rollout_id, model_call=model_call
+                job=self.identity.job, rollout_id=self.identity.rollout_id, finished=finished
             )
         )
         self.stats["spooled_calls"] += 1

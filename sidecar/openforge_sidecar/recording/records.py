@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 
 from openforge.trajectory.v1 import trajectory_pb2 as pb
 from openforge.wire import conversation
@@ -36,15 +37,6 @@ def started(
             started_unix_nanos=time.time_ns(),
             labels=dict(labels),
         ),
-    )
-
-
-def call(*, job: str, rollout_id: str, model_call: pb.ModelCall) -> pb.Record:
-    return pb.Record(
-        idempotency_key=f"{rollout_id}/call/{model_call.call_index}",
-        job=job,
-        rollout_id=rollout_id,
-        call=model_call,
     )
 
 
@@ -85,51 +77,80 @@ def lost(
     )
 
 
-def model_call(
-    *,
-    call_index: int,
-    api: conversation.WireApi,
-    token_mode: bool,
-    stream: bool,
-    model: str,
-    request_json: bytes,
-    response_json: bytes,
-    http_status: int,
-    request_headers: Mapping[str, str],
-    prompt_ids: Sequence[int],
-    completion_ids: Sequence[int],
-    logprobs: Sequence[float],
-    finish_reason: str,
-    segment_index: int,
-    segment_reason: str,
-    prefix_token_count: int,
-    policy_version: int,
-    received_ns: int,
-    ttft_ms: float,
-    total_ms: float,
-    error: str,
-) -> pb.ModelCall:
-    return pb.ModelCall(
-        call_index=call_index,
-        wire_api=api.proto_name,
-        capture_mode=pb.CAPTURE_MODE_TOKENS if token_mode else pb.CAPTURE_MODE_PASSTHROUGH,
-        stream=stream,
-        model=model,
-        request_json=request_json,
-        response_json=response_json,
-        http_status=http_status,
-        request_headers=dict(request_headers),
-        prompt_token_ids=list(prompt_ids),
-        completion_token_ids=list(completion_ids),
-        completion_logprobs=list(logprobs),
-        finish_reason=finish_reason,
-        segment_index=segment_index,
-        segment_reason=segment_reason,
-        prefix_token_count=prefix_token_count,
-        policy_version=policy_version,
-        timings=pb.Timings(
-            received_unix_nanos=received_ns, time_to_first_token_ms=ttft_ms, total_ms=total_ms
-        ),
-        error=error,
-        token_exact=token_mode and bool(completion_ids) and not error,
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Call:
+    """What the capture addon knows of a finished call: a ``ModelCall``'s values, held
+    by reference (the bodies and token IDs are copied once, into the record)."""
+
+    call_index: int
+    api: conversation.WireApi
+    token_mode: bool = True
+    stream: bool = False
+    model: str = ""
+    request_json: bytes = b""
+    response_json: bytes = b""
+    http_status: int = 200
+    request_headers: Mapping[str, str] = field(default_factory=dict)
+    prompt_ids: Sequence[int] = ()
+    completion_ids: Sequence[int] = ()
+    logprobs: Sequence[float] = ()
+    finish_reason: str = ""
+    segment_index: int = 0
+    segment_reason: str = ""
+    prefix_token_count: int = 0
+    policy_version: int = 0
+    received_ns: int = 0
+    ttft_ms: float = 0.0
+    total_ms: float = 0.0
+    error: str = ""
+
+
+def call(*, job: str, rollout_id: str, finished: Call) -> pb.Record:
+    """The record of a finished call. Its ``ModelCall`` is filled in place: built apart
+    and then set on the record, the bodies and token IDs were held twice, and the token
+    IDs passed as a list (a 2-million-token prompt's list is ~70 MB of int objects)."""
+    record = pb.Record(
+        idempotency_key=f"{rollout_id}/call/{finished.call_index}",
+        job=job,
+        rollout_id=rollout_id,
+        call={
+            "call_index": finished.call_index,
+            "wire_api": finished.api.proto_name,
+            "capture_mode": "CAPTURE_MODE_TOKENS"
+            if finished.token_mode
+            else "CAPTURE_MODE_PASSTHROUGH",
+            "stream": finished.stream,
+            "model": finished.model,
+            "request_json": finished.request_json,
+            "response_json": finished.response_json,
+            "http_status": finished.http_status,
+            "request_headers": finished.request_headers,
+            "completion_logprobs": finished.logprobs,
+            "finish_reason": finished.finish_reason,
+            "segment_index": finished.segment_index,
+            "segment_reason": finished.segment_reason,
+            "prefix_token_count": finished.prefix_token_count,
+            "policy_version": finished.policy_version,
+            "timings": {
+                "received_unix_nanos": finished.received_ns,
+                "time_to_first_token_ms": finished.ttft_ms,
+                "total_ms": finished.total_ms,
+            },
+            "error": finished.error,
+            "token_exact": finished.token_mode
+            and bool(finished.completion_ids)
+            and not finished.error,
+        },
     )
+    # protobuf turns what a repeated field is extended with into a list first
+    for ids, target in (
+        (finished.prompt_ids, record.call.prompt_token_ids),
+        (finished.completion_ids, record.call.completion_token_ids),
+    ):
+        for start in range(0, len(ids), _IDS_PER_EXTEND):
+            target.extend(ids[start : start + _IDS_PER_EXTEND])
+    return record
+
+
+#: Token IDs are copied into a record this many at a time (see :func:`call`).
+_IDS_PER_EXTEND = 64 * 1024

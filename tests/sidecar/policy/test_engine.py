@@ -133,3 +133,27 @@ def test_request_headers_equal_mitmproxys_own_rewrite(
     fields: list[tuple[bytes, bytes]], host: str
 ) -> None:
     assert engine.request_headers(fields, host) == _rewritten_by_mitmproxy(fields, host)
+
+
+@pytest.mark.parametrize("separator", [",", ", ", " ,\n "])
+def test_a_large_echoed_prompt_is_read_into_an_array_as_the_parser_reads_it(
+    separator: str,
+) -> None:
+    """vLLM echoes the whole prompt in its first chunk; past 64 K characters the IDs are
+    read a piece at a time (a JSON parser made ~110 bytes of int objects of each)."""
+    prompt = [(i * 7919) % 150000 for i in range(60_000)]
+    choice = {"index": 0, "text": "Hi", "token_ids": [9], "logprobs": {"token_logprobs": [-0.5]}}
+    data = json.dumps({"choices": [{**choice, "prompt_token_ids": prompt}]})
+    data = data.replace(", ", separator)
+    assert len(data) > engine._LARGE_CHUNK
+    chunk = engine.parse_chunk(data)
+    assert chunk.prompt_token_ids == array("i", prompt)
+    assert (chunk.token_ids, chunk.logprobs) == ([9], [-0.5])
+
+
+def test_a_large_echoed_prompt_with_a_bad_id_names_the_field() -> None:
+    prompt = ", ".join(["5"] * 40_000 + ['"x"'])
+    choice = '{"index": 0, "token_ids": [1], "logprobs": {"token_logprobs": [-0.5]}, '
+    data = '{"choices": [' + choice + '"prompt_token_ids": [' + prompt + "]}]}"
+    with pytest.raises(engine.EngineError, match="prompt_token_ids"):
+        engine.parse_chunk(data)
