@@ -20,7 +20,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import anthropic
 import httpx
+import openai
 
 
 def chunk(ids: list[int], *, finish: str | None = None, logprobs: bool = True) -> bytes:
@@ -225,3 +227,39 @@ def finish(sidecar: Any) -> None:
         timeout=45,
     )
     assert response.status_code == 200 and response.json()["acknowledged"], response.text
+
+
+def stream_openai_chat(sidecar: Any) -> None:
+    """One streamed call through the official OpenAI SDK (it raises on an error event)."""
+    client = openai.OpenAI(base_url=f"{sidecar.url}/v1", api_key="x", max_retries=0)
+    stream = client.chat.completions.create(
+        model="p", messages=[{"role": "user", "content": "hi"}], stream=True
+    )
+    for _ in stream:
+        pass
+
+
+def stream_openai_responses(sidecar: Any) -> None:
+    """One streamed Responses call; a failed response raises as the SDK's error."""
+    client = openai.OpenAI(base_url=f"{sidecar.url}/v1", api_key="x", max_retries=0)
+    for event in client.responses.create(model="p", input="hi", stream=True):
+        if event.type in ("response.failed", "error"):
+            raise openai.APIError(event.type, request=httpx.Request("POST", sidecar.url), body=None)
+
+
+def stream_anthropic(sidecar: Any) -> None:
+    """One streamed call through the official Anthropic SDK (it raises on an error event)."""
+    client = anthropic.Anthropic(base_url=sidecar.url, api_key="x", max_retries=0)
+    with client.messages.stream(
+        model="p", max_tokens=5, messages=[{"role": "user", "content": "hi"}]
+    ) as stream:
+        for _ in stream:
+            pass
+
+
+#: Each official SDK's streamed call, and the error it raises on the API's error event.
+STREAMING_SDKS = [
+    (stream_openai_chat, openai.APIError),
+    (stream_openai_responses, openai.APIError),
+    (stream_anthropic, anthropic.APIError),
+]

@@ -132,39 +132,7 @@ def test_invalid_text_and_values_are_refused_and_never_reach_the_engine(
     assert calls[0].error.startswith("rejected:")
 
 
-def _openai_chat(sidecar: Any) -> None:
-    client = openai.OpenAI(base_url=f"{sidecar.url}/v1", api_key="x", max_retries=0)
-    stream = client.chat.completions.create(
-        model="p", messages=[{"role": "user", "content": "hi"}], stream=True
-    )
-    for _ in stream:
-        pass
-
-
-def _openai_responses(sidecar: Any) -> None:
-    client = openai.OpenAI(base_url=f"{sidecar.url}/v1", api_key="x", max_retries=0)
-    for event in client.responses.create(model="p", input="hi", stream=True):
-        if event.type in ("response.failed", "error"):
-            raise openai.APIError(event.type, request=httpx.Request("POST", sidecar.url), body=None)
-
-
-def _anthropic(sidecar: Any) -> None:
-    client = anthropic.Anthropic(base_url=sidecar.url, api_key="x", max_retries=0)
-    with client.messages.stream(
-        model="p", max_tokens=5, messages=[{"role": "user", "content": "hi"}]
-    ) as stream:
-        for _ in stream:
-            pass
-
-
-@pytest.mark.parametrize(
-    ("harness", "failure"),
-    [
-        (_openai_chat, openai.APIError),
-        (_openai_responses, openai.APIError),
-        (_anthropic, anthropic.APIError),
-    ],
-)
+@pytest.mark.parametrize(("harness", "failure"), scripted_engine.STREAMING_SDKS)
 def test_a_stream_that_fails_midway_ends_with_the_apis_error_event(
     procs: Any,
     engine: ScriptedEngine,

@@ -14,9 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-import anthropic
 import httpx
-import openai
 import pytest
 import scripted_engine
 from hypothesis import HealthCheck, given, settings
@@ -91,28 +89,8 @@ def test_before_its_answer_the_engine_failing_is_the_apis_error_object(
     ]
 
 
-def _openai_chat(sidecar: Any) -> None:
-    client = openai.OpenAI(base_url=f"{sidecar.url}/v1", api_key="x", max_retries=0)
-    stream = client.chat.completions.create(
-        model="p", messages=[{"role": "user", "content": "hi"}], stream=True
-    )
-    for _ in stream:
-        pass
-
-
-def _anthropic(sidecar: Any) -> None:
-    client = anthropic.Anthropic(base_url=sidecar.url, api_key="x", max_retries=0)
-    with client.messages.stream(
-        model="p", max_tokens=5, messages=[{"role": "user", "content": "hi"}]
-    ) as stream:
-        for _ in stream:
-            pass
-
-
 @pytest.mark.parametrize("fault", ["stall", "reset-mid"])
-@pytest.mark.parametrize(
-    ("harness", "failure"), [(_openai_chat, openai.APIError), (_anthropic, anthropic.APIError)]
-)
+@pytest.mark.parametrize(("harness", "failure"), scripted_engine.STREAMING_SDKS)
 def test_within_a_stream_the_engine_failing_ends_it_with_the_apis_error_event(
     procs: Any,
     engine: ScriptedEngine,
