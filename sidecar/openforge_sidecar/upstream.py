@@ -7,18 +7,18 @@ SDK reads as its API's error. For the calls the sidecar sends to the engine:
 
 * **Deadlines** (:class:`Deadline`). ``openforge_engine_connect_timeout``
   seconds to connect to the engine (a new connection; a kept-alive one has
-  none to make),
-  ``openforge_engine_first_byte_timeout`` seconds of silence before the
-  engine's response head, ``openforge_engine_idle_timeout`` seconds of silence
-  after it. Past one, the engine connection is closed (:func:`close_server`),
-  which mitmproxy turns into its error path, and :attr:`Deadline.expired` says
-  which deadline passed.
-* **The answer.** In that path (the capture's ``error`` hook) the sidecar
-  answers the harness itself (:func:`answer_client`): the API's error object
-  (504 for a deadline, 502 otherwise) when no byte of the answer was sent,
-  else the rest of the answer ending with the API's error event, in the
-  response's framing (:func:`rest_of_stream`); then it closes the harness's
-  connection, marked closed first, so mitmproxy writes nothing after it.
+  none to make), ``openforge_engine_first_byte_timeout`` seconds of silence
+  before the engine's response head, ``openforge_engine_idle_timeout``
+  seconds of silence after it. Past one, the engine connection is closed
+  (:func:`close_server`), which mitmproxy turns into its error path, and
+  :attr:`Deadline.expired` says which deadline passed.
+* **The answer.** In that path (the capture's ``error`` hook), when the
+  failure is the engine's (:func:`engine_failed`), the sidecar answers the
+  harness itself (:func:`answer_client`): the API's error object (504 for a
+  deadline, 502 otherwise) when no byte of the answer was sent, else the rest
+  of the answer with the API's error event, in the response's framing
+  (:func:`rest_of_stream`); then it closes the harness's connection, marked
+  closed first, so mitmproxy writes nothing after it.
 
 Silence is the time since the last event on the harness's connection handler,
 read from mitmproxy's own clock for it (``timeout_watchdog.last_activity``):
@@ -167,6 +167,8 @@ def engine_failed(flow: http.HTTPFlow, deadline: Deadline | None) -> bool:
     closed), not the harness's own hang-up."""
     if deadline is not None and deadline.expired:
         return True
+    if not flow.client_conn.state & connection.ConnectionState.CAN_WRITE:
+        return False  # the harness hung up (the engine connection may not even be made)
     server = flow.server_conn
     return bool(server.error) or not server.state & connection.ConnectionState.CAN_READ
 

@@ -208,3 +208,24 @@ def test_any_engine_behaviour_gets_the_apis_answer_in_time_and_each_call_is_reco
     calls = stored(tmp_path, "r-any")
     assert [c.call_index for c in calls] == list(range(len(statuses)))
     assert [c.http_status for c in calls] == statuses
+
+
+def test_a_harness_that_hangs_up_on_a_silent_engine_is_not_the_engines_failure(
+    procs: Any, engine: ScriptedEngine, tmp_path: Path, tiny_tokenizer_dir: Path
+) -> None:
+    """The harness gave up before any deadline: its call is recorded as its hang-up,
+    and nothing is written to it."""
+    sidecar = start(procs, engine, "r-gone", tiny_tokenizer_dir)
+    engine.script += ["hang", "good"]
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(
+            sidecar.url + "/v1/chat/completions",
+            json={"model": "p", "messages": [{"role": "user", "content": "hi"}]},
+            timeout=0.3,
+        )
+    time.sleep(1.5)  # past the deadline the harness no longer waited for
+    assert chat(sidecar).status_code == 200
+    finish(sidecar)
+    gone, answered = stored(tmp_path, "r-gone")
+    assert gone.error.startswith("connection failed") and "engine" not in gone.error, gone.error
+    assert answered.error == ""
