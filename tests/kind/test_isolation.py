@@ -138,3 +138,99 @@ def test_a_rollout_pod_reaches_only_its_upstream(kind: kube_cluster.Kube) -> Non
     assert outside == {name: "connected" for name in probe_targets}, outside
     for namespace in (NAMESPACE, "isolation-other"):
         kind.kubectl("delete", "namespace", namespace, "--wait=false")
+
+
+LISTEN = """
+import http.server, os, threading, time
+server = http.server.ThreadingHTTPServer(("0.0.0.0", 8080), http.server.SimpleHTTPRequestHandler)
+threading.Thread(target=server.serve_forever, daemon=True).start()
+print("LISTENING", flush=True)
+deadline = time.monotonic() + 300
+while not os.path.exists("/tmp/go") and time.monotonic() < deadline:
+    time.sleep(0.2)
+"""
+"""A harness that serves on 8080 until ``/tmp/go`` exists (at most 5 minutes)."""
+
+
+def listener_env() -> dict[str, Any]:
+    env = harness_env({})
+    env["metadata"]["name"] = "listener"
+    env["spec"]["template"]["spec"]["containers"][0]["command"] = ["python", "-c", LISTEN]
+    return env
+
+
+def probe(kind: kube_cluster.Kube, namespace: str, name: str, target: str) -> str:
+    """Run a pod in ``namespace`` that connects once to ``target``; what it got."""
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": {
+        "restartPolicy": "Never",
+        "containers": [{"name": "harness", "image": IMAGE, "command": ["python", "-c", PROBE],
+                        "env": [{"name": "PROBE_TARGETS",
+                                 "value": json.dumps({"target": target})}]}],
+    }}  # fmt: skip
+    kind.kubectl("-n", namespace, "apply", "-f", "-", stdin=json.dumps(pod))
+    kube_cluster.wait_for(
+        lambda: (
+            kind.get_json("-n", namespace, "pod", name)["status"].get("phase")
+            in ("Succeeded", "Failed")
+        ),
+        what=f"probe {name}",
+        timeout=180,
+        interval=1,
+    )
+    logs = kind.kubectl("-n", namespace, "logs", name).stdout
+    lines = [line for line in logs.splitlines() if line.startswith("PROBE ")]
+    assert lines, f"{name}: no probe output:\n{logs}"
+    return str(json.loads(lines[-1].removeprefix("PROBE "))["target"])
+
+
+@pytest.mark.timeout(900)
+def test_nothing_reaches_a_rollout_pod(kind: kube_cluster.Kube) -> None:
+    """The job's NetworkPolicy admits no ingress: a pod of another namespace cannot connect
+    to a port the rollout pod's harness serves on, and can to the same listener in a pod
+    that no policy selects (the control)."""
+    realpods.ensure_platform(kind)
+    namespace, job = "isolation-in", f"listen-{uuid.uuid4().hex[:6]}"
+    for name in (namespace, "isolation-in-other"):
+        realpods.ensure_namespace(kind, name)
+    kind.kubectl(
+        "-n",
+        namespace,
+        "apply",
+        "-f",
+        "-",
+        stdin=yaml.safe_dump_all(
+            [listener_env(), realpods.rollout_job(job, env="listener", tasks=[{"id": "t"}])]
+        ),
+    )
+    pod_name = f"{job}-0-0"
+    kube_cluster.wait_for(
+        lambda: (
+            "LISTENING"
+            in kind.kubectl("-n", namespace, "logs", pod_name, "-c", "harness", check=False).stdout
+        ),
+        what=f"{pod_name} listening",
+        timeout=300,
+        interval=1,
+    )
+    rollout_ip = kind.get_json("-n", namespace, "pod", pod_name)["status"]["podIP"]
+    refused = probe(kind, "isolation-in-other", "probe-rollout", f"{rollout_ip}:8080")
+    assert refused != "connected", refused
+
+    control = listener_env()["spec"]["template"]["spec"]["containers"][0]
+    plain = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "plain"},
+             "spec": {"restartPolicy": "Never", "containers": [control]}}  # fmt: skip
+    kind.kubectl("-n", namespace, "apply", "-f", "-", stdin=json.dumps(plain))
+    kube_cluster.wait_for(
+        lambda: "LISTENING" in kind.kubectl("-n", namespace, "logs", "plain", check=False).stdout,
+        what="the control listening",
+        timeout=180,
+        interval=1,
+    )
+    plain_ip = kind.get_json("-n", namespace, "pod", "plain")["status"]["podIP"]
+    assert probe(kind, "isolation-in-other", "probe-plain", f"{plain_ip}:8080") == "connected"
+
+    kind.kubectl("-n", namespace, "exec", pod_name, "-c", "harness", "--", "touch", "/tmp/go")
+    done = realpods.wait_job(kind, namespace, job, timeout=300)
+    assert realpods.condition(done, "Complete"), done.get("status")
+    for name in (namespace, "isolation-in-other"):
+        kind.kubectl("delete", "namespace", name, "--wait=false")

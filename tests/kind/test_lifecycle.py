@@ -129,10 +129,30 @@ def test_an_out_of_memory_harness_is_oomkilled_and_retried(platform: kube_cluste
     kind.kubectl("delete", "namespace", name, "--wait=false")
 
 
+def owned_by(kind: kube_cluster.Kube, namespace: str, uid: str) -> set[str]:
+    """The Secrets, ConfigMaps and NetworkPolicies of ``namespace`` that ``uid`` owns."""
+    found = set()
+    for resource in ("secrets", "configmaps", "networkpolicies"):
+        for item in kind.get_json("-n", namespace, resource)["items"]:
+            if any(ref.get("uid") == uid for ref in item["metadata"].get("ownerReferences", [])):
+                found.add(f"{resource}/{item['metadata']['name']}")
+    return found
+
+
 @pytest.mark.timeout(600)
 def test_the_ttl_deletes_a_finished_job_and_its_pods(platform: kube_cluster.Kube) -> None:
+    """And with the job, what the operator made for it: its NetworkPolicy and its collector
+    token Secret (owner references, collected by the garbage collector)."""
     kind = platform
     name = realpods.start(kind, "life-ttl", calls=1, rollouts=2, ttlSecondsAfterFinished=5)
+    uid = kind.get_json("-n", name, "rolloutjob", name)["metadata"]["uid"]
+    made: set[str] = set()
+
+    def both_made() -> bool:
+        made.update(owned_by(kind, name, uid))
+        return {item.split("/")[0] for item in made} >= {"secrets", "networkpolicies"}
+
+    kube_cluster.wait_for(both_made, what=f"{name}'s policy and token", timeout=120, interval=0.5)
     kube_cluster.wait_for(
         lambda: not kind.kubectl("-n", name, "get", "rolloutjob", name, check=False).stdout,
         what=f"{name} deleted by its TTL",
@@ -142,6 +162,17 @@ def test_the_ttl_deletes_a_finished_job_and_its_pods(platform: kube_cluster.Kube
     kube_cluster.wait_for(
         lambda: not realpods.pods_of(kind, name, name),
         what=f"{name}'s pods collected",
+        timeout=180,
+        interval=2,
+    )
+    kube_cluster.wait_for(
+        lambda: (
+            not any(
+                kind.kubectl("-n", name, "get", item, "--ignore-not-found", check=False).stdout
+                for item in made
+            )
+        ),
+        what=f"{name}'s {sorted(made)} collected",
         timeout=180,
         interval=2,
     )
