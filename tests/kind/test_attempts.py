@@ -9,6 +9,7 @@ with no second pod; judged as anything else, the default Retry would start attem
 
 from __future__ import annotations
 
+import base64
 import json
 import uuid
 from typing import Any
@@ -249,3 +250,29 @@ def test_a_pod_the_scheduler_preempts_is_judged_preempted(platform: kube_cluster
         kind.kubectl("delete", "namespace", name, "--wait=false")
     finally:
         kind.kubectl("delete", "priorityclass", low, high, "--ignore-not-found", check=False)
+
+
+@pytest.mark.timeout(900)
+def test_a_rollout_the_collector_never_acknowledged_is_sidecar_failed(
+    platform: kube_cluster.Kube,
+) -> None:
+    """A job whose token the collector refuses (a job token whose MAC is not the master
+    key's): its records are never acknowledged, so the in-pod agent's verdict is
+    SidecarFailed, and the rollout is never counted as captured (nothing stored)."""
+    kind = platform
+    name = f"fate-token-{uuid.uuid4().hex[:6]}"
+    realpods.ensure_namespace(kind, name)
+    identity = base64.urlsafe_b64encode(f"{name}/{name}/0".encode()).rstrip(b"=").decode()
+    forged = base64.urlsafe_b64encode(b"\0" * 32).rstrip(b"=").decode()
+    secret = {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "forged-token"},
+              "stringData": {"token": f"ofj1.{identity}.{forged}"}}  # fmt: skip
+    env = realpods.stepped_env(name, 1)
+    job = realpods.rollout_job(
+        name, env=name, tasks=[{"id": "t0"}], maxAttemptsPerRollout=2,
+        failurePolicy={"rules": [{"action": "FailRollout", "onReasons": ["SidecarFailed"]}]},
+    )  # fmt: skip
+    job["spec"]["trainer"]["tokenSecretRef"] = {"name": "forged-token", "key": "token"}
+    kind.kubectl("-n", name, "apply", "-f", "-", stdin=yaml.safe_dump_all([secret, env, job]))
+    failed_as(kind, name, "SidecarFailed", timeout=600)
+    assert not realpods.store_summary(kind, name)["rollouts"]  # nothing was stored
+    kind.kubectl("delete", "namespace", name, "--wait=false")
