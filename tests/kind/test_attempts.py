@@ -276,3 +276,40 @@ def test_a_rollout_the_collector_never_acknowledged_is_sidecar_failed(
     failed_as(kind, name, "SidecarFailed", timeout=600)
     assert not realpods.store_summary(kind, name)["rollouts"]  # nothing was stored
     kind.kubectl("delete", "namespace", name, "--wait=false")
+
+
+@pytest.mark.timeout(900)
+def test_exit_codes_are_judged_by_the_failure_policy(platform: kube_cluster.Kube) -> None:
+    """With ``onExitCodes: In [3] -> Ignore``: task t0's harness exits 3, which the policy
+    ignores, so the attempt is graded and succeeds (one pod); t1's exits 4 on its first
+    attempt, which no rule matches, so with rules present it fails the attempt and the
+    default Retry runs a second, which succeeds."""
+    kind = platform
+    name = f"fate-codes-{uuid.uuid4().hex[:6]}"
+    realpods.ensure_namespace(kind, name)
+    env = realpods.stepped_env(name, 1)
+    harness = env["spec"]["template"]["spec"]["containers"][0]
+    harness["command"] = ["sh", "-c", (
+        'python3 -c "$CALL" || exit 9\n'
+        'if [ "$OPENFORGE_TASK_ID" = t0 ]; then exit 3; fi\n'
+        'if [ "$OPENFORGE_ATTEMPT" = 0 ]; then exit 4; fi'
+    )]  # fmt: skip
+    harness["env"].append({"name": "CALL", "value": realpods.ONE_CALL})
+    job = realpods.rollout_job(
+        name, env=name, tasks=[{"id": "t0"}, {"id": "t1"}], maxAttemptsPerRollout=2,
+        parallelism=2,
+        failurePolicy={"rules": [{"action": "Ignore",
+                                  "onExitCodes": {"operator": "In", "values": [3]}}]},
+    )  # fmt: skip
+    kind.kubectl("-n", name, "apply", "-f", "-", stdin=yaml.safe_dump_all([env, job]))
+    done = realpods.wait_job(kind, name, name, timeout=400)
+    assert realpods.condition(done, "Complete"), done["status"]
+    assert done["status"]["counts"]["succeeded"] == 2, done["status"]
+    pods = sorted(p["metadata"]["name"] for p in realpods.pods_of(kind, name, name))
+    assert pods == [f"{name}-0-0", f"{name}-1-0", f"{name}-1-1"], pods
+    for pod, code in ((f"{name}-0-0", 3), (f"{name}-1-0", 4), (f"{name}-1-1", 0)):
+        status = realpods.container_status(realpods.pod(kind, name, pod), "harness")
+        assert status["state"]["terminated"]["exitCode"] == code, (pod, status)
+    rewards = {r["id"]: r["reward"] for r in realpods.store_summary(kind, name)["rollouts"]}
+    assert rewards.get(f"{name}-0-0") == 1.0, rewards  # exit 3 graded as data
+    kind.kubectl("delete", "namespace", name, "--wait=false")
