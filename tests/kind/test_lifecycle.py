@@ -177,3 +177,55 @@ def test_the_ttl_deletes_a_finished_job_and_its_pods(platform: kube_cluster.Kube
         interval=2,
     )
     kind.kubectl("delete", "namespace", name, "--wait=false")
+
+
+@pytest.mark.timeout(600)
+def test_a_job_deleted_while_the_operator_is_down_waits_for_it(
+    platform: kube_cluster.Kube,
+) -> None:
+    """The operator's finalizer holds a RolloutJob deleted while no operator runs; once the
+    operator is back it lets the job go, and the job's pods, policy and token follow."""
+    kind = platform
+    name = realpods.start(kind, "life-down", calls=2, rollouts=1)
+    realpods.wait_answered(kind, name, f"{name}-0-0", 0)
+    uid = kind.get_json("-n", name, "rolloutjob", name)["metadata"]["uid"]
+    made = owned_by(kind, name, uid)
+    operator = ("-n", "openforge", "scale", "deployment/openforge-operator")
+    kind.kubectl(*operator, "--replicas=0")
+    try:
+        kube_cluster.wait_for(
+            lambda: (
+                not kind.get_json(
+                    "-n", "openforge", "pods", "-l", "app.kubernetes.io/component=operator"
+                )["items"]
+            ),
+            what="the operator gone",
+            timeout=120,
+            interval=1,
+        )
+        kind.kubectl("-n", name, "delete", "rolloutjob", name, "--wait=false")
+        time.sleep(10)
+        held = kind.get_json("-n", name, "rolloutjob", name)
+        assert held["metadata"].get("deletionTimestamp"), held["metadata"]
+        assert "openforge.dev/operator" in held["metadata"].get("finalizers", []), held["metadata"]
+    finally:
+        kind.kubectl(*operator, "--replicas=1")
+    kube_cluster.wait_for(
+        lambda: not kind.kubectl("-n", name, "get", "rolloutjob", name, check=False).stdout,
+        what=f"{name} let go by the operator",
+        timeout=300,
+        interval=2,
+    )
+    kube_cluster.wait_for(
+        lambda: (
+            not realpods.pods_of(kind, name, name)
+            and not any(
+                kind.kubectl("-n", name, "get", item, "--ignore-not-found", check=False).stdout
+                for item in made
+            )
+        ),
+        what=f"{name}'s pods and {sorted(made)} collected",
+        timeout=300,
+        interval=2,
+    )
+    kind.kubectl("delete", "namespace", name, "--wait=false")
