@@ -4,7 +4,8 @@ rollout pod"), where the other tests only check the pod spec the operator builds
 * the harness runs as user 1000 (a member of the sidecar's group 1337, the default
   ``fsGroup``), with no capability, no new privileges, the runtime's seccomp filter and
   no service-account token; the sidecar-only volumes (the collector token, the job's
-  CA key) are not there; it has the rollout's ``OPENFORGE_*`` environment;
+  CA key) are not there, and in Proxy mode the CA's certificate alone is; it has the
+  rollout's ``OPENFORGE_*`` environment;
 * the sidecar runs as user 1337 with no capability, no new privileges and seccomp, on a
   read-only root, as one process, and reads its token file: root-owned, mode 0440,
   group 1337 (the defect a real node first found: the sidecar could not read it);
@@ -17,11 +18,13 @@ pod running while both containers are read; then it is let go and the job comple
 from __future__ import annotations
 
 import json
+import uuid
 from typing import Any
 
 import kube_cluster
 import pytest
 import realpods
+import yaml
 
 pytestmark = [pytest.mark.kind, pytest.mark.slow]
 
@@ -78,12 +81,34 @@ def no_capabilities(status: dict[str, list[str]]) -> bool:
     return all(int(status[key][0], 16) == 0 for key in ("CapEff", "CapPrm", "CapBnd"))
 
 
+CA_KEY, CA_CERT = "/openforge/ca/mitmproxy-ca.pem", "/openforge/ca-cert/ca.crt"
+
+
+def start_in_proxy_mode(kind: kube_cluster.Kube) -> str:
+    """:func:`realpods.start`'s job, its harness calling a ``.test`` host through the
+    sidecar as its HTTPS proxy (trusting the job's CA)."""
+    name = f"ident-proxy-{uuid.uuid4().hex[:6]}"
+    realpods.ensure_namespace(kind, name)
+    env = realpods.stepped_env(name, 2)
+    env["spec"]["capture"] = {"mode": "Proxy"}
+    env["spec"].pop("baseUrl")
+    harness = env["spec"]["template"]["spec"]["containers"][0]
+    harness["env"].append({"name": "OPENAI_BASE_URL", "value": "https://llm.openforge.test/v1"})
+    job = realpods.rollout_job(name, env=name, tasks=[{"id": "t0"}], rolloutTimeoutSeconds=900)
+    kind.kubectl("-n", name, "apply", "-f", "-", stdin=yaml.safe_dump_all([env, job]))
+    return name
+
+
 @pytest.mark.timeout(900)
+@pytest.mark.parametrize("mode", ["BaseURL", "Proxy"])
 def test_a_running_rollout_pods_containers_are_who_the_docs_say(
-    platform: kube_cluster.Kube,
+    platform: kube_cluster.Kube, mode: str
 ) -> None:
     kind = platform
-    name = realpods.start(kind, "ident", calls=2, rollouts=1)
+    if mode == "Proxy":
+        name = start_in_proxy_mode(kind)
+    else:
+        name = realpods.start(kind, "ident", calls=2, rollouts=1)
     pod_name = f"{name}-0-0"
     realpods.wait_answered(kind, name, pod_name, 0)
     pod = realpods.pod(kind, name, pod_name)
@@ -92,21 +117,25 @@ def test_a_running_rollout_pods_containers_are_who_the_docs_say(
     token_dir = mounts["openforge-token"]
     token = f"{token_dir}/token"
 
-    harness = inspect(kind, name, pod_name, "harness", token_dir, SERVICE_ACCOUNT)
+    harness = inspect(kind, name, pod_name, "harness", token_dir, SERVICE_ACCOUNT, CA_KEY, CA_CERT)
     status = harness["status"]
     assert status["Uid"] == ["1000"] * 4, status
     assert "1337" in status["Groups"], status  # the pod's default fsGroup
     assert no_capabilities(status) and status["NoNewPrivs"] == ["1"], status
     assert status["Seccomp"] == ["2"], status  # a filter: RuntimeDefault
-    assert harness["paths"] == {
-        token_dir: {"error": ENOENT},  # the sidecar's alone
-        SERVICE_ACCOUNT: {"error": ENOENT},  # automountServiceAccountToken: false
-    }, harness["paths"]
+    paths = harness["paths"]
+    assert paths[token_dir] == {"error": ENOENT}, paths  # the sidecar's alone
+    assert paths[SERVICE_ACCOUNT] == {"error": ENOENT}, paths  # no service-account token
+    assert paths[CA_KEY] == {"error": ENOENT}, paths  # the CA's key: the sidecar's alone
+    if mode == "Proxy":  # the CA's certificate alone, to trust
+        assert paths[CA_CERT]["readable"] is True, paths
+    else:  # BaseURL: no CA at all
+        assert paths[CA_CERT] == {"error": ENOENT}, paths
     assert harness["env"]["OPENFORGE_ROLLOUT_ID"] == pod_name, harness["env"]
     assert harness["env"]["OPENFORGE_JOB"] == name
     assert (harness["env"]["OPENFORGE_TASK_ID"], harness["env"]["OPENFORGE_ATTEMPT"]) == ("t0", "0")
 
-    sidecar = inspect(kind, name, pod_name, realpods.SIDECAR, token, SERVICE_ACCOUNT)
+    sidecar = inspect(kind, name, pod_name, realpods.SIDECAR, token, SERVICE_ACCOUNT, CA_KEY)
     status = sidecar["status"]
     assert status["Uid"] == ["1337"] * 4, status
     assert no_capabilities(status) and status["NoNewPrivs"] == ["1"], status
@@ -118,6 +147,11 @@ def test_a_running_rollout_pods_containers_are_who_the_docs_say(
         file
     )
     assert sidecar["paths"][SERVICE_ACCOUNT] == {"error": ENOENT}
+    key = sidecar["paths"][CA_KEY]
+    if mode == "Proxy":  # the job's CA key: as the token, readable through the group
+        assert (key["uid"], key["gid"], key["mode"], key["readable"]) == (0, 1337, "0o440", True)
+    else:
+        assert key == {"error": ENOENT}, key
 
     labels, annotations = pod["metadata"]["labels"], pod["metadata"]["annotations"]
     assert labels["openforge.dev/job"] == name and labels["openforge.dev/rollout"] == "0", labels
