@@ -11,6 +11,7 @@ import shutil
 import subprocess
 import time
 import uuid
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -347,6 +348,19 @@ def start(
         ),
     )
     return name
+
+
+def apply(kind: kube_cluster.Kube, namespace: str, *objects: dict[str, Any]) -> None:
+    """``kubectl apply`` of ``objects`` in ``namespace``."""
+    kind.kubectl("-n", namespace, "apply", "-f", "-", stdin=yaml.safe_dump_all(objects))
+
+
+def gone(kind: kube_cluster.Kube, namespace: str, items: Iterable[str]) -> bool:
+    """Whether none of ``items`` (``resource/name``) exists in ``namespace`` any more."""
+    return not any(
+        kind.kubectl("-n", namespace, "get", item, "--ignore-not-found", check=False).stdout
+        for item in items
+    )
 
 
 def pod(kind: kube_cluster.Kube, namespace: str, name: str) -> dict[str, Any]:

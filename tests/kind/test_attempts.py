@@ -78,7 +78,7 @@ def start(
         name, env=name, tasks=[{"id": "t0"}], maxAttemptsPerRollout=2,
         failurePolicy={"rules": [{"action": "FailRollout", "onReasons": [reason]}]}, **spec,
     )  # fmt: skip
-    kind.kubectl("-n", name, "apply", "-f", "-", stdin=yaml.safe_dump_all([env, job]))
+    realpods.apply(kind, name, env, job)
     return name
 
 
@@ -272,7 +272,7 @@ def test_a_rollout_the_collector_never_acknowledged_is_sidecar_failed(
         failurePolicy={"rules": [{"action": "FailRollout", "onReasons": ["SidecarFailed"]}]},
     )  # fmt: skip
     job["spec"]["trainer"]["tokenSecretRef"] = {"name": "forged-token", "key": "token"}
-    kind.kubectl("-n", name, "apply", "-f", "-", stdin=yaml.safe_dump_all([secret, env, job]))
+    realpods.apply(kind, name, secret, env, job)
     failed_as(kind, name, "SidecarFailed", timeout=600)
     assert not realpods.store_summary(kind, name)["rollouts"]  # nothing was stored
     kind.kubectl("delete", "namespace", name, "--wait=false")
@@ -301,7 +301,7 @@ def test_exit_codes_are_judged_by_the_failure_policy(platform: kube_cluster.Kube
         failurePolicy={"rules": [{"action": "Ignore",
                                   "onExitCodes": {"operator": "In", "values": [3]}}]},
     )  # fmt: skip
-    kind.kubectl("-n", name, "apply", "-f", "-", stdin=yaml.safe_dump_all([env, job]))
+    realpods.apply(kind, name, env, job)
     done = realpods.wait_job(kind, name, name, timeout=400)
     assert realpods.condition(done, "Complete"), done["status"]
     assert done["status"]["counts"]["succeeded"] == 2, done["status"]

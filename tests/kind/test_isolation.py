@@ -192,16 +192,8 @@ def test_nothing_reaches_a_rollout_pod(kind: kube_cluster.Kube) -> None:
     namespace, job = "isolation-in", f"listen-{uuid.uuid4().hex[:6]}"
     for name in (namespace, "isolation-in-other"):
         realpods.ensure_namespace(kind, name)
-    kind.kubectl(
-        "-n",
-        namespace,
-        "apply",
-        "-f",
-        "-",
-        stdin=yaml.safe_dump_all(
-            [listener_env(), realpods.rollout_job(job, env="listener", tasks=[{"id": "t"}])]
-        ),
-    )
+    job_spec = realpods.rollout_job(job, env="listener", tasks=[{"id": "t"}])
+    realpods.apply(kind, namespace, listener_env(), job_spec)
     pod_name = f"{job}-0-0"
     kube_cluster.wait_for(
         lambda: (

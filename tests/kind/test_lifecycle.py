@@ -154,7 +154,7 @@ def test_the_ttl_deletes_a_finished_job_and_its_pods(platform: kube_cluster.Kube
 
     kube_cluster.wait_for(both_made, what=f"{name}'s policy and token", timeout=120, interval=0.5)
     kube_cluster.wait_for(
-        lambda: not kind.kubectl("-n", name, "get", "rolloutjob", name, check=False).stdout,
+        lambda: realpods.gone(kind, name, [f"rolloutjob/{name}"]),
         what=f"{name} deleted by its TTL",
         timeout=300,
         interval=2,
@@ -166,12 +166,7 @@ def test_the_ttl_deletes_a_finished_job_and_its_pods(platform: kube_cluster.Kube
         interval=2,
     )
     kube_cluster.wait_for(
-        lambda: (
-            not any(
-                kind.kubectl("-n", name, "get", item, "--ignore-not-found", check=False).stdout
-                for item in made
-            )
-        ),
+        lambda: realpods.gone(kind, name, made),
         what=f"{name}'s {sorted(made)} collected",
         timeout=180,
         interval=2,
@@ -211,19 +206,13 @@ def test_a_job_deleted_while_the_operator_is_down_waits_for_it(
     finally:
         kind.kubectl(*operator, "--replicas=1")
     kube_cluster.wait_for(
-        lambda: not kind.kubectl("-n", name, "get", "rolloutjob", name, check=False).stdout,
+        lambda: realpods.gone(kind, name, [f"rolloutjob/{name}"]),
         what=f"{name} let go by the operator",
         timeout=300,
         interval=2,
     )
     kube_cluster.wait_for(
-        lambda: (
-            not realpods.pods_of(kind, name, name)
-            and not any(
-                kind.kubectl("-n", name, "get", item, "--ignore-not-found", check=False).stdout
-                for item in made
-            )
-        ),
+        lambda: not realpods.pods_of(kind, name, name) and realpods.gone(kind, name, made),
         what=f"{name}'s pods and {sorted(made)} collected",
         timeout=300,
         interval=2,

@@ -24,7 +24,6 @@ from typing import Any
 import kube_cluster
 import pytest
 import realpods
-import yaml
 
 pytestmark = [pytest.mark.kind, pytest.mark.slow]
 
@@ -95,7 +94,7 @@ def start_in_proxy_mode(kind: kube_cluster.Kube) -> str:
     harness = env["spec"]["template"]["spec"]["containers"][0]
     harness["env"].append({"name": "OPENAI_BASE_URL", "value": "https://llm.openforge.test/v1"})
     job = realpods.rollout_job(name, env=name, tasks=[{"id": "t0"}], rolloutTimeoutSeconds=900)
-    kind.kubectl("-n", name, "apply", "-f", "-", stdin=yaml.safe_dump_all([env, job]))
+    realpods.apply(kind, name, env, job)
     return name
 
 
