@@ -93,3 +93,49 @@ def test_a_template_with_containers_of_its_own_waits_on_the_sidecars_startup_pro
             rollout
         )
     kind.kubectl("delete", "namespace", name, "--wait=false")
+
+
+CHECK_TASK = """
+import json, os, sys
+record = json.load(open("/task/record.json"))
+given = os.environ["OPENFORGE_TASK_JSON"]
+assert record == json.loads(given), (record, given)
+assert sys.argv[1:] == [f"task={record['id']}", f"--level={record['level']}"], sys.argv
+print("task file and args as the task says", flush=True)
+"""
+
+
+@pytest.mark.timeout(600)
+def test_the_task_file_and_the_expanded_command_reach_the_harness(
+    platform: kube_cluster.Kube,
+) -> None:
+    """``spec.task.file`` is mounted into each pod from the job's ``<job>-taskfiles``
+    ConfigMap (subPath) and holds the task record (as ``OPENFORGE_TASK_JSON`` does, UTF-8
+    kept); ``${OPENFORGE_TASK_ID}`` in the container's args is expanded, and the
+    ``spec.task.args`` templates follow, rendered from the task."""
+    kind = platform
+    name = f"pods-task-{uuid.uuid4().hex[:6]}"
+    realpods.ensure_namespace(kind, name)
+    env = realpods.stepped_env(name, 1)
+    harness = env["spec"]["template"]["spec"]["containers"][0]
+    harness["command"] = ["python3", "-c", CHECK_TASK]
+    harness["args"] = ["task=${OPENFORGE_TASK_ID}"]
+    env["spec"]["task"] = {
+        "file": {"path": "/task/record.json"},
+        "args": ["--level={{task.level}}"],
+    }
+    tasks = [{"id": "t0", "level": 1, "x": [1, "ü"]}, {"id": "t1", "level": "hard"}]
+    realpods.apply(
+        kind, name, env, realpods.rollout_job(name, env=name, tasks=tasks, parallelism=2)
+    )
+    done = realpods.wait_job(kind, name, name, timeout=400)
+    assert realpods.condition(done, "Complete"), (
+        done["status"],
+        realpods.events(kind, name)[-3000:],
+    )
+    for pod in realpods.pods_of(kind, name, name):
+        log = kind.kubectl("-n", name, "logs", pod["metadata"]["name"], "-c", "harness").stdout
+        assert "task file and args as the task says" in log, log
+    configmap = kind.get_json("-n", name, "configmap", f"{name}-taskfiles")
+    assert configmap.get("immutable") is True, configmap["metadata"]
+    kind.kubectl("delete", "namespace", name, "--wait=false")
