@@ -355,12 +355,40 @@ def apply(kind: kube_cluster.Kube, namespace: str, *objects: dict[str, Any]) -> 
     kind.kubectl("-n", namespace, "apply", "-f", "-", stdin=yaml.safe_dump_all(objects))
 
 
+def owned_by(kind: kube_cluster.Kube, namespace: str, uid: str) -> set[str]:
+    """The Secrets, ConfigMaps and NetworkPolicies of ``namespace`` that ``uid`` owns."""
+    found = set()
+    for resource in ("secrets", "configmaps", "networkpolicies"):
+        for item in kind.get_json("-n", namespace, resource)["items"]:
+            if any(ref.get("uid") == uid for ref in item["metadata"].get("ownerReferences", [])):
+                found.add(f"{resource}/{item['metadata']['name']}")
+    return found
+
+
 def gone(kind: kube_cluster.Kube, namespace: str, items: Iterable[str]) -> bool:
     """Whether none of ``items`` (``resource/name``) exists in ``namespace`` any more."""
     return not any(
         kind.kubectl("-n", namespace, "get", item, "--ignore-not-found", check=False).stdout
         for item in items
     )
+
+
+def delete_job_and_wait_collected(kind: kube_cluster.Kube, namespace: str, job: str) -> set[str]:
+    """Delete RolloutJob ``job`` and wait until it, its pods and every Secret, ConfigMap and
+    NetworkPolicy it owned are gone; what it owned."""
+    uid = kind.get_json("-n", namespace, "rolloutjob", job)["metadata"]["uid"]
+    made = owned_by(kind, namespace, uid)
+    kind.kubectl("-n", namespace, "delete", "rolloutjob", job, "--wait=false")
+    kube_cluster.wait_for(
+        lambda: (
+            not pods_of(kind, namespace, job)
+            and gone(kind, namespace, {f"rolloutjob/{job}", *made})
+        ),
+        what=f"{job} and its {sorted(made)} collected",
+        timeout=300,
+        interval=2,
+    )
+    return made
 
 
 def pod(kind: kube_cluster.Kube, namespace: str, name: str) -> dict[str, Any]:

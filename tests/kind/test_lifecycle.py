@@ -129,16 +129,6 @@ def test_an_out_of_memory_harness_is_oomkilled_and_retried(platform: kube_cluste
     kind.kubectl("delete", "namespace", name, "--wait=false")
 
 
-def owned_by(kind: kube_cluster.Kube, namespace: str, uid: str) -> set[str]:
-    """The Secrets, ConfigMaps and NetworkPolicies of ``namespace`` that ``uid`` owns."""
-    found = set()
-    for resource in ("secrets", "configmaps", "networkpolicies"):
-        for item in kind.get_json("-n", namespace, resource)["items"]:
-            if any(ref.get("uid") == uid for ref in item["metadata"].get("ownerReferences", [])):
-                found.add(f"{resource}/{item['metadata']['name']}")
-    return found
-
-
 @pytest.mark.timeout(600)
 def test_the_ttl_deletes_a_finished_job_and_its_pods(platform: kube_cluster.Kube) -> None:
     """And with the job, what the operator made for it: its NetworkPolicy and its collector
@@ -149,7 +139,7 @@ def test_the_ttl_deletes_a_finished_job_and_its_pods(platform: kube_cluster.Kube
     made: set[str] = set()
 
     def both_made() -> bool:
-        made.update(owned_by(kind, name, uid))
+        made.update(realpods.owned_by(kind, name, uid))
         return {item.split("/")[0] for item in made} >= {"secrets", "networkpolicies"}
 
     kube_cluster.wait_for(both_made, what=f"{name}'s policy and token", timeout=120, interval=0.5)
@@ -184,7 +174,7 @@ def test_a_job_deleted_while_the_operator_is_down_waits_for_it(
     name = realpods.start(kind, "life-down", calls=2, rollouts=1)
     realpods.wait_answered(kind, name, f"{name}-0-0", 0)
     uid = kind.get_json("-n", name, "rolloutjob", name)["metadata"]["uid"]
-    made = owned_by(kind, name, uid)
+    made = realpods.owned_by(kind, name, uid)
     operator = ("-n", "openforge", "scale", "deployment/openforge-operator")
     kind.kubectl(*operator, "--replicas=0")
     try:

@@ -163,4 +163,7 @@ def test_a_running_rollout_pods_containers_are_who_the_docs_say(
     realpods.release(kind, name, pod_name, 1)
     done = realpods.wait_job(kind, name, name, timeout=400)
     assert realpods.condition(done, "Complete"), done["status"]
+    made = realpods.delete_job_and_wait_collected(kind, name, name)
+    if mode == "Proxy":  # the job's CA Secret goes with it
+        assert f"secrets/{name}-ca" in made, made
     kind.kubectl("delete", "namespace", name, "--wait=false")

@@ -138,4 +138,6 @@ def test_the_task_file_and_the_expanded_command_reach_the_harness(
         assert "task file and args as the task says" in log, log
     configmap = kind.get_json("-n", name, "configmap", f"{name}-taskfiles")
     assert configmap.get("immutable") is True, configmap["metadata"]
+    made = realpods.delete_job_and_wait_collected(kind, name, name)
+    assert f"configmaps/{name}-taskfiles" in made, made  # collected with its job
     kind.kubectl("delete", "namespace", name, "--wait=false")
