@@ -19,10 +19,10 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
-from openforge.api import v1alpha1
+from openforge.api import retries, v1alpha1
 
 from openforge_operator import objects
 
@@ -60,6 +60,14 @@ class PodSummary:
     gone: bool = False
     """The pod no longer exists; this is what it last showed."""
     namespace: str = ""
+    job: str = ""
+    """The job's name (its label)."""
+    scheduled: bool = True
+    """The pod was bound to a node (a kubelet will stop it when it is deleted)."""
+    held: bool = False
+    """The pod carries the operator's finalizer (``objects.POD_FINALIZER``)."""
+    earlier: tuple[retries.Tried, ...] = ()
+    """The rollout's failed attempts before this one, as the pod was created with them."""
 
     @property
     def terminal(self) -> bool:
@@ -81,10 +89,19 @@ class Attempt:
     deleting: bool = False
     acknowledged: bool = False
     """The in-pod agent reported the collector acknowledged the rollout's records."""
+    held: bool = False
+    """The pod carries the operator's finalizer: it stays until the operator lets it go."""
+    earlier: tuple[retries.Tried, ...] = ()
+    """The rollout's failed attempts before this one, as recorded on its pod."""
 
     @property
     def live(self) -> bool:
         return self.state in ("pending", "running")
+
+    @property
+    def tried(self) -> retries.Tried:
+        """This attempt as the failure policy sees it (once it ended)."""
+        return retries.Tried(self.attempt, self.state == "succeeded", self.exit_code, self.reason)
 
 
 def identify(pod: Mapping[str, Any]) -> tuple[str, int, int] | None:
@@ -129,16 +146,30 @@ def summarize(pod: Mapping[str, Any]) -> PodSummary | None:
         deleting=metadata.get("deletionTimestamp") is not None,
         deleted_unfinished=_deleted_unfinished(metadata, terminated),
         namespace=str(metadata.get("namespace", "")),
+        job=str((metadata.get("labels") or {}).get(objects.LABEL_JOB, "")),
+        scheduled=bool((pod.get("spec") or {}).get("nodeName")),
+        held=objects.POD_FINALIZER in (metadata.get("finalizers") or []),
+        earlier=earlier_attempts(
+            (metadata.get("annotations") or {}).get(objects.ANNOTATION_EARLIER), before=attempt
+        ),
     )
 
 
 def judge(pod: PodSummary, *, failing_exit_codes: frozenset[int]) -> Attempt:
     """The attempt a pod stands for, under the job's failing exit codes."""
     base = Attempt(
-        pod.name, pod.index, pod.attempt, "pending", pod.exit_code, deleting=pod.deleting
+        pod.name,
+        pod.index,
+        pod.attempt,
+        "pending",
+        pod.exit_code,
+        deleting=pod.deleting,
+        held=pod.held,
+        earlier=pod.earlier,
     )
     if not pod.terminal:
-        if pod.gone:
+        if pod.gone or (pod.deleting and not pod.scheduled):
+            # no kubelet ever ends a pod deleted before it was bound to a node
             message = "the pod was deleted before it finished"
             return dataclasses.replace(
                 base, state="failed", reason=pod.outside_reason, message=message
@@ -182,6 +213,44 @@ def observe(pod: Mapping[str, Any], *, failing_exit_codes: frozenset[int]) -> At
     """:func:`judge` of :func:`summarize`."""
     summary = summarize(pod)
     return None if summary is None else judge(summary, failing_exit_codes=failing_exit_codes)
+
+
+def earlier_annotation(history: Sequence[retries.Tried]) -> str:
+    """The value of ``objects.ANNOTATION_EARLIER`` for a pod after the attempts ``history``."""
+    return json.dumps(
+        [
+            {"attempt": t.attempt, "exitCode": t.exit_code, "reason": t.reason}
+            for t in sorted(history, key=lambda t: t.attempt)
+        ],
+        separators=(",", ":"),
+    )
+
+
+def earlier_attempts(text: Any, *, before: int) -> tuple[retries.Tried, ...]:
+    """The failed attempts an ``objects.ANNOTATION_EARLIER`` value records; what is not
+    such a record (a hand edit) is left out, and so is any attempt not before ``before``."""
+    if not isinstance(text, str):
+        return ()
+    try:
+        items = json.loads(text)
+    except ValueError:
+        return ()
+    if not isinstance(items, list):
+        return ()
+    found: dict[int, retries.Tried] = {}
+    for item in items:
+        if not isinstance(item, dict):
+            continue
+        number, code, reason = item.get("attempt"), item.get("exitCode"), item.get("reason")
+        if type(number) is not int or not 0 <= number < before:
+            continue
+        found[number] = retries.Tried(
+            number,
+            False,
+            code if type(code) is int else None,
+            reason if isinstance(reason, str) and reason else None,
+        )
+    return tuple(found[n] for n in sorted(found))
 
 
 def _deleted_unfinished(metadata: Mapping[str, Any], terminated: Mapping[str, Any]) -> bool:

@@ -57,10 +57,16 @@ else
 fi
 # A TERM (the pod deleted, or past its deadline) is passed on to the harness or the
 # grader running; as the container's PID 1, sh would otherwise ignore it until the
-# kubelet's SIGKILL at the end of the grace period. A stopped harness is not graded.
+# kubelet's SIGKILL at the end of the grace period. A stopped harness is not graded,
+# and its verdict says it was stopped: once the kubelet has deleted the pod (a second
+# deletion, with no grace), the pod's timestamps no longer tell.
 stopped=0
 child=
 trap 'stopped=1; if [ -n "$child" ]; then kill -TERM "$child" 2> /dev/null; fi' TERM
+stop() {
+  printf '{"exitCode":143,"status":"failed","reason":null,"reward":null,"acknowledged":false,"stopped":true,"message":"stopped by a TERM (the pod deleted, or past its deadline) before the rollout finished: not graded"}' > "$termination" 2> /dev/null
+  exit 143
+}
 run_child() {
   "$@" &
   child=$!
@@ -83,7 +89,7 @@ sidecar_wait="${OPENFORGE_SIDECAR_WAIT:-0}"
 n=0
 while [ "$sidecar_wait" -gt 0 ] && [ ! -e "$run/sidecar-ready" ]; do
   if [ "$stopped" = 1 ]; then
-    exit 143
+    stop
   fi
   if [ -e "$run/finished" ]; then
     cat "$run/finished" > "$termination" 2> /dev/null
@@ -98,7 +104,7 @@ while [ "$sidecar_wait" -gt 0 ] && [ ! -e "$run/sidecar-ready" ]; do
 done
 run_child "$@"
 if [ "$stopped" = 1 ]; then
-  exit 143
+  stop
 fi
 printf '%s\n' "$code" > "$run/harness-exit-code"
 if [ "$grader_argc" -gt 0 ]; then
@@ -116,7 +122,7 @@ if [ "$grader_argc" -gt 0 ]; then
   export OPENFORGE_HARNESS_EXIT_CODE
   run_child "$@" < /dev/null > "$run/grader-stdout" 2> "$run/grader-stderr"
   if [ "$stopped" = 1 ]; then
-    exit 143
+    stop
   fi
   printf '%s\n' "$code" > "$run/grader-exit-code"
   code="$harness_code"

@@ -35,7 +35,15 @@ import aiohttp
 import kopf
 from openforge.api import v1alpha1
 
-from openforge_operator import k8s, podwatch, readiness, reconciler, settings, webhook
+from openforge_operator import (
+    k8s,
+    podwatch,
+    readiness,
+    reconciler,
+    release,
+    settings,
+    webhook,
+)
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +65,7 @@ class Runtime:
     api: k8s.Api | None = None
     reconciler: reconciler.Reconciler | None = None
     watches: list[asyncio.Task[None]] = dataclasses.field(default_factory=list)
+    orphans: release.Orphans | None = None
 
 
 def finished_without_ttl(body: Mapping[str, Any]) -> bool:
@@ -93,6 +102,8 @@ def build_registry(runtime: Runtime) -> kopf.OperatorRegistry:
         runtime.reconciler = reconciler.Reconciler(
             runtime.api, runtime.cache, config=runtime.config
         )
+        runtime.orphans = release.Orphans(runtime.api)
+        runtime.cache.listener = runtime.orphans.seen
         runtime.watches = [
             asyncio.create_task(podwatch.watch(runtime.api, runtime.cache, namespace=namespace))
             for namespace in (runtime.namespaces if runtime.namespaces is not None else [None])
@@ -103,6 +114,8 @@ def build_registry(runtime: Runtime) -> kopf.OperatorRegistry:
         for task in runtime.watches:
             task.cancel()
         await asyncio.gather(*runtime.watches, return_exceptions=True)
+        if runtime.orphans is not None:
+            await runtime.orphans.close()
         if runtime.api is not None:
             await runtime.api.close()
 

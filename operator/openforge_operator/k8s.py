@@ -25,6 +25,7 @@ import aiohttp
 from kubernetes_asyncio import client, config
 
 MERGE_PATCH = "application/merge-patch+json"
+STRATEGIC_MERGE_PATCH = "application/strategic-merge-patch+json"
 WATCH_TIMEOUT_SECONDS = 240
 """A watch request ends after this long (the server's choice is 30-60 min); it is
 then resumed from its last resourceVersion."""
@@ -121,6 +122,18 @@ class Api:
                 return None
             raise
         return patched
+
+    async def remove_finalizer(self, path: str, finalizer: str) -> bool:
+        """Take ``finalizer`` off a built-in object (others' finalizers stay, whatever order
+        they are in); False when the object is gone."""
+        patch = {"metadata": {"$deleteFromPrimitiveList/finalizers": [finalizer]}}
+        try:
+            await self.request("PATCH", path, body=patch, content_type=STRATEGIC_MERGE_PATCH)
+        except ApiError as error:
+            if error.status == 404:
+                return False
+            raise
+        return True
 
     async def delete(
         self, path: str, *, uid: str | None = None, propagation: str = "Background"

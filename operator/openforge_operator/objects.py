@@ -23,6 +23,13 @@ LABEL_ATTEMPT = "openforge.dev/attempt"
 ANNOTATION_TASK_ID = "openforge.dev/task-id"
 ANNOTATION_SAMPLE = "openforge.dev/sample"
 ANNOTATION_POLICY_VERSION = "openforge.dev/policy-version"
+ANNOTATION_EARLIER = "openforge.dev/earlier-attempts"
+"""The rollout's failed attempts before this pod's (JSON), so a retried rollout's
+history outlives the pods of its earlier attempts."""
+POD_FINALIZER = "openforge.dev/attempt-record"
+"""Holds a rollout pod until the operator has recorded its outcome elsewhere (the job's
+status, or the pod of the next attempt): a pod deleted while the operator is down
+waits for it instead of vanishing untraced."""
 
 POD_SELECTOR = f"{LABEL_JOB_UID},{MANAGED_BY}={MANAGER}"
 """The operator's one pod watch: every rollout pod it made, in the namespaces it serves."""

@@ -7,13 +7,15 @@ end-to-end tests run the operator under a service account bound to exactly
 What each rule is for:
 
 - ``rolloutjobs``: list + watch (kopf's watch stream feeding the per-job
-  reconcile loop), patch (kopf adds and removes its finalizer, which holds a
+  reconcile loop), get (whether the job of a held pod being deleted still
+  plans from it: ``release.Orphans``), patch (kopf adds and removes its finalizer, which holds a
   job until its reconcile loop has stopped), delete (``ttlSecondsAfterFinished``).
 - ``harnessenvs``: list + watch (kopf's index of HarnessEnvs by name; the
   reconciler never GETs one).
 - ``rolloutjobs/status``, ``harnessenvs/status``: patch (counts, conditions).
 - ``pods``: list + watch (the one label-selected pod watch), create (rollout
-  pods), delete (live pods of a job that failed or ran past its deadline).
+  pods), patch (taking the operator's finalizer off a pod whose outcome is
+  recorded), delete (live pods of a job that failed or ran past its deadline).
 - ``configmaps``: get (``spec.tasks.configMapRef``), create (the per-job
   ConfigMap of rendered task files).
 - ``secrets``: create (the per-job CA of Proxy and Transparent modes, and
@@ -43,7 +45,7 @@ RULES: list[dict[str, Any]] = [
     {
         "apiGroups": [GROUP],
         "resources": ["rolloutjobs"],
-        "verbs": ["list", "watch", "patch", "delete"],
+        "verbs": ["get", "list", "watch", "patch", "delete"],
     },
     {"apiGroups": [GROUP], "resources": ["harnessenvs"], "verbs": ["list", "watch"]},
     {
@@ -51,7 +53,11 @@ RULES: list[dict[str, Any]] = [
         "resources": ["rolloutjobs/status", "harnessenvs/status"],
         "verbs": ["patch"],
     },
-    {"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "watch", "create", "delete"]},
+    {
+        "apiGroups": [""],
+        "resources": ["pods"],
+        "verbs": ["list", "watch", "create", "patch", "delete"],
+    },
     {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get", "create"]},
     {"apiGroups": [""], "resources": ["secrets"], "verbs": ["create"]},
     {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},

@@ -18,6 +18,16 @@ succeeded, Failed when none succeeded or when it ran past
 ``activeDeadlineSeconds`` (live pods are then deleted). Suspending stops new
 attempts; attempts already running finish, and the deadline clock stops
 (``startTime`` is cleared and set again on resume, as for a Job).
+
+What the operator remembers of a rollout must outlive its pods, which anyone
+may delete, the operator down or not. Each pod is created holding the
+operator's finalizer and stays until its outcome is recorded elsewhere
+(:attr:`Plan.release`): a finished rollout in the status (``completedIndexes``,
+``failedIndexes``, which the planner reads back), a failed attempt that is
+tried again on the next attempt's pod (``earlier``, from which the rollout's
+history is read back). A pod deleted while the operator is down thus waits, in
+its final state, for the operator to judge it, and no attempt number is ever
+used twice (the records of two pods under one name would collide in the store).
 """
 
 from __future__ import annotations
@@ -25,7 +35,7 @@ from __future__ import annotations
 import dataclasses
 import datetime
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Literal
 
 from openforge.api import retries, rollouts, v1alpha1
@@ -55,12 +65,23 @@ class RolloutState:
     retried: int
     """Failed attempts of this rollout that were retried."""
     last: attempts_.Attempt | None
+    history: tuple[retries.Tried, ...] = ()
+    """Its attempts that ended, in order (what a new pod for it records as ``earlier``)."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class NewPod:
+    """A pod to create: attempt ``attempt`` of rollout ``index``, after ``earlier``."""
+
+    index: int
+    attempt: int
+    earlier: tuple[retries.Tried, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Plan:
-    create: list[tuple[int, int]]
-    """(rollout index, attempt) of the pods to create, in order."""
+    create: list[NewPod]
+    """The pods to create, in order."""
     delete: list[str]
     """Names of live pods to delete."""
     status: dict[str, Any]
@@ -70,28 +91,51 @@ class Plan:
     requeue_after: float | None = None
     """Look again after this many seconds at the latest (deadline, TTL)."""
     finished: bool = False
+    release: list[str] = dataclasses.field(default_factory=list)
+    """Held pods whose outcome the status (once written) or a later attempt's pod records:
+    their finalizer can go."""
+    holding: bool = False
+    """Pods of the job still hold the finalizer and cannot be let go yet."""
 
 
 def rollout_state(
-    index: int, attempts: Sequence[attempts_.Attempt], *, spec: v1alpha1.RolloutJobSpec
+    index: int,
+    attempts: Sequence[attempts_.Attempt],
+    *,
+    spec: v1alpha1.RolloutJobSpec,
+    recorded: RolloutStateName | None = None,
 ) -> RolloutState:
-    """Where rollout ``index`` stands, given every attempt of it seen so far: the shared
-    failure-policy rule (``openforge.api.retries``, which ``openforge run`` follows too)
-    over the attempts that ended before the first live one, which is live unless they
-    already decided the rollout."""
+    """Where rollout ``index`` stands, given every attempt of it seen so far (its pods,
+    and the earlier attempts they record): the shared failure-policy rule
+    (``openforge.api.retries``, which ``openforge run`` follows too) over the attempts
+    that ended before the first live one, which is live unless they already decided
+    the rollout. ``recorded`` is the outcome the job's status keeps for it (succeeded,
+    failed), which stands whatever pods are left."""
     ordered = sorted(attempts, key=lambda a: a.attempt)
     live = next((a for a in ordered if a.live), None)
     ended = {a.attempt: a for a in ordered if live is None or a.attempt < live.attempt}
-    decision = retries.decide(
-        spec,
-        [retries.Tried(a.attempt, a.state == "succeeded", a.exit_code, a.reason)
-         for a in ended.values()],
-    )  # fmt: skip
-    last = ended[decision.last.attempt] if decision.last is not None else None
+    tried = {t.attempt: t for a in ordered for t in a.earlier}
+    tried = {n: t for n, t in tried.items() if live is None or n < live.attempt}
+    tried.update((n, a.tried) for n, a in ended.items())
+    history = tuple(tried[n] for n in sorted(tried))
+    decision = retries.decide(spec, history)
+    last = None
+    if decision.last is not None:
+        last = ended.get(decision.last.attempt) or _from_record(index, decision.last)
+    numbers = [a.attempt for a in ordered] + list(tried)
+    next_attempt = max(decision.next_attempt, max(numbers, default=-1) + 1)
+    if recorded is not None and decision.state != recorded:
+        return RolloutState(index, recorded, next_attempt, decision.retried, last, history)
     if live is not None and decision.state in ("new", "retry"):
         retried = decision.retried + (decision.state == "retry")
-        return RolloutState(index, "live", live.attempt + 1, retried, live)
-    return RolloutState(index, decision.state, decision.next_attempt, decision.retried, last)
+        return RolloutState(index, "live", live.attempt + 1, retried, live, history)
+    return RolloutState(index, decision.state, next_attempt, decision.retried, last, history)
+
+
+def _from_record(index: int, tried: retries.Tried) -> attempts_.Attempt:
+    """An attempt known only from a later pod's record of it."""
+    state: attempts_.State = "succeeded" if tried.succeeded else "failed"
+    return attempts_.Attempt("", index, tried.attempt, state, tried.exit_code, tried.reason)
 
 
 def plan(
@@ -111,8 +155,8 @@ def plan(
     attempts = list(attempts)
     live = [a for a in attempts if a.live]
     if _terminal(old) is not None:
-        return _after_finish(job, old, live=live, now=now)
-    states = _states(attempts, total, spec=spec)
+        return _after_finish(job, old, attempts=attempts, now=now)
+    states = _states(attempts, total, spec=spec, recorded=_recorded(old))
     counts = _counts(states, live)
     failed = [s.index for s in states if s.state == "failed"]
     conditions = list(old.conditions)
@@ -120,7 +164,7 @@ def plan(
     start_time = old.start_time
     completion_time: datetime.datetime | None = None
     delete: list[str] = []
-    create: list[tuple[int, int]] = []
+    create: list[NewPod] = []
     requeue: float | None = None
 
     def condition(
@@ -191,7 +235,8 @@ def plan(
             capacity = max(0, spec.parallelism - len(live))
             todo = (s for s in states if s.state in ("new", "retry"))
             create = [
-                (s.index, s.next_attempt) for s, _ in zip(todo, range(capacity), strict=False)
+                NewPod(s.index, s.next_attempt, tuple(t for t in s.history if not t.succeeded))
+                for s, _ in zip(todo, range(capacity), strict=False)
             ]
         if deadline is not None and start_time is not None:
             requeue = (start_time + datetime.timedelta(seconds=deadline) - now).total_seconds()
@@ -202,44 +247,111 @@ def plan(
         observed_generation=generation,
         conditions=conditions,
         counts=counts,
-        trajectories_acknowledged=sum(a.acknowledged for a in attempts),
+        # pods of acknowledged rollouts may be gone; an acknowledgement is never taken back
+        trajectories_acknowledged=max(
+            old.trajectories_acknowledged, sum(a.acknowledged for a in attempts)
+        ),
         failed_indexes=rollouts.format_indexes(failed) or None,
+        completed_indexes=rollouts.format_indexes(s.index for s in states if s.state == "succeeded")
+        or None,
         start_time=start_time,
         completion_time=completion_time,
     )
+    finishing = completion_time is not None
+    release = _releasable(attempts, states, finished=finishing)
     return Plan(
-        create, delete, status.to_dict(), events, False, requeue, completion_time is not None
+        create,
+        delete,
+        status.to_dict(),
+        events,
+        False,
+        requeue,
+        finishing,
+        release=release,
+        holding=_holding(attempts, release),
     )
+
+
+def _recorded(status: v1alpha1.RolloutJobStatus) -> dict[int, RolloutStateName]:
+    """The outcomes the status keeps for finished rollouts (their pods may be gone)."""
+    recorded: dict[int, RolloutStateName] = {}
+    for index in rollouts.parse_indexes(status.completed_indexes or ""):
+        recorded[index] = "succeeded"
+    for index in rollouts.parse_indexes(status.failed_indexes or ""):
+        recorded[index] = "failed"
+    return recorded
+
+
+def _releasable(
+    attempts: Sequence[attempts_.Attempt], states: Sequence[RolloutState], *, finished: bool
+) -> list[str]:
+    """Held pods whose outcome is recorded once this plan's status is written: every pod of
+    a finished job (nothing is planned from them again); an ended attempt of a finished
+    rollout (the status records it); an ended attempt that a later attempt's pod exists
+    for (that pod records it as ``earlier``)."""
+    held = [a for a in attempts if a.held and a.name]
+    if finished:
+        return sorted(a.name for a in held)
+    by_index = {s.index: s for s in states}
+    latest: dict[int, int] = {}
+    for attempt in attempts:
+        latest[attempt.index] = max(latest.get(attempt.index, -1), attempt.attempt)
+    release = []
+    for attempt in held:
+        if attempt.live:
+            continue
+        state = by_index.get(attempt.index)
+        if (state is not None and state.state in ("succeeded", "failed")) or latest[
+            attempt.index
+        ] > attempt.attempt:
+            release.append(attempt.name)
+    return sorted(release)
+
+
+def _holding(attempts: Sequence[attempts_.Attempt], release: Sequence[str]) -> bool:
+    let_go = set(release)
+    return any(a.held and a.name not in let_go for a in attempts)
 
 
 def _after_finish(
     job: v1alpha1.RolloutJob,
     old: v1alpha1.RolloutJobStatus,
     *,
-    live: list[attempts_.Attempt],
+    attempts: list[attempts_.Attempt],
     now: datetime.datetime,
 ) -> Plan:
-    """A finished job: no new pods; a failed one's live pods deleted; the TTL."""
+    """A finished job: no new pods; a failed one's live pods deleted; every pod let go; the
+    TTL."""
+    live = [a for a in attempts if a.live]
     status = old.model_copy(update={"observed_generation": job.metadata.generation}).to_dict()
     delete = [a.name for a in live if not a.deleting] if _terminal(old) == v1alpha1.FAILED else []
+    release = _releasable(attempts, [], finished=True)
+    done = Plan([], delete, status, [], finished=True, release=release)
     ttl = job.spec.ttl_seconds_after_finished
     if ttl is None or old.completion_time is None:
-        return Plan([], delete, status, [], finished=True)
+        return done
     remaining = (old.completion_time + datetime.timedelta(seconds=ttl) - now).total_seconds()
     if remaining <= 0:
-        return Plan([], delete, status, [], delete_job=True, finished=True)
-    return Plan([], delete, status, [], requeue_after=remaining, finished=True)
+        return dataclasses.replace(done, delete_job=True)
+    return dataclasses.replace(done, requeue_after=remaining)
 
 
 def _states(
-    attempts: Sequence[attempts_.Attempt], total: int | None, *, spec: v1alpha1.RolloutJobSpec
+    attempts: Sequence[attempts_.Attempt],
+    total: int | None,
+    *,
+    spec: v1alpha1.RolloutJobSpec,
+    recorded: Mapping[int, RolloutStateName],
 ) -> list[RolloutState]:
     by_index: dict[int, list[attempts_.Attempt]] = defaultdict(list)
     for attempt in attempts:
         if total is None or attempt.index < total:
             by_index[attempt.index].append(attempt)
-    indexes: Iterable[int] = range(total) if total is not None else sorted(by_index)
-    return [rollout_state(i, by_index.get(i, []), spec=spec) for i in indexes]
+    known = sorted({*by_index, *recorded})
+    indexes: Iterable[int] = range(total) if total is not None else known
+    return [
+        rollout_state(i, by_index.get(i, []), spec=spec, recorded=recorded.get(i)) for i in indexes
+    ]
 
 
 def _counts(

@@ -40,7 +40,7 @@ from typing import Any
 from openforge import control, podrun
 from openforge.api import retries, rollout_env, rollouts, templates, v1alpha1
 
-from openforge_operator import entrypoint, objects, probe, settings, tasks, tokens
+from openforge_operator import attempts, entrypoint, objects, probe, settings, tasks, tokens
 
 SIDECAR = "openforge-sidecar"
 REDIRECT = "openforge-redirect"
@@ -142,6 +142,7 @@ class PodInputs:
     rollout: tasks.Rollout
     attempt: int
     config: settings.Settings
+    earlier: tuple[retries.Tried, ...] = ()
 
     @property
     def name(self) -> str:
@@ -158,12 +159,15 @@ def build_pod(
     rollout: tasks.Rollout,
     attempt: int,
     config: settings.Settings,
+    earlier: Sequence[retries.Tried] = (),
 ) -> dict[str, Any]:
-    """The pod of attempt ``attempt`` of ``rollout``; raises PodError naming a field it cannot
-    use."""
+    """The pod of attempt ``attempt`` of ``rollout``, after the failed attempts ``earlier``;
+    raises PodError naming a field it cannot use."""
     if job.spec.policy.endpoint is None:
         raise PodError("spec.policy.endpoint is required in a cluster")
-    inputs = PodInputs(job=job, env=env, rollout=rollout, attempt=attempt, config=config)
+    inputs = PodInputs(
+        job=job, env=env, rollout=rollout, attempt=attempt, config=config, earlier=tuple(earlier)
+    )
     template = env.spec.template.to_dict()
     spec: dict[str, Any] = copy.deepcopy(template["spec"])
     containers = spec["containers"]
@@ -213,6 +217,11 @@ def _metadata(inputs: PodInputs, template: Mapping[str, Any]) -> dict[str, Any]:
         objects.ANNOTATION_SAMPLE: str(rollout.sample),
         objects.ANNOTATION_POLICY_VERSION: str(job.spec.policy.version),
     }
+    if inputs.earlier:
+        meta["annotations"][objects.ANNOTATION_EARLIER] = attempts.earlier_annotation(
+            inputs.earlier
+        )
+    meta["finalizers"] = [objects.POD_FINALIZER]
     return meta
 
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from openforge_operator import attempts, k8s, objects
@@ -34,6 +34,8 @@ class PodCache:
     """Pod summaries by job uid, and an asyncio.Event per job that a pod change sets."""
 
     def __init__(self) -> None:
+        self.listener: Callable[[attempts.PodSummary], None] | None = None
+        """Called with every pod summary the cache takes in (``release.Orphans.seen``)."""
         self._jobs: dict[str, dict[str, attempts.PodSummary]] = {}
         self._wakeups: dict[str, asyncio.Event] = {}
         self._synced: dict[str | None, asyncio.Event] = {}
@@ -47,7 +49,7 @@ class PodCache:
         if summary is None:
             return
         if event_type == "DELETED":
-            summary = dataclasses.replace(summary, gone=True)
+            summary = dataclasses.replace(summary, gone=True, held=False)
         by_name = self._jobs.setdefault(summary.job_uid, {})
         previous = by_name.get(summary.name)
         if previous is not None and previous.deleted_unfinished and not summary.deleted_unfinished:
@@ -56,6 +58,8 @@ class PodCache:
             summary = dataclasses.replace(summary, deleted_unfinished=True)
         by_name[summary.name] = summary
         self.wake(summary.job_uid)
+        if self.listener is not None:
+            self.listener(summary)
 
     def relisted(self, namespace: str | None, pods: list[dict[str, Any]]) -> None:
         """Replace what the cache holds of ``namespace`` (None: all) with a fresh list."""
@@ -64,7 +68,7 @@ class PodCache:
             for name, summary in list(by_name.items()):
                 in_scope = namespace is None or summary.namespace == namespace
                 if in_scope and not summary.gone and (summary.namespace, name) not in listed:
-                    by_name[name] = dataclasses.replace(summary, gone=True)
+                    by_name[name] = dataclasses.replace(summary, gone=True, held=False)
                     self.wake(uid)
         for pod in pods:
             self.apply("ADDED", pod)

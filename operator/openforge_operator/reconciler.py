@@ -29,7 +29,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from openforge.api import manifests, rollouts, v1alpha1
+from openforge.api import manifests, retries, rollouts, v1alpha1
 from openforge.api import tasks as task_records
 
 from openforge_operator import (
@@ -42,6 +42,7 @@ from openforge_operator import (
     pods,
     podwatch,
     readiness,
+    release,
     settings,
     tasks,
     tokens,
@@ -70,6 +71,7 @@ class Expected:
     index: int
     attempt: int
     created: float  # time.monotonic()
+    earlier: tuple[retries.Tried, ...] = ()
 
 
 @dataclasses.dataclass
@@ -185,7 +187,13 @@ class Reconciler:
         # daemon's filter), and the Events of the transition must not be lost to that
         for event in plan.events:
             await self._event(body, event.type, reason=event.reason, message=event.message)
-        await self._write_status(body, status, memory=memory)
+        written = await self._write_status(body, status, memory=memory)
+        holding = plan.holding
+        if written and plan.release:
+            # after the status: what lets a pod go must be recorded first
+            holding = not await self._release(namespace, plan.release) or holding
+        elif plan.release:
+            holding = True
         if plan.delete_job:
             await self._api.delete(
                 k8s.namespaced(
@@ -194,7 +202,7 @@ class Reconciler:
                 uid=uid,
             )
             return None
-        if plan.finished and plan.requeue_after is None and not plan.delete:
+        if plan.finished and plan.requeue_after is None and not plan.delete and not holding:
             return None
         delay = self._config.resync_seconds
         if plan.requeue_after is not None:
@@ -278,7 +286,16 @@ class Reconciler:
             if name in seen or now - expected.created > EXPECTATION_SECONDS:
                 del memory.expected[name]
             else:
-                observed.append(attempts.Attempt(name, expected.index, expected.attempt, "pending"))
+                observed.append(
+                    attempts.Attempt(
+                        name,
+                        expected.index,
+                        expected.attempt,
+                        "pending",
+                        held=True,
+                        earlier=expected.earlier,
+                    )
+                )
         return observed
 
     # -- actions --------------------------------------------------------------------------
@@ -290,7 +307,7 @@ class Reconciler:
         *,
         env: v1alpha1.HarnessEnv,
         records: list[dict[str, Any]],
-        todo: list[tuple[int, int]],
+        todo: list[planner.NewPod],
         memory: JobMemory,
     ) -> bool:
         """Create the per-job objects, then the pods; False (and a Warning) when any failed."""
@@ -300,11 +317,12 @@ class Reconciler:
                 pods.build_pod(
                     job=job,
                     env=env,
-                    rollout=tasks.rollout(records, job.spec.samples_per_task, index=index),
-                    attempt=attempt,
+                    rollout=tasks.rollout(records, job.spec.samples_per_task, index=new.index),
+                    attempt=new.attempt,
                     config=self._config,
+                    earlier=new.earlier,
                 )
-                for index, attempt in todo
+                for new in todo
             ]
         except (pods.PodError, task_records.TaskError, k8s.ApiError) as error:
             await self._warn(body, memory, blocked=Blocked("FailedCreate", str(error)))
@@ -316,9 +334,11 @@ class Reconciler:
         )
         errors = [r for r in results if isinstance(r, BaseException)]
         now = time.monotonic()
-        for (index, attempt), pod, result in zip(todo, bodies, results, strict=True):
+        for new, pod, result in zip(todo, bodies, results, strict=True):
             if not isinstance(result, BaseException):
-                memory.expected[pod["metadata"]["name"]] = Expected(index, attempt, now)
+                memory.expected[pod["metadata"]["name"]] = Expected(
+                    new.index, new.attempt, now, new.earlier
+                )
         if errors:
             log.warning(
                 "creating %d of %d pods of %s failed: %s",
@@ -383,13 +403,18 @@ class Reconciler:
                 )
             memory.policy_digest = digest
 
+    async def _release(self, namespace: str, names: list[str]) -> bool:
+        """Take the operator's finalizer off the pods ``names``; False when any failed."""
+        return await release.pods(self._api, namespace, names)
+
     async def _write_status(
         self, body: Mapping[str, Any], status: dict[str, Any], *, memory: JobMemory
-    ) -> None:
+    ) -> bool:
+        """Write the job's status when it changed; whether the API holds ``status`` now."""
         old = memory.status if memory.status is not None else dict(body.get("status") or {})
         if status == old:
             memory.status = status
-            return
+            return True
         patch = {key: status.get(key) for key in {*old, *status}}
         meta = body["metadata"]
         path = (
@@ -403,6 +428,8 @@ class Reconciler:
         )
         if await self._api.merge_patch(path, {"status": patch}) is not None:
             memory.status = status
+            return True
+        return False
 
     async def _warn(self, body: Mapping[str, Any], memory: JobMemory, *, blocked: Blocked) -> None:
         """A Warning Event for a problem, once until the problem changes."""

@@ -32,7 +32,7 @@ NOT_GRANTED = [
     ("", "secrets", "get"),
     ("", "secrets", "list"),
     ("", "configmaps", "delete"),
-    ("", "pods", "patch"),
+    ("", "pods", "update"),
     ("", "pods/exec", "create"),
     ("apps", "deployments", "create"),
     ("rbac.authorization.k8s.io", "roles", "create"),

@@ -40,7 +40,9 @@ CRDS = [
     ROOT / "crds" / "openforge.dev_harnessenvs.yaml",
     ROOT / "crds" / "openforge.dev_rolloutjobs.yaml",
 ]
-NAMESPACES = ["modes", "retry", "gc", "restart", "suspend", "deadline", "ttl", "hook", "tokens"]
+NAMESPACES = [
+    "modes", "retry", "gc", "restart", "held", "suspend", "deadline", "ttl", "hook", "tokens"
+]  # fmt: skip
 MASTER_KEY = b"e2e-master-key-" + b"k" * 32
 SIDECAR_IMAGE = os.environ.get("OPENFORGE_TEST_SIDECAR_IMAGE", "ghcr.io/openforge/sidecar:0.1.0")
 
@@ -65,7 +67,7 @@ class Operator:
     def start(self) -> None:
         args = [sys.executable, "-m", "openforge.cli", "operator", "--standalone",
                 "--kubeconfig", str(self.kubeconfig), "--sidecar-image", SIDECAR_IMAGE,
-                "--resync-seconds", "5", "--collector-master-key-file", str(self.master_key),
+                "--resync-seconds", "5", "--collector-master-key-file", str(self.master_key), "-v",
                 "--webhook", "--webhook-addr", "127.0.0.1", "--webhook-host", "127.0.0.1",
                 "--webhook-port", str(self.webhook_port), "--webhook-configuration",
                 f"openforge-capture-{self.namespaces['hook']}"]  # fmt: skip
@@ -458,6 +460,69 @@ def test_an_operator_killed_mid_job_finishes_it_after_a_restart_without_duplicat
     assert body["status"]["counts"]["succeeded"] == 24
     assert names(pods_of(kube, namespace, "job")) == sorted(f"job-{i}-0" for i in range(24)), (
         "each rollout ran exactly once"
+    )
+
+
+def test_pods_deleted_while_the_operator_is_down_wait_for_it_and_no_attempt_is_lost(
+    kube: kube_cluster.Kube, operator: Operator
+) -> None:
+    """A running pod deleted meanwhile is a failed attempt, run again under the next
+    attempt number (reusing its name would have the new pod's records dropped as
+    duplicates); finished pods deleted meanwhile are not run again."""
+    namespace = operator.namespaces["held"]
+    apply(
+        kube,
+        namespace,
+        harness_env("slow", duration="10m"),
+        harness_env("fast", duration="1s"),
+        rollout_job("running", "slow", exits=[0], samples=1),
+        rollout_job("finished", "fast", exits=[0], samples=2),
+    )
+
+    def phases(job: str) -> dict[str, str]:
+        return {
+            p["metadata"]["name"]: p["status"].get("phase", "")
+            for p in pods_of(kube, namespace, job)
+        }
+
+    wait(operator, lambda: phases("running") == {"running-0-0": "Running"}, "a running pod")
+    wait(operator, lambda: len(phases("finished")) == 2, "two pods")
+    operator.kill()
+    deadline = time.monotonic() + 60  # the operator is down: no wait(), which checks it lives
+    while set(phases("finished").values()) != {"Succeeded"}:
+        assert time.monotonic() < deadline, phases("finished")
+        time.sleep(0.5)
+    # deleted in the second it finished, a pod counts as stopped by the deletion
+    time.sleep(1.5)
+    kube.kubectl("-n", namespace, "delete", "pods", "--all", "--wait=false")
+    time.sleep(3)
+    held = {
+        p["metadata"]["name"]: p
+        for p in [*pods_of(kube, namespace, "running"), *pods_of(kube, namespace, "finished")]
+    }
+    assert sorted(held) == ["finished-0-0", "finished-1-0", "running-0-0"], (
+        "the finalizer holds them"
+    )
+    assert all(p["metadata"].get("deletionTimestamp") for p in held.values())
+    assert held["running-0-0"]["status"]["phase"] == "Failed", "stopped, as a kubelet does"
+    operator.start()
+    body = wait_finished(kube, operator, namespace, "finished", timeout=60)
+    assert (
+        body["status"]["counts"]["succeeded"] == 2 and body["status"]["completedIndexes"] == "0-1"
+    )
+    wait(operator, lambda: phases("running") == {"running-0-1": "Running"}, "attempt 1 alone")
+    wait(operator, lambda: not pods_of(kube, namespace, "finished"), "the finished pods let go")
+    [again] = pods_of(kube, namespace, "running")
+    assert json.loads(again["metadata"]["annotations"]["openforge.dev/earlier-attempts"]) == [
+        {"attempt": 0, "exitCode": 137, "reason": None}
+    ]
+    assert again["metadata"]["finalizers"] == ["openforge.dev/attempt-record"]
+    assert get_job(kube, namespace, "running")["status"]["counts"]["retried"] == 1
+    kube.kubectl("-n", namespace, "delete", "rolloutjob", "running", "--wait=false")
+    wait(
+        operator,
+        lambda: not pods_of(kube, namespace, "running"),
+        "the job's pods let go and collected",
     )
 
 

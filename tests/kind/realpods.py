@@ -5,13 +5,14 @@ test writes, then the next call) and the test engine for harnesses with long pro
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
 import subprocess
 import time
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -186,6 +187,27 @@ def operator_pod(kind: kube_cluster.Kube) -> dict[str, Any]:
         f"operator pods: {[(p['metadata']['name'], p['status'].get('phase')) for p in pods]}"
     )
     return running[0]
+
+
+@contextlib.contextmanager
+def operator_down(kind: kube_cluster.Kube) -> Iterator[None]:
+    """The operator's Deployment scaled to zero (its pod gone) for the block, then back."""
+    scale = ("-n", "openforge", "scale", "deployment/openforge-operator")
+    kind.kubectl(*scale, "--replicas=0")
+    try:
+        kube_cluster.wait_for(
+            lambda: (
+                not kind.get_json(
+                    "-n", "openforge", "pods", "-l", "app.kubernetes.io/component=operator"
+                )["items"]
+            ),
+            what="the operator gone",
+            timeout=120,
+            interval=1,
+        )
+        yield
+    finally:
+        kind.kubectl(*scale, "--replicas=1")
 
 
 def container_status(pod: dict[str, Any], container: str) -> dict[str, Any]:

@@ -13,6 +13,7 @@ server: it makes a call, then waits for a gate file the test writes into the pod
 from __future__ import annotations
 
 import contextlib
+import json
 import time
 import uuid
 from collections.abc import Iterator
@@ -114,6 +115,83 @@ def test_a_deleted_pod_is_run_again_as_a_new_attempt(platform: kube_cluster.Kube
     check_exactly_once(summary, {("t0", 0): [0], ("t0", 1): [0, 1]})
     statuses = {r["attempt"]: r["status"] for r in summary["rollouts"]}
     assert statuses == {0: "stopped", 1: "succeeded"}, statuses
+    kind.kubectl("delete", "namespace", name, "--wait=false")
+
+
+@pytest.mark.timeout(1200)
+def test_pods_deleted_while_the_operator_is_down_wait_for_it_and_nothing_is_dropped(
+    platform: kube_cluster.Kube,
+) -> None:
+    """The operator's finalizer holds a rollout pod until its outcome is recorded. A running
+    pod deleted while no operator runs stays, stopped, until the operator judges it: a
+    failed attempt, run again under the next attempt number (under the same name, the
+    new attempt's records would be dropped as duplicates of the old one's). A finished pod
+    deleted meanwhile is not run again."""
+    kind = platform
+    name = realpods.start(kind, "fault-down", calls=2, rollouts=2, maxAttemptsPerRollout=2)
+    running, done, again = f"{name}-0-0", f"{name}-1-0", f"{name}-0-1"
+    for each in (running, done):
+        realpods.wait_answered(kind, name, each, 0)
+    with realpods.operator_down(kind):
+        realpods.release(kind, name, done, 1)
+        kube_cluster.wait_for(
+            lambda: realpods.pod(kind, name, done)["status"].get("phase") == "Succeeded",
+            what=f"{done} finished",
+            timeout=180,
+            interval=1,
+        )
+        time.sleep(2)  # deleted in the second it finished, a pod counts as stopped by it
+        kind.kubectl("-n", name, "delete", "pod", running, done, "--wait=false")
+
+        def stopped() -> bool:
+            return realpods.pod(kind, name, running)["status"].get("phase") == "Failed"
+
+        kube_cluster.wait_for(stopped, what=f"{running} stopped", timeout=120, interval=1)
+        for each in (running, done):
+            held = realpods.pod(kind, name, each)["metadata"]
+            assert held.get("deletionTimestamp") and held["finalizers"] == [
+                "openforge.dev/attempt-record"
+            ], held
+    kube_cluster.wait_for(
+        lambda: bool(kind.kubectl("-n", name, "get", "pod", again, check=False).stdout),
+        what=f"{again} created",
+        timeout=180,
+        interval=1,
+    )
+    kind.kubectl(
+        "-n", name, "wait", f"pod/{again}", "--for=condition=Ready", "--timeout=300s", timeout=320
+    )
+    annotations = realpods.pod(kind, name, again)["metadata"]["annotations"]
+    assert json.loads(annotations["openforge.dev/earlier-attempts"]) == [
+        {"attempt": 0, "exitCode": 143, "reason": None}  # the TERM passed on to the harness
+    ], annotations
+    realpods.wait_answered(kind, name, again, 0)
+    realpods.release(kind, name, again, 1)
+    job = finish(kind, name)
+    status = job["status"]
+    assert status["counts"]["succeeded"] == 2 and status["counts"]["retried"] == 1, status
+    assert status["completedIndexes"] == "0-1", status
+    # the deleted ones are gone, and a finished job lets the last one go too
+    kube_cluster.wait_for(
+        lambda: (
+            [
+                (p["metadata"]["name"], p["metadata"].get("finalizers"))
+                for p in realpods.pods_of(kind, name, name)
+            ]
+            == [(again, None)]
+        ),
+        what="every pod let go once the job finished",
+        timeout=60,
+        interval=1,
+    )
+    summary = realpods.store_summary(kind, name)
+    check_exactly_once(summary, {("t0", 0): [0], ("t0", 1): [0, 1], ("t1", 0): [0, 1]})
+    statuses = {(r["task"], r["attempt"]): r["status"] for r in summary["rollouts"]}
+    assert statuses == {
+        ("t0", 0): "stopped",
+        ("t0", 1): "succeeded",
+        ("t1", 0): "succeeded",
+    }, statuses
     kind.kubectl("delete", "namespace", name, "--wait=false")
 
 

@@ -175,26 +175,12 @@ def test_a_job_deleted_while_the_operator_is_down_waits_for_it(
     realpods.wait_answered(kind, name, f"{name}-0-0", 0)
     uid = kind.get_json("-n", name, "rolloutjob", name)["metadata"]["uid"]
     made = realpods.owned_by(kind, name, uid)
-    operator = ("-n", "openforge", "scale", "deployment/openforge-operator")
-    kind.kubectl(*operator, "--replicas=0")
-    try:
-        kube_cluster.wait_for(
-            lambda: (
-                not kind.get_json(
-                    "-n", "openforge", "pods", "-l", "app.kubernetes.io/component=operator"
-                )["items"]
-            ),
-            what="the operator gone",
-            timeout=120,
-            interval=1,
-        )
+    with realpods.operator_down(kind):
         kind.kubectl("-n", name, "delete", "rolloutjob", name, "--wait=false")
         time.sleep(10)
         held = kind.get_json("-n", name, "rolloutjob", name)
         assert held["metadata"].get("deletionTimestamp"), held["metadata"]
         assert "openforge.dev/operator" in held["metadata"].get("finalizers", []), held["metadata"]
-    finally:
-        kind.kubectl(*operator, "--replicas=1")
     kube_cluster.wait_for(
         lambda: realpods.gone(kind, name, [f"rolloutjob/{name}"]),
         what=f"{name} let go by the operator",

@@ -6,7 +6,7 @@ import copy
 import datetime
 from typing import Any
 
-from openforge.api import manifests, v1alpha1
+from openforge.api import manifests, retries, v1alpha1
 from openforge_operator import attempts
 
 NOW = datetime.datetime(2026, 1, 2, 3, 4, 5, tzinfo=datetime.UTC)
@@ -114,6 +114,8 @@ def attempt(
     reason: str | None = None,
     name: str | None = None,
     acknowledged: bool = False,
+    held: bool = False,
+    earlier: tuple[retries.Tried, ...] = (),
 ) -> attempts.Attempt:
     return attempts.Attempt(
         name or f"job-{index}-{number}",
@@ -123,6 +125,8 @@ def attempt(
         exit_code,
         reason,
         acknowledged=acknowledged,
+        held=held,
+        earlier=earlier,
     )
 
 
@@ -133,10 +137,13 @@ def pod(
     phase: str = "Pending",
     status: dict[str, Any] | None = None,
     uid: str = UID,
+    node: str | None = "node-1",
     **metadata: Any,
 ) -> dict[str, Any]:
-    """A rollout pod as the API returns it (only the fields the operator reads)."""
+    """A rollout pod as the API returns it (only the fields the operator reads); ``node``:
+    the node it is bound to (None: not scheduled)."""
     return {
+        "spec": {"nodeName": node} if node is not None else {},
         "metadata": {
             "name": f"job-{index}-{number}",
             "namespace": "ns",

@@ -6,6 +6,7 @@ import dataclasses
 import json
 
 import pytest
+from openforge.api import retries
 from openforge_operator import attempts
 from operator_fixtures import pod, terminated
 
@@ -266,3 +267,56 @@ def test_a_finished_pod_that_vanished_keeps_its_verdict() -> None:
 def test_namespace_is_kept() -> None:
     summary = attempts.summarize(pod(0, 0))
     assert summary is not None and summary.namespace == "ns" and summary.job_uid.endswith("1")
+
+
+def test_a_pod_deleted_before_it_was_scheduled_failed() -> None:
+    """No kubelet ends a pod never bound to a node: held by the finalizer it would wait
+    Pending forever, a live attempt that no new one could replace."""
+    deleted = pod(0, 0, node=None, deletionTimestamp="2026-01-01T00:00:00Z")
+    found = judge(deleted)
+    assert (found.state, found.message) == ("failed", "the pod was deleted before it finished")
+    assert judge(pod(0, 0, node=None)).live, "not deleted: waiting to be scheduled"
+    assert judge(pod(0, 0, deletionTimestamp="2026-01-01T00:00:00Z")).live, (
+        "bound to a node: its kubelet stops it, and the phase says when"
+    )
+
+
+def test_the_finalizer_and_the_earlier_attempts_are_read_from_the_pod() -> None:
+    history = [retries.Tried(0, False, 1, None), retries.Tried(2, False, None, "Evicted")]
+    body = pod(
+        0,
+        3,
+        finalizers=["other.example/keep", "openforge.dev/attempt-record"],
+        annotations={"openforge.dev/earlier-attempts": attempts.earlier_annotation(history)},
+    )
+    summary = attempts.summarize(body)
+    assert summary is not None and summary.held and summary.job == "job"
+    assert summary.earlier == tuple(history)
+    found = attempts.judge(summary, failing_exit_codes=FAILING)
+    assert found.held and found.earlier == tuple(history)
+    plain = attempts.summarize(pod(0, 3))
+    assert plain is not None and not plain.held and plain.earlier == ()
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "not json",
+        '{"attempt": 0}',
+        '[1, "x", null]',
+        '[{"attempt": "0"}, {"attempt": -1}, {"attempt": 3}, {"attempt": true}]',
+    ],
+)
+def test_an_earlier_attempts_annotation_that_is_no_record_is_left_out(text: str) -> None:
+    assert attempts.earlier_attempts(text, before=3) == ()
+
+
+def test_earlier_attempts_keep_what_is_well_formed_and_before_the_pods_own() -> None:
+    text = (
+        '[{"attempt": 1, "exitCode": "x", "reason": ""}, {"attempt": 0, "exitCode": 4},'
+        ' {"attempt": 5, "exitCode": 1}]'
+    )
+    assert attempts.earlier_attempts(text, before=2) == (
+        retries.Tried(0, False, 4, None),
+        retries.Tried(1, False, None, None),
+    )

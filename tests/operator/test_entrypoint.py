@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 from openforge import podrun
-from openforge_operator import entrypoint
+from openforge_operator import attempts, entrypoint
 
 PY = sys.executable
 
@@ -249,8 +249,30 @@ def test_a_term_is_passed_on_and_a_stopped_rollout_is_neither_graded_nor_reporte
         "the script waited for its child instead of stopping it"
     )
     assert got.read_text() == "terminated", f"the {stage} never got the TERM"
-    assert not (run_dir / podrun.HARNESS_DONE).exists() and not termination.exists()
+    assert not (run_dir / podrun.HARNESS_DONE).exists()
     assert (run_dir / podrun.HARNESS_EXIT_CODE).exists() == (stage == "grader")
+    verdict = json.loads(termination.read_text())
+    assert (verdict["status"], verdict["exitCode"], verdict["stopped"]) == ("failed", 143, True)
+    summary = attempts.summarize(
+        {
+            "metadata": {
+                "name": "job-0-0",
+                "labels": {"openforge.dev/job-uid": "u", "openforge.dev/rollout": "0",
+                           "openforge.dev/attempt": "0"},
+                # what the pod shows after the kubelet's own deletion (grace 0), the
+                # harness stopped seconds before it: no longer "deleted while running"
+                "deletionTimestamp": "2026-01-01T00:01:00Z",
+                "deletionGracePeriodSeconds": 0,
+            },
+            "spec": {"nodeName": "node-1"},
+            "status": {"phase": "Failed", "containerStatuses": [{"name": "harness", "state": {
+                "terminated": {"exitCode": 143, "finishedAt": "2026-01-01T00:00:50Z",
+                               "message": termination.read_text()}}}]},
+        }
+    )  # fmt: skip
+    assert summary is not None and not summary.deleted_unfinished
+    judged = attempts.judge(summary, failing_exit_codes=frozenset())
+    assert judged.state == "failed", "a stopped rollout is never judged a success"
 
 
 def test_the_script_spells_the_run_directory_s_files_as_podrun_names_them() -> None:

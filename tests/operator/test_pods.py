@@ -7,8 +7,9 @@ import json
 from typing import Any
 
 import pytest
+from openforge.api import retries
 from openforge.api import tasks as task_records
-from openforge_operator import entrypoint, objects, pods, settings, tasks
+from openforge_operator import attempts, entrypoint, objects, pods, settings, tasks
 from operator_fixtures import UID, env, job
 
 CONFIG = settings.Settings()
@@ -83,6 +84,33 @@ def test_name_labels_annotations_and_owner() -> None:
             "blockOwnerDeletion": True,
         }
     ]
+
+
+def test_a_pod_holds_the_operators_finalizer_and_records_the_attempts_before_it() -> None:
+    first = build(attempt=0)
+    assert first["metadata"]["finalizers"] == ["openforge.dev/attempt-record"]
+    assert "openforge.dev/earlier-attempts" not in first["metadata"]["annotations"]
+    the_job = job()
+    records = task_records.inline(the_job.spec.tasks)
+    assert records is not None
+    earlier = (retries.Tried(1, False, None, "Evicted"), retries.Tried(0, False, 3, None))
+    third = pods.build_pod(
+        job=the_job,
+        env=env(),
+        rollout=tasks.rollout(records, the_job.spec.samples_per_task, index=5),
+        attempt=2,
+        config=CONFIG,
+        earlier=earlier,
+    )
+    meta = third["metadata"]
+    assert meta["finalizers"] == ["openforge.dev/attempt-record"]
+    assert json.loads(meta["annotations"]["openforge.dev/earlier-attempts"]) == [
+        {"attempt": 0, "exitCode": 3, "reason": None},
+        {"attempt": 1, "exitCode": None, "reason": "Evicted"},
+    ]
+    summary = attempts.summarize({**third, "status": {"phase": "Pending"}})
+    assert summary is not None and summary.held
+    assert summary.earlier == tuple(sorted(earlier, key=lambda t: t.attempt))
 
 
 def test_pod_names_stay_within_63_characters_and_distinct() -> None:

@@ -93,3 +93,26 @@ def test_synced_waits_for_every_namespace() -> None:
         await asyncio.wait_for(waiter, 1)
 
     asyncio.run(scenario())
+
+
+def test_a_gone_pod_holds_nothing_and_every_summary_reaches_the_listener() -> None:
+    async def scenario() -> None:
+        cache = podwatch.PodCache()
+        seen: list[tuple[str, bool, bool]] = []
+        cache.listener = lambda s: seen.append((s.name, s.held, s.gone))
+        held = {"finalizers": ["openforge.dev/attempt-record"]}
+        cache.apply("ADDED", pod(0, 0, **held))
+        cache.apply("ADDED", pod(1, 0, **held))
+        cache.apply("DELETED", pod(0, 0, phase="Failed", **held))
+        cache.relisted("ns", [])
+        by_name = {s.name: s for s in cache.pods(UID)}
+        assert not by_name["job-0-0"].held and not by_name["job-1-0"].held, (
+            "nothing to let go of a pod that is gone"
+        )
+        assert seen == [
+            ("job-0-0", True, False),
+            ("job-1-0", True, False),
+            ("job-0-0", False, True),
+        ]
+
+    asyncio.run(scenario())

@@ -26,6 +26,10 @@ class FakeApi:
         self.events: list[tuple[str, str, str]] = []
         self.gets: list[str] = []
         self.refuse: k8s.ApiError | None = None
+        self.released: list[str] = []
+        self.calls: list[tuple[str, str]] = []
+        self.job_gone = False
+        self.refuse_release = False
 
     async def create(self, path: str, body: dict[str, Any]) -> bool:
         if self.refuse is not None and path.endswith("/pods"):
@@ -43,7 +47,16 @@ class FakeApi:
 
     async def merge_patch(self, path: str, patch: dict[str, Any]) -> dict[str, Any] | None:
         self.patches.append((path, patch))
-        return {}
+        self.calls.append(("status" if path.endswith("/status") else "patch", path))
+        return None if self.job_gone else {}
+
+    async def remove_finalizer(self, path: str, finalizer: str) -> bool:
+        assert finalizer == "openforge.dev/attempt-record"
+        if self.refuse_release:
+            raise k8s.ApiError("PATCH", path, status=500, body="etcd is away")
+        self.released.append(path.rsplit("/", 1)[1])
+        self.calls.append(("release", path))
+        return True
 
     async def delete(
         self, path: str, *, uid: str | None = None, propagation: str = "Background"
@@ -287,3 +300,41 @@ def test_every_mode_makes_valid_pods(mode: str) -> None:
     h.env = env_body(spec={"capture": {"mode": mode}})
     h.reconcile()
     assert len(h.api.pods()) == 5
+
+
+HELD = {"finalizers": ["openforge.dev/attempt-record"]}
+SUCCEEDED = {"phase": "Succeeded", "status": {"containerStatuses": [terminated(0)]}}
+
+
+def test_pods_are_made_holding_the_finalizer_and_let_go_after_the_status_records_them() -> None:
+    h = Harness()
+    h.reconcile()
+    created = [h.api.objects[key] for key in h.api.created if "/pods/" in key]
+    assert all(p["metadata"]["finalizers"] == ["openforge.dev/attempt-record"] for p in created)
+    h.see(0, 0, **SUCCEEDED, **HELD)
+    h.see(1, 0, phase="Running", **HELD)
+    h.api.calls.clear()
+    h.reconcile()
+    assert h.api.released == ["job-0-0"]
+    assert [kind for kind, _ in h.api.calls] == ["status", "release"], "recorded, then let go"
+    assert h.statuses()[-1]["completedIndexes"] == "0"
+
+
+def test_no_pod_is_let_go_when_the_status_was_not_written() -> None:
+    h = Harness()
+    h.reconcile()
+    h.see(0, 0, **SUCCEEDED, **HELD)
+    h.api.job_gone = True
+    h.reconcile()
+    assert h.api.released == []
+
+
+def test_a_finished_job_keeps_its_loop_until_every_pod_is_let_go() -> None:
+    h = Harness()
+    for i in range(12):
+        h.see(i, 0, **SUCCEEDED, **HELD)
+    h.api.refuse_release = True
+    assert h.reconcile() is not None, "a pod still held: look again"
+    h.api.refuse_release = False
+    assert h.reconcile() is None
+    assert sorted(h.api.released) == sorted(f"job-{i}-0" for i in range(12))

@@ -118,7 +118,11 @@ def on_the_operator(body: dict[str, Any], ends: Callable[[int], Ending]) -> tupl
             counts = made.status["counts"]
             return [a.attempt for a in seen], "succeeded" if counts["succeeded"] else "failed"
         assert made.create, made.status
-        for index, attempt in made.create:
+        for new in made.create:
+            index, attempt = new.index, new.attempt
+            assert [t.attempt for t in new.earlier] == [a.attempt for a in seen], (
+                "a new pod records every attempt before it"
+            )
             state, exit_code, reason = ends(attempt)
             seen.append(
                 attempts.Attempt(

@@ -778,10 +778,17 @@ class RolloutJobStatus(Model):
     failed_indexes: str | None = pydantic.Field(
         default=None, description="Indexes of failed rollouts, compact: '1,3-5,9'."
     )
+    completed_indexes: str | None = pydantic.Field(
+        default=None,
+        description=(
+            "Indexes of succeeded rollouts, compact: '0-7,9'. With failedIndexes, what the "
+            "operator remembers of finished rollouts once their pods are gone."
+        ),
+    )
     start_time: Timestamp | None = None
     completion_time: Timestamp | None = None
 
-    @pydantic.field_validator("failed_indexes")
+    @pydantic.field_validator("failed_indexes", "completed_indexes")
     @classmethod
     def _compact(cls, text: str | None) -> str | None:
         if text is not None:
