@@ -8,8 +8,8 @@ before the operator has recorded what it showed (the planner's rule:
   that records them is written (:func:`pods`);
 - the pod watch, for a held pod being deleted whose job no reconcile will look
   at again: the job is gone (deleted, perhaps while the operator was down, and
-  the garbage collector now deletes its pods), is another job of the same name,
-  or has finished (:class:`Orphans`). Nothing is planned from such a pod any
+  the garbage collector now deletes its pods), is being deleted, is another job
+  of the same name, or has finished (:class:`Orphans`). Nothing is planned from such a pod any
   more, so it can go as soon as it is seen.
 """
 
@@ -49,11 +49,14 @@ async def pods(api: k8s.Api, namespace: str, names: list[str]) -> bool:
 
 def job_finished(job: dict[str, object] | None, uid: str) -> bool:
     """Whether a pod of the job with ``uid`` is past planning: ``job`` (as read) is absent,
-    is another job of that name, or has finished (Complete or Failed)."""
+    is another job of that name, is being deleted (with foreground deletion it waits for
+    its pods), or has finished (Complete or Failed)."""
     if job is None:
         return True
     metadata = job.get("metadata")
     if not isinstance(metadata, dict) or metadata.get("uid") != uid:
+        return True
+    if metadata.get("deletionTimestamp"):
         return True
     status = job.get("status")
     conditions = status.get("conditions") if isinstance(status, dict) else None

@@ -226,3 +226,98 @@ def test_nothing_reaches_a_rollout_pod(kind: kube_cluster.Kube) -> None:
     assert realpods.condition(done, "Complete"), done.get("status")
     for name in (namespace, "isolation-in-other"):
         kind.kubectl("delete", "namespace", name, "--wait=false")
+
+
+GATED_PROBE = """
+import json, os, socket, time
+def once(target):
+    host, port = target.rsplit(":", 1)
+    s = socket.socket(); s.settimeout(2)
+    try:
+        s.connect((socket.gethostbyname(host), int(port))); return "connected"
+    except OSError as error:
+        return type(error).__name__
+    finally:
+        s.close()
+result = {}
+for name, target in json.loads(os.environ["PROBE_TARGETS"]).items():
+    for _ in range(8):  # a changed policy reaches the enforcer a little after it is written
+        result[name] = once(target)
+        if result[name] == "connected":
+            break
+        time.sleep(1)
+print("PROBE " + json.dumps(result), flush=True)
+deadline = time.monotonic() + 300
+while not os.path.exists("/tmp/go") and time.monotonic() < deadline:
+    time.sleep(0.2)
+"""
+"""Probes each target (a few tries), prints the result, then waits for ``/tmp/go``."""
+
+TWO_PORTS = """
+import http.server, threading
+handler = http.server.SimpleHTTPRequestHandler
+for port in (8080, 8081):
+    server = http.server.ThreadingHTTPServer(("0.0.0.0", port), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+threading.Event().wait()
+"""
+
+
+@pytest.mark.timeout(900)
+def test_allowed_hosts_open_what_they_name_and_a_changed_list_reaches_the_policy(
+    kind: kube_cluster.Kube,
+) -> None:
+    """``capture.allowedHosts`` opens egress to what it names and nothing more, and a
+    HarnessEnv changed mid-job is patched into the job's policy before its next pod:
+    ``web.<namespace>.svc:8080`` admits that namespace's pods on 8080, not on 8081."""
+    realpods.ensure_platform(kind)
+    suffix = uuid.uuid4().hex[:6]
+    namespace, other, job = f"allowed-{suffix}", f"allowed-web-{suffix}", f"allow-{suffix}"
+    for name in (namespace, other):
+        realpods.ensure_namespace(kind, name)
+    kind.kubectl("-n", other, "run", "web", f"--image={IMAGE}", "--image-pull-policy=IfNotPresent",
+                 "--command", "--", "python", "-c", TWO_PORTS)  # fmt: skip
+    kind.kubectl(
+        "-n", other, "wait", "pod/web", "--for=condition=Ready", "--timeout=180s", timeout=200
+    )
+    web = kind.get_json("-n", other, "pod", "web")["status"]["podIP"]
+    env = harness_env({"8080": f"{web}:8080", "8081": f"{web}:8081"})
+    env["spec"]["template"]["spec"]["containers"][0]["command"] = ["python", "-c", GATED_PROBE]
+    env["spec"]["capture"] = {"allowedHosts": []}
+    spec = realpods.rollout_job(job, env="probe", tasks=[{"id": "a"}, {"id": "b"}], parallelism=1)
+    realpods.apply(kind, namespace, env, spec)
+
+    def probed(pod: str) -> dict[str, str]:
+        found: dict[str, str] = {}
+
+        def printed() -> bool:
+            logs = kind.kubectl("-n", namespace, "logs", pod, "-c", "harness", check=False).stdout
+            lines = [line for line in logs.splitlines() if line.startswith("PROBE ")]
+            if lines:
+                found.update(json.loads(lines[-1].removeprefix("PROBE ")))
+            return bool(lines)
+
+        kube_cluster.wait_for(printed, what=f"{pod} probed", timeout=300, interval=1)
+        return found
+
+    first, second = f"{job}-0-0", f"{job}-1-0"
+    before = probed(first)
+    assert before["8080"] != "connected" and before["8081"] != "connected", before
+    env["spec"]["capture"] = {"allowedHosts": [f"web.{other}.svc:8080"]}
+    realpods.apply(kind, namespace, env)
+    kind.kubectl("-n", namespace, "exec", first, "-c", "harness", "--", "touch", "/tmp/go")
+    after = probed(second)
+    assert after["8080"] == "connected" and after["8081"] != "connected", after
+    policy = kind.get_json("-n", namespace, "networkpolicy", f"{job}-rollouts")
+    opened = [
+        rule
+        for rule in policy["spec"]["egress"]
+        if any(peer.get("namespaceSelector", {}).get("matchLabels", {}).get(
+            "kubernetes.io/metadata.name") == other for peer in rule.get("to", []))
+    ]  # fmt: skip
+    assert [p["port"] for rule in opened for p in rule["ports"]] == [8080], opened
+    kind.kubectl("-n", namespace, "exec", second, "-c", "harness", "--", "touch", "/tmp/go")
+    done = realpods.wait_job(kind, namespace, job, timeout=300)
+    assert realpods.condition(done, "Complete"), done.get("status")
+    for name in (namespace, other):
+        kind.kubectl("delete", "namespace", name, "--wait=false")

@@ -9,7 +9,11 @@ rollout pod"), where the other tests only check the pod spec the operator builds
 * the sidecar runs as user 1337 with no capability, no new privileges and seccomp, on a
   read-only root, as one process, and reads its token file: root-owned, mode 0440,
   group 1337 (the defect a real node first found: the sidecar could not read it);
-* the pod carries the documented labels and annotations.
+* the pod carries the documented labels and annotations;
+* in Transparent mode, the ``openforge-redirect`` init container ran as root with
+  ``NET_ADMIN`` and ``NET_RAW`` alone and left, in the pod's network namespace (read
+  from the node), the nat rules the docs list: outbound TCP to the sidecar's port,
+  except the sidecar's user, loopback, DNS and the collector's Service address.
 
 A stepped harness (``realpods.STEPPED``) waits after its first call, which keeps the
 pod running while both containers are read; then it is let go and the job completes.
@@ -83,29 +87,37 @@ def no_capabilities(status: dict[str, list[str]]) -> bool:
 CA_KEY, CA_CERT = "/openforge/ca/mitmproxy-ca.pem", "/openforge/ca-cert/ca.crt"
 
 
-def start_in_proxy_mode(kind: kube_cluster.Kube) -> str:
-    """:func:`realpods.start`'s job, its harness calling a ``.test`` host through the
-    sidecar as its HTTPS proxy (trusting the job's CA)."""
-    name = f"ident-proxy-{uuid.uuid4().hex[:6]}"
+ENDPOINTS = {
+    # a host only the sidecar, as the harness's HTTPS proxy, can answer
+    "Proxy": "https://llm.openforge.test/v1",
+    # the policy Service itself, over HTTPS: the redirect hands the connection to the sidecar
+    "Transparent": "https://policy.rl.svc:8000/v1",
+}
+
+
+def start_intercepted(kind: kube_cluster.Kube, mode: str) -> str:
+    """:func:`realpods.start`'s job in Proxy or Transparent mode, its harness calling
+    :data:`ENDPOINTS` over HTTPS (trusting the job's CA)."""
+    name = f"ident-{mode.lower()[:5]}-{uuid.uuid4().hex[:6]}"
     realpods.ensure_namespace(kind, name)
     env = realpods.stepped_env(name, 2)
-    env["spec"]["capture"] = {"mode": "Proxy"}
+    env["spec"]["capture"] = {"mode": mode}
     env["spec"].pop("baseUrl")
     harness = env["spec"]["template"]["spec"]["containers"][0]
-    harness["env"].append({"name": "OPENAI_BASE_URL", "value": "https://llm.openforge.test/v1"})
+    harness["env"].append({"name": "OPENAI_BASE_URL", "value": ENDPOINTS[mode]})
     job = realpods.rollout_job(name, env=name, tasks=[{"id": "t0"}], rolloutTimeoutSeconds=900)
     realpods.apply(kind, name, env, job)
     return name
 
 
 @pytest.mark.timeout(900)
-@pytest.mark.parametrize("mode", ["BaseURL", "Proxy"])
+@pytest.mark.parametrize("mode", ["BaseURL", "Proxy", "Transparent"])
 def test_a_running_rollout_pods_containers_are_who_the_docs_say(
     platform: kube_cluster.Kube, mode: str
 ) -> None:
     kind = platform
-    if mode == "Proxy":
-        name = start_in_proxy_mode(kind)
+    if mode != "BaseURL":
+        name = start_intercepted(kind, mode)
     else:
         name = realpods.start(kind, "ident", calls=2, rollouts=1)
     pod_name = f"{name}-0-0"
@@ -126,7 +138,7 @@ def test_a_running_rollout_pods_containers_are_who_the_docs_say(
     assert paths[token_dir] == {"error": ENOENT}, paths  # the sidecar's alone
     assert paths[SERVICE_ACCOUNT] == {"error": ENOENT}, paths  # no service-account token
     assert paths[CA_KEY] == {"error": ENOENT}, paths  # the CA's key: the sidecar's alone
-    if mode == "Proxy":  # the CA's certificate alone, to trust
+    if mode != "BaseURL":  # the CA's certificate alone, to trust
         assert paths[CA_CERT]["readable"] is True, paths
     else:  # BaseURL: no CA at all
         assert paths[CA_CERT] == {"error": ENOENT}, paths
@@ -147,10 +159,17 @@ def test_a_running_rollout_pods_containers_are_who_the_docs_say(
     )
     assert sidecar["paths"][SERVICE_ACCOUNT] == {"error": ENOENT}
     key = sidecar["paths"][CA_KEY]
-    if mode == "Proxy":  # the job's CA key: as the token, readable through the group
+    if mode != "BaseURL":  # the job's CA key: as the token, readable through the group
         assert (key["uid"], key["gid"], key["mode"], key["readable"]) == (0, 1337, "0o440", True)
     else:
         assert key == {"error": ENOENT}, key
+
+    init = [c["name"] for c in pod["spec"]["initContainers"]]
+    if mode == "Transparent":
+        assert init[0] == "openforge-redirect", init
+        check_redirect(kind, pod)
+    else:
+        assert "openforge-redirect" not in init, init
 
     labels, annotations = pod["metadata"]["labels"], pod["metadata"]["annotations"]
     assert labels["openforge.dev/job"] == name and labels["openforge.dev/rollout"] == "0", labels
@@ -164,6 +183,40 @@ def test_a_running_rollout_pods_containers_are_who_the_docs_say(
     done = realpods.wait_job(kind, name, name, timeout=400)
     assert realpods.condition(done, "Complete"), done["status"]
     made = realpods.delete_job_and_wait_collected(kind, name, name)
-    if mode == "Proxy":  # the job's CA Secret goes with it
+    if mode != "BaseURL":  # the job's CA Secret goes with it
         assert f"secrets/{name}-ca" in made, made
     kind.kubectl("delete", "namespace", name, "--wait=false")
+
+
+def check_redirect(kind: kube_cluster.Kube, pod: dict[str, Any]) -> None:
+    """The Transparent init container's confinement, and the nat rules it left in the pod's
+    network namespace (entered from the node through the sidecar's process)."""
+    spec = pod["spec"]["initContainers"][0]
+    assert spec["securityContext"]["runAsUser"] == 0, spec["securityContext"]
+    assert spec["securityContext"]["capabilities"] == {
+        "add": ["NET_ADMIN", "NET_RAW"],
+        "drop": ["ALL"],
+    }, spec["securityContext"]
+    state = realpods.container_status(pod, "openforge-redirect")["state"]
+    assert state["terminated"]["exitCode"] == 0, state
+    node, uid = pod["spec"]["nodeName"], pod["metadata"]["uid"]
+    [sidecar_id] = realpods.node_exec(
+        node, "crictl", "ps", "-q", "--state", "running",
+        "--label", f"io.kubernetes.pod.uid={uid}", "--name", f"^{realpods.SIDECAR}$",
+    ).split()  # fmt: skip
+    pid = json.loads(realpods.node_exec(node, "crictl", "inspect", sidecar_id))["info"]["pid"]
+    rules = realpods.node_exec(
+        node, "nsenter", "-t", str(pid), "-n", "iptables-nft-save", "-t", "nat"
+    ).splitlines()
+    chain = [line for line in rules if line.startswith("-A OPENFORGE_OUTPUT")]
+    collector = kind.get_json("-n", "openforge", "service", "openforge-collector")["spec"][
+        "clusterIP"
+    ]
+    assert "-A OUTPUT -p tcp -j OPENFORGE_OUTPUT" in rules, rules
+    assert chain == [
+        "-A OPENFORGE_OUTPUT -m owner --uid-owner 1337 -j RETURN",
+        "-A OPENFORGE_OUTPUT -d 127.0.0.0/8 -j RETURN",
+        "-A OPENFORGE_OUTPUT -p tcp -m tcp --dport 53 -j RETURN",
+        f"-A OPENFORGE_OUTPUT -d {collector}/32 -j RETURN",
+        "-A OPENFORGE_OUTPUT -p tcp -j REDIRECT --to-ports 15090",
+    ], chain

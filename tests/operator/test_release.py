@@ -94,6 +94,9 @@ def test_the_job_finished_rule() -> None:
     assert release.job_finished(job_body(status=FINISHED), UID)
     assert release.job_finished(job_body(), "other-uid")
     assert not release.job_finished(job_body(), UID)
+    deleting = job_body()
+    deleting["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    assert release.job_finished(deleting, UID), "foreground deletion waits for the pods"
     failed = {"conditions": [{"type": "Failed", "status": "True"}]}
     assert release.job_finished(job_body(status=failed), UID)
     assert not release.job_finished(
