@@ -2,16 +2,20 @@
 nothing of the template's runs under the entrypoint, so the sidecar gets its ``exec``
 startup probe and the kubelet holds the template's init container, and every container
 after it, back until the sidecar listens; the pod still finishes, graded and captured.
+Also what reaches a pod from its job (the task file, the expanded command), and a job name
+long enough that its pods' names are cut.
 """
 
 from __future__ import annotations
 
+import json
 import uuid
 
 import kube_cluster
 import pytest
 import realpods
 import yaml
+from openforge.api import rollouts
 
 pytestmark = [pytest.mark.kind, pytest.mark.slow]
 
@@ -141,3 +145,43 @@ def test_the_task_file_and_the_expanded_command_reach_the_harness(
     made = realpods.delete_job_and_wait_collected(kind, name, name)
     assert f"configmaps/{name}-taskfiles" in made, made  # collected with its job
     kind.kubectl("delete", "namespace", name, "--wait=false")
+
+
+@pytest.mark.timeout(600)
+def test_a_long_job_name_is_cut_in_its_pods_names_and_the_verdict_is_the_termination_message(
+    platform: kube_cluster.Kube,
+) -> None:
+    """A 63-character job name would make pod names too long for a host name: the pod is
+    ``<job cut>-<hash>-<index>-<attempt>``, 63 characters, and the collector takes its
+    records under it (a per-job token holds the job to the same
+    naming rule). The harness container's termination message is the in-pod agent's
+    verdict: exit code, status, reward, acknowledgement and the calls stored."""
+    kind = platform
+    suffix = uuid.uuid4().hex[:6]
+    namespace = f"pods-long-{suffix}"
+    job = f"a-rollout-job-whose-name-runs-all-the-way-to-the-limit-{suffix}xy"
+    assert len(job) == 63
+    realpods.ensure_namespace(kind, namespace)
+    env = realpods.stepped_env(namespace, 1)
+    realpods.apply(
+        kind, namespace, env, realpods.rollout_job(job, env=namespace, tasks=[{"id": "t0"}])
+    )
+    done = realpods.wait_job(kind, namespace, job, timeout=400)
+    assert realpods.condition(done, "Complete"), (
+        done["status"],
+        realpods.events(kind, namespace)[-3000:],
+    )
+    [pod] = realpods.pods_of(kind, namespace, job)
+    name = pod["metadata"]["name"]
+    assert name == rollouts.pod_name(job, 0, attempt=0) and len(name) == 63, name
+    assert name.endswith("-0-0") and not name.startswith(job), name
+    harness = realpods.container_status(pod, "harness")["state"]["terminated"]
+    verdict = json.loads(harness["message"])
+    assert verdict["exitCode"] == 0 and verdict["status"] == "succeeded", verdict
+    assert verdict["acknowledged"] is True and verdict["calls"] == 1, verdict
+    assert verdict["reward"] is not None, verdict
+    summary = realpods.store_summary(kind, job)
+    assert summary["lost"] == [], summary["lost"]
+    [rollout] = summary["rollouts"]
+    assert rollout["id"] == name and rollout["finished"] and len(rollout["calls"]) == 1, rollout
+    kind.kubectl("delete", "namespace", namespace, "--wait=false")
