@@ -405,7 +405,7 @@ class Reconciler:
 
     async def _release(self, namespace: str, names: list[str]) -> bool:
         """Take the operator's finalizer off the pods ``names``; False when any failed."""
-        return await release.pods(self._api, namespace, names)
+        return await release.pods(self._api, namespace, names=names)
 
     async def _write_status(
         self, body: Mapping[str, Any], status: dict[str, Any], *, memory: JobMemory

@@ -28,7 +28,7 @@ TRIES = 10
 RETRY_SECONDS = 3.0
 
 
-async def pods(api: k8s.Api, namespace: str, names: list[str]) -> bool:
+async def pods(api: k8s.Api, namespace: str, *, names: list[str]) -> bool:
     """Take the finalizer off the pods ``names`` of ``namespace`` (gone ones need nothing);
     False when any patch failed (the caller tries again later)."""
     results = await asyncio.gather(
@@ -99,7 +99,7 @@ class Orphans:
                 try:
                     job = await self._api.get(path) if pod.job else None
                     if not job_finished(job, pod.job_uid) or await pods(
-                        self._api, namespace, [pod.name]
+                        self._api, namespace, names=[pod.name]
                     ):
                         return
                 except Exception as error:  # looked at again below

@@ -417,6 +417,21 @@ def pod(kind: kube_cluster.Kube, namespace: str, name: str) -> dict[str, Any]:
     return kind.get_json("-n", namespace, "pod", name)
 
 
+def wait_ready(kind: kube_cluster.Kube, namespace: str, name: str, timeout: float = 300) -> None:
+    """Until pod ``name`` exists and is Ready (``kubectl wait`` alone fails on a pod not yet
+    made)."""
+    kube_cluster.wait_for(
+        lambda: bool(kind.kubectl("-n", namespace, "get", "pod", name, check=False).stdout),
+        what=f"{name} created",
+        timeout=timeout,
+        interval=1,
+    )
+    kind.kubectl(
+        "-n", namespace, "wait", f"pod/{name}", "--for=condition=Ready",
+        f"--timeout={int(timeout)}s", timeout=timeout + 20,
+    )  # fmt: skip
+
+
 def harness_log(kind: kube_cluster.Kube, namespace: str, name: str) -> str:
     return kind.kubectl("-n", namespace, "logs", name, "-c", "harness", check=False).stdout
 

@@ -313,3 +313,38 @@ def test_exit_codes_are_judged_by_the_failure_policy(platform: kube_cluster.Kube
     rewards = {r["id"]: r["reward"] for r in realpods.store_summary(kind, name)["rollouts"]}
     assert rewards.get(f"{name}-0-0") == 1.0, rewards  # exit 3 graded as data
     kind.kubectl("delete", "namespace", name, "--wait=false")
+
+
+@pytest.mark.timeout(300)
+def test_a_pod_deleted_before_it_was_scheduled_is_a_failed_attempt(
+    platform: kube_cluster.Kube,
+) -> None:
+    """No kubelet ever ends a pod that was never bound to a node: held by the operator's
+    finalizer, it would wait Pending forever as a live attempt. It is a failed attempt
+    at once: let go, and the next attempt made (recording it as ``earlier``)."""
+    kind = platform
+    name = f"fate-unbound-{uuid.uuid4().hex[:6]}"
+    realpods.ensure_namespace(kind, name)
+    env = harness_env(name)
+    env["spec"]["template"]["spec"]["nodeSelector"] = {"openforge.test/no-such-node": "true"}
+    job = realpods.rollout_job(name, env=name, tasks=[{"id": "t0"}], maxAttemptsPerRollout=2)
+    realpods.apply(kind, name, env, job)
+    first, second = f"{name}-0-0", f"{name}-0-1"
+
+    def unschedulable() -> bool:
+        conditions = realpods.pod(kind, name, first)["status"].get("conditions", [])
+        return any(c.get("reason") == "Unschedulable" for c in conditions)
+
+    kube_cluster.wait_for(unschedulable, what=f"{first} unschedulable", timeout=120, interval=1)
+    kind.kubectl("-n", name, "delete", "pod", first, "--wait=false")
+    kube_cluster.wait_for(
+        lambda: [p["metadata"]["name"] for p in realpods.pods_of(kind, name, name)] == [second],
+        what=f"{first} let go and {second} made",
+        timeout=120,
+        interval=1,
+    )
+    annotations = realpods.pod(kind, name, second)["metadata"]["annotations"]
+    assert json.loads(annotations["openforge.dev/earlier-attempts"]) == [
+        {"attempt": 0, "exitCode": None, "reason": None}
+    ], annotations
+    kind.kubectl("delete", "namespace", name, "--wait=false")

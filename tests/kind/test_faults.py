@@ -93,15 +93,7 @@ def test_a_deleted_pod_is_run_again_as_a_new_attempt(platform: kube_cluster.Kube
     assert time.monotonic() - asked < 20, (
         f"deleting a running pod took {time.monotonic() - asked:.0f} s"
     )
-    kube_cluster.wait_for(
-        lambda: bool(kind.kubectl("-n", name, "get", "pod", second, check=False).stdout),
-        what=f"{second} created",
-        timeout=120,
-        interval=1,
-    )
-    kind.kubectl(
-        "-n", name, "wait", f"pod/{second}", "--for=condition=Ready", "--timeout=180s", timeout=200
-    )
+    realpods.wait_ready(kind, name, second, timeout=180)
     realpods.wait_answered(kind, name, second, 0)
     realpods.release(kind, name, second, 1)
     job = finish(kind, name)
@@ -152,15 +144,10 @@ def test_pods_deleted_while_the_operator_is_down_wait_for_it_and_nothing_is_drop
             assert held.get("deletionTimestamp") and held["finalizers"] == [
                 "openforge.dev/attempt-record"
             ], held
-    kube_cluster.wait_for(
-        lambda: bool(kind.kubectl("-n", name, "get", "pod", again, check=False).stdout),
-        what=f"{again} created",
-        timeout=180,
-        interval=1,
-    )
-    kind.kubectl(
-        "-n", name, "wait", f"pod/{again}", "--for=condition=Ready", "--timeout=300s", timeout=320
-    )
+        stopped_by = realpods.container_status(realpods.pod(kind, name, running), "harness")
+        verdict = json.loads(stopped_by["state"]["terminated"]["message"])
+        assert (verdict["status"], verdict["stopped"]) == ("failed", True), verdict
+    realpods.wait_ready(kind, name, again)
     annotations = realpods.pod(kind, name, again)["metadata"]["annotations"]
     assert json.loads(annotations["openforge.dev/earlier-attempts"]) == [
         {"attempt": 0, "exitCode": 143, "reason": None}  # the TERM passed on to the harness

@@ -118,6 +118,8 @@ def test_a_rollout_pod_reaches_only_its_upstream(kind: kube_cluster.Kube) -> Non
     )
     inside = probe_output(kind, f"{JOB}-0-0")
     assert inside["policy"] == "connected", inside
+    sidecar_log = kind.kubectl("-n", NAMESPACE, "logs", f"{JOB}-0-0", "-c", realpods.SIDECAR).stdout
+    assert "podagent: fenced after" in sidecar_log, sidecar_log[-3000:]
     assert inside["apiserver"] != "connected" and inside["other-job-pod"] != "connected", inside
 
     # the control: the same probes from a pod that no job's policy selects
@@ -269,7 +271,8 @@ def test_allowed_hosts_open_what_they_name_and_a_changed_list_reaches_the_policy
 ) -> None:
     """``capture.allowedHosts`` opens egress to what it names and nothing more, and a
     HarnessEnv changed mid-job is patched into the job's policy before its next pod:
-    ``web.<namespace>.svc:8080`` admits that namespace's pods on 8080, not on 8081."""
+    ``web.<namespace>.svc:8080`` admits that namespace's pods on 8080, not on 8081; then
+    ``<pod IP>:8081`` admits that address on 8081 too."""
     realpods.ensure_platform(kind)
     suffix = uuid.uuid4().hex[:6]
     namespace, other, job = f"allowed-{suffix}", f"allowed-web-{suffix}", f"allow-{suffix}"
@@ -284,7 +287,8 @@ def test_allowed_hosts_open_what_they_name_and_a_changed_list_reaches_the_policy
     env = harness_env({"8080": f"{web}:8080", "8081": f"{web}:8081"})
     env["spec"]["template"]["spec"]["containers"][0]["command"] = ["python", "-c", GATED_PROBE]
     env["spec"]["capture"] = {"allowedHosts": []}
-    spec = realpods.rollout_job(job, env="probe", tasks=[{"id": "a"}, {"id": "b"}], parallelism=1)
+    tasks = [{"id": "a"}, {"id": "b"}, {"id": "c"}]
+    spec = realpods.rollout_job(job, env="probe", tasks=tasks, parallelism=1)
     realpods.apply(kind, namespace, env, spec)
 
     def probed(pod: str) -> dict[str, str]:
@@ -308,15 +312,28 @@ def test_allowed_hosts_open_what_they_name_and_a_changed_list_reaches_the_policy
     kind.kubectl("-n", namespace, "exec", first, "-c", "harness", "--", "touch", "/tmp/go")
     after = probed(second)
     assert after["8080"] == "connected" and after["8081"] != "connected", after
-    policy = kind.get_json("-n", namespace, "networkpolicy", f"{job}-rollouts")
+    # an IP literal opens that address alone, on that port
+    env["spec"]["capture"] = {"allowedHosts": [f"web.{other}.svc:8080", f"{web}:8081"]}
+    realpods.apply(kind, namespace, env)
+
+    def policy_of() -> list[dict[str, Any]]:
+        policy = kind.get_json("-n", namespace, "networkpolicy", f"{job}-rollouts")
+        rules: list[dict[str, Any]] = policy["spec"]["egress"]
+        return rules
+
     opened = [
         rule
-        for rule in policy["spec"]["egress"]
+        for rule in policy_of()
         if any(peer.get("namespaceSelector", {}).get("matchLabels", {}).get(
             "kubernetes.io/metadata.name") == other for peer in rule.get("to", []))
     ]  # fmt: skip
     assert [p["port"] for rule in opened for p in rule["ports"]] == [8080], opened
     kind.kubectl("-n", namespace, "exec", second, "-c", "harness", "--", "touch", "/tmp/go")
+    third = probed(f"{job}-2-0")
+    assert third == {"8080": "connected", "8081": "connected"}, third
+    blocks = [peer.get("ipBlock") for rule in policy_of() for peer in rule.get("to", [])]
+    assert {"cidr": f"{web}/32"} in blocks, blocks
+    kind.kubectl("-n", namespace, "exec", f"{job}-2-0", "-c", "harness", "--", "touch", "/tmp/go")
     done = realpods.wait_job(kind, namespace, job, timeout=300)
     assert realpods.condition(done, "Complete"), done.get("status")
     for name in (namespace, other):

@@ -145,6 +145,8 @@ def test_a_running_rollout_pods_containers_are_who_the_docs_say(
     assert harness["env"]["OPENFORGE_ROLLOUT_ID"] == pod_name, harness["env"]
     assert harness["env"]["OPENFORGE_JOB"] == name
     assert (harness["env"]["OPENFORGE_TASK_ID"], harness["env"]["OPENFORGE_ATTEMPT"]) == ("t0", "0")
+    assert harness["env"]["OPENFORGE_SAMPLE_INDEX"] == "0", harness["env"]
+    assert harness["env"]["OPENFORGE_WORKDIR"], harness["env"]
 
     sidecar = inspect(kind, name, pod_name, realpods.SIDECAR, token, SERVICE_ACCOUNT, CA_KEY)
     status = sidecar["status"]

@@ -104,6 +104,8 @@ import json, os, sys
 record = json.load(open("/task/record.json"))
 given = os.environ["OPENFORGE_TASK_JSON"]
 assert record == json.loads(given), (record, given)
+if "x" in record:  # UTF-8 kept, not escaped
+    assert chr(252) in given and chr(92) + "u00fc" not in given, given
 assert sys.argv[1:] == [f"task={record['id']}", f"--level={record['level']}"], sys.argv
 print("task file and args as the task says", flush=True)
 """

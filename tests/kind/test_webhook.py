@@ -179,6 +179,7 @@ def test_the_webhook_captures_a_labelled_pod_that_someone_else_created(
         kube_cluster.wait_for(stored, what=f"{job}'s call stored", timeout=120, interval=2)
         [rollout] = realpods.store_summary(kind, job)["rollouts"]
         assert rollout["id"] == "eval", rollout  # the pod's name is the rollout id
+        assert not rollout["finished"], rollout  # capture only: no grader, no finish record
         [call] = rollout["calls"]
         assert (
             call["exact"]
