@@ -631,8 +631,10 @@ def test_cli_serves_and_stops_on_sigterm(models: dict[str, Path]) -> None:
         assert version == "8" and len(tokens) == 12
     finally:
         process.send_signal(signal.SIGTERM)
-        assert process.wait(timeout=30) == 0
-    assert b"Loading weights" not in (process.stderr.read() if process.stderr else b"")
+        code = process.wait(timeout=30)
+    stderr = process.stderr.read() if process.stderr else b""
+    assert code == 0, stderr.decode(errors="replace")[-4000:]
+    assert b"Loading weights" not in stderr
 
 
 def test_cli_refuses_a_directory_without_tokenizer(
