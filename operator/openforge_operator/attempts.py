@@ -22,6 +22,7 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
+from openforge import podrun
 from openforge.api import retries, v1alpha1
 
 from openforge_operator import objects
@@ -51,7 +52,7 @@ class PodSummary:
     """The harness container's exit code, once it terminated."""
     outside_reason: str | None = None
     """A FailureReason from the pod's fate (Evicted, OOMKilled, DeadlineExceeded, ...)."""
-    verdict: Mapping[str, Any] | None = None
+    verdict: podrun.Termination | None = None
     """The in-pod agent's verdict (the harness container's termination message)."""
     message: str = ""
     deleting: bool = False
@@ -141,7 +142,7 @@ def summarize(pod: Mapping[str, Any]) -> PodSummary | None:
         phase=phase,
         exit_code=exit_code if isinstance(exit_code, int) else None,
         outside_reason=outside,
-        verdict=_termination_message(terminated.get("message")),
+        verdict=podrun.Termination.parse(terminated.get("message")),
         message=str(message)[:500],
         deleting=metadata.get("deletionTimestamp") is not None,
         deleted_unfinished=_deleted_unfinished(metadata, terminated),
@@ -182,20 +183,20 @@ def judge(pod: PodSummary, *, failing_exit_codes: frozenset[int]) -> Attempt:
             reason=pod.outside_reason,
             message=pod.message or pod.outside_reason,
         )
-    if pod.deleted_unfinished and (pod.verdict is None or pod.verdict.get("status") != "succeeded"):
+    if pod.deleted_unfinished and (pod.verdict is None or pod.verdict.status != "succeeded"):
         # the harness's exit code is the kill's, and its grade that of a half-done rollout
         return dataclasses.replace(
             base, state="failed", message="the pod was deleted before it finished"
         )
     if pod.verdict is not None:
-        code = pod.verdict.get("exitCode")
+        code = pod.verdict.exit_code
         return dataclasses.replace(
             base,
-            state="failed" if pod.verdict.get("status") == "failed" else "succeeded",
-            exit_code=code if isinstance(code, int) else pod.exit_code,
-            reason=pod.verdict.get("reason") or None,
-            message=str(pod.verdict.get("message") or "")[:500],
-            acknowledged=pod.verdict.get("acknowledged") is True,
+            state=pod.verdict.status,
+            exit_code=code if code is not None else pod.exit_code,
+            reason=pod.verdict.reason or None,
+            message=pod.verdict.message[:500],
+            acknowledged=pod.verdict.acknowledged,
         )
     if pod.exit_code is None:
         message = pod.message or "the pod ended without a harness exit code"
@@ -316,17 +317,4 @@ def _container_status(status: Mapping[str, Any], name: str) -> dict[str, Any] | 
     for container in status.get("containerStatuses") or []:
         if container.get("name") == name:
             return dict(container)
-    return None
-
-
-def _termination_message(text: Any) -> dict[str, Any] | None:
-    """The in-pod agent's verdict, if the message is one."""
-    if not isinstance(text, str) or not text.startswith("{"):
-        return None
-    try:
-        body = json.loads(text)
-    except ValueError:
-        return None
-    if isinstance(body, dict) and body.get("status") in ("succeeded", "failed"):
-        return body
     return None

@@ -47,7 +47,24 @@ from openforge import podrun
 ARGV0 = "openforge-rollout"
 SIDECAR_NOT_READY_EXIT_CODE = podrun.SIDECAR_NOT_READY_EXIT_CODE
 
-SCRIPT = r"""set -u
+STOPPED_VERDICT = podrun.Termination(
+    status="failed",
+    exit_code=143,
+    stopped=True,
+    message="stopped by a TERM (the pod deleted, or past its deadline) before the rollout "
+    "finished: not graded",
+)
+"""The verdict of a harness a TERM stopped (the pod deleted, or past its deadline)."""
+NOT_LISTENING_VERDICT = podrun.Termination(
+    status="failed",
+    exit_code=SIDECAR_NOT_READY_EXIT_CODE,
+    reason="SidecarFailed",
+    calls=0,
+    message="the capture sidecar did not listen within %s s: the harness never ran",
+)
+"""The verdict when the sidecar never listened (``%s``: the seconds waited, by ``printf``)."""
+
+_TEMPLATE = r"""set -u
 run="${OPENFORGE_RUN_DIR:-/openforge/run}"
 termination="${OPENFORGE_TERMINATION_LOG:-/dev/termination-log}"
 if sleep 0.01 2> /dev/null; then
@@ -64,7 +81,7 @@ stopped=0
 child=
 trap 'stopped=1; if [ -n "$child" ]; then kill -TERM "$child" 2> /dev/null; fi' TERM
 stop() {
-  printf '{"exitCode":143,"status":"failed","reason":null,"reward":null,"acknowledged":false,"stopped":true,"message":"stopped by a TERM (the pod deleted, or past its deadline) before the rollout finished: not graded"}' > "$termination" 2> /dev/null
+  printf @STOPPED_VERDICT@ > "$termination" 2> /dev/null
   exit 143
 }
 run_child() {
@@ -96,7 +113,7 @@ while [ "$sidecar_wait" -gt 0 ] && [ ! -e "$run/sidecar-ready" ]; do
     exit 125
   fi
   if [ "$n" -ge $((sidecar_wait * ticks)) ]; then
-    printf '{"exitCode":125,"status":"failed","reason":"SidecarFailed","reward":null,"acknowledged":false,"calls":0,"message":"the capture sidecar did not listen within %s s: the harness never ran"}' "$sidecar_wait" > "$termination" 2> /dev/null
+    printf @NOT_LISTENING_VERDICT@ "$sidecar_wait" > "$termination" 2> /dev/null
     exit 125
   fi
   sleep "$tick"
@@ -137,8 +154,20 @@ if [ -e "$run/finished" ]; then
   cat "$run/finished" > "$termination" 2> /dev/null
 fi
 exit "$code"
-"""  # noqa: E501 (the printf's JSON is one single-quoted shell word)
+"""  # noqa: E501 (a shell loop's condition)
 
+
+def _printf_format(verdict: podrun.Termination) -> str:
+    """``verdict`` as ``printf``'s format: one single-quoted shell word."""
+    text = verdict.dumps()
+    if "'" in text or "\\" in text or "%" in text.replace("%s", ""):
+        raise ValueError(f"not a plain printf format: {text}")
+    return f"'{text}'"
+
+
+SCRIPT = _TEMPLATE.replace("@STOPPED_VERDICT@", _printf_format(STOPPED_VERDICT)).replace(
+    "@NOT_LISTENING_VERDICT@", _printf_format(NOT_LISTENING_VERDICT)
+)
 COMMAND = ["/bin/sh", "-c", SCRIPT, ARGV0]
 
 

@@ -133,20 +133,20 @@ def post_finish(
             time.sleep(0.5)
 
 
-def termination_message(judged: Verdict, result: dict[str, Any]) -> dict[str, Any]:
+def termination_message(judged: Verdict, result: dict[str, Any]) -> podrun.Termination:
     """What the operator reads back from the harness container's termination message:
     the verdict settled by the sidecar's answer (``verdict.settle``)."""
     settled = verdict.settle(judged, result)
     final = settled.verdict
-    return {
-        "exitCode": final.exit_code,
-        "status": final.status,
-        "reason": final.reason,
-        "reward": final.reward,
-        "acknowledged": settled.acknowledged,
-        "calls": settled.calls,
-        "message": final.message[:1000],
-    }
+    return podrun.Termination(
+        status=final.status,
+        exit_code=final.exit_code,
+        reason=final.reason,
+        reward=final.reward,
+        acknowledged=settled.acknowledged,
+        calls=settled.calls,
+        message=final.message,
+    )
 
 
 class Agent:
@@ -270,8 +270,7 @@ class Agent:
             deadline=deadline,
             token_file=self.options.control_token_file,
         )
-        message = termination_message(verdict, result)
-        _create(self.run_dir / podrun.FINISHED, json.dumps(message, separators=(",", ":")))
+        _create(self.run_dir / podrun.FINISHED, termination_message(verdict, result).dumps())
 
 
 def host_port(address: str) -> tuple[str, int]:

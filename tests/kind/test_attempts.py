@@ -348,3 +348,40 @@ def test_a_pod_deleted_before_it_was_scheduled_is_a_failed_attempt(
         {"attempt": 0, "exitCode": None, "reason": None}
     ], annotations
     kind.kubectl("delete", "namespace", name, "--wait=false")
+
+
+@pytest.mark.timeout(900)
+def test_a_same_named_job_in_another_namespace_has_its_records_refused(
+    platform: kube_cluster.Kube,
+) -> None:
+    """The collector binds a job name to the first RolloutJob that writes under it: a
+    job of the same name in another namespace (its own token, valid for its own
+    namespace/name/uid) is refused, so its rollout is SidecarFailed, nothing of it is
+    stored, and its sidecar's log names the job that holds the name."""
+    kind = platform
+    suffix = uuid.uuid4().hex[:6]
+    job, first, second = f"fate-twin-{suffix}", f"fate-twin-a-{suffix}", f"fate-twin-b-{suffix}"
+    for namespace in (first, second):
+        realpods.ensure_namespace(kind, namespace)
+        realpods.apply(
+            kind, namespace, realpods.stepped_env(job, 1),
+            realpods.rollout_job(
+                job, env=job, tasks=[{"id": "t0"}], maxAttemptsPerRollout=2,
+                failurePolicy={"rules": [{"action": "FailRollout",
+                                          "onReasons": ["SidecarFailed"]}]},
+            ),
+        )  # fmt: skip
+        done = realpods.wait_job(kind, namespace, job, timeout=600)
+        if namespace == first:
+            assert realpods.condition(done, "Complete"), done["status"]
+            [stored] = realpods.store_summary(kind, job)["rollouts"]
+            assert stored["id"] == f"{job}-0-0" and stored["finished"], stored
+    assert realpods.condition(done, "Failed") and done["status"]["failedIndexes"] == "0", done
+    assert "0 after attempt 0 (SidecarFailed" in realpods.events(kind, second)
+    [pod] = realpods.pods_of(kind, second, job)
+    log = kind.kubectl("-n", second, "logs", pod["metadata"]["name"], "-c", realpods.SIDECAR).stdout
+    assert "belongs to" in log and first in log, log[-3000:]
+    [stored] = realpods.store_summary(kind, job)["rollouts"]  # the first job's, unchanged
+    assert stored["id"] == f"{job}-0-0" and len(stored["calls"]) == 1, stored
+    for namespace in (first, second):
+        kind.kubectl("delete", "namespace", namespace, "--wait=false")

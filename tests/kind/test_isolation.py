@@ -338,3 +338,40 @@ def test_allowed_hosts_open_what_they_name_and_a_changed_list_reaches_the_policy
     assert realpods.condition(done, "Complete"), done.get("status")
     for name in (namespace, other):
         kind.kubectl("delete", "namespace", name, "--wait=false")
+
+
+@pytest.mark.timeout(600)
+def test_a_pod_its_policy_leaves_unfenced_never_runs_its_harness(kind: kube_cluster.Kube) -> None:
+    """The in-pod agent lets the harness start only once the pod cannot reach the API
+    server. A HarnessEnv whose ``allowedHosts`` admit the API server (its Service address
+    and the endpoint behind it) leaves the pod unfenced: after the operator's
+    ``--fence-wait-seconds`` (the chart's 60) the attempt is SidecarFailed, the harness
+    never ran, and the rollout is stored failed, with no call, never trained."""
+    realpods.ensure_platform(kind)
+    name = f"unfenced-{uuid.uuid4().hex[:6]}"
+    realpods.ensure_namespace(kind, name)
+    service = kind.get_json("-n", "default", "service", "kubernetes")["spec"]["clusterIP"]
+    [subset] = kind.get_json("-n", "default", "endpoints", "kubernetes")["subsets"]
+    endpoint = f"{subset['addresses'][0]['ip']}:{subset['ports'][0]['port']}"
+    env = realpods.stepped_env(name, 1)
+    env["spec"]["capture"] = {"allowedHosts": [f"{service}:443", endpoint]}
+    job = realpods.rollout_job(
+        name, env=name, tasks=[{"id": "t0"}], maxAttemptsPerRollout=2,
+        failurePolicy={"rules": [{"action": "FailRollout", "onReasons": ["SidecarFailed"]}]},
+    )  # fmt: skip
+    realpods.apply(kind, name, env, job)
+    done = realpods.wait_job(kind, name, name, timeout=400)
+    assert realpods.condition(done, "Failed"), (done["status"], realpods.events(kind, name)[-3000:])
+    [pod] = realpods.pods_of(kind, name, name)
+    pod_name = pod["metadata"]["name"]
+    terminated = realpods.container_status(pod, "harness")["state"]["terminated"]
+    verdict = json.loads(terminated["message"])
+    assert verdict["reason"] == "SidecarFailed", verdict
+    assert "did not enforce the job's NetworkPolicy" in verdict["message"], verdict
+    harness = kind.kubectl("-n", name, "logs", pod_name, "-c", "harness").stdout
+    assert "answered" not in harness, harness  # the harness never ran
+    sidecar = kind.kubectl("-n", name, "logs", pod_name, "-c", realpods.SIDECAR).stdout
+    assert "still not fenced after 60 s" in sidecar, sidecar[-3000:]
+    [stored] = realpods.store_summary(kind, name)["rollouts"]
+    assert stored["calls"] == [] and not stored["has_reward"] and not stored["trained"], stored
+    kind.kubectl("delete", "namespace", name, "--wait=false")

@@ -45,6 +45,7 @@ def test_suspend_lets_running_attempts_finish_and_starts_none_until_resumed(
     name = realpods.start(kind, "life-suspend", calls=2, rollouts=2, parallelism=1)
     first, second = f"{name}-0-0", f"{name}-1-0"
     realpods.wait_answered(kind, name, first, 0)
+    started = job_of(kind, name)["status"]["startTime"]
     suspend(kind, name, True)
     kube_cluster.wait_for(
         lambda: realpods.condition(job_of(kind, name), "Suspended"),
@@ -76,6 +77,8 @@ def test_suspend_lets_running_attempts_finish_and_starts_none_until_resumed(
     assert "Suspended" in (events := realpods.events(kind, name)) and "Resumed" in events, events[
         -3000:
     ]
+    # the clock set again on resume (RFC 3339 UTC strings compare as times)
+    assert job["status"]["startTime"] > started, (started, job["status"])
     kind.kubectl("delete", "namespace", name, "--wait=false")
 
 

@@ -179,4 +179,4 @@ def test_the_report_settles_the_verdict_alike() -> None:
         settled = verdict.settle(judged, answer)
         assert (settled.verdict.status, settled.verdict.reason, settled.acknowledged) == expected
         message = podagent.termination_message(judged, answer)
-        assert (message["status"], message["reason"], message["acknowledged"]) == expected
+        assert (message.status, message.reason, message.acknowledged) == expected

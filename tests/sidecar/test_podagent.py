@@ -137,36 +137,28 @@ def test_without_a_grader_exit_zero_is_reward_one(tmp_path: Path) -> None:
 
 def test_the_termination_message_turns_an_unacknowledged_rollout_into_a_sidecar_failure() -> None:
     verdict = podagent.Verdict(0, 1.0, "", "succeeded", "")
-    assert podagent.termination_message(verdict, {"acknowledged": True, "calls": 4}) == {
+    assert podagent.termination_message(verdict, {"acknowledged": True, "calls": 4}).body() == {
         "exitCode": 0, "status": "succeeded", "reason": "", "reward": 1.0, "acknowledged": True,
         "calls": 4, "message": "",
     }  # fmt: skip
     lost = podagent.termination_message(
         verdict, {"acknowledged": False, "error": "connection refused"}
     )
-    assert (lost["status"], lost["reason"]) == (
-        "failed",
-        "SidecarFailed",
-    ) and "connection refused" in lost["message"]
+    assert (lost.status, lost.reason) == ("failed", "SidecarFailed")
+    assert "connection refused" in lost.message
     refused = podagent.termination_message(
         verdict, {"acknowledged": True, "exporter": {"acked": 3, "refused": 2}}
     )
-    assert (refused["status"], refused["reason"], refused["acknowledged"]) == (
+    assert (refused.status, refused.reason, refused.acknowledged) == (
         "failed",
         "SidecarFailed",
         False,
     )
-    assert "refused 2 of the rollout's records" in refused["message"]
-    assert (
-        len(
-            json.dumps(
-                podagent.termination_message(
-                    podagent.Verdict(1, None, "", "failed", "GraderFailed", "x" * 9000), {}
-                )
-            )
-        )
-        < 4096
+    assert "refused 2 of the rollout's records" in refused.message
+    long = podagent.termination_message(
+        podagent.Verdict(1, None, "", "failed", "GraderFailed", "x" * 9000), {}
     )
+    assert len(long.dumps().encode()) < 4096  # the kubelet keeps 4096 bytes
 
 
 # -- the handshake, for real -------------------------------------------------------------------
