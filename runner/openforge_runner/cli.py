@@ -192,9 +192,26 @@ def main(argv: list[str]) -> int:
             trainer.wait_for_line(TRAINER_READY)
             if trainer_engine == "openforge":
                 supervisor.watch(trainer)  # a restarted trainer resumes from its checkpoint
-            # (veRL's trainer would restart from its first step: its death ends the run)
-        base_version = runner.policy_version(engine_url)
+            # (veRL's trainer resumes from its checkpoint when the run is run again; its
+            # death mid-run ends the run: its Ray cluster is its own)
         resume = runner.resume_state(runner.Journal(run_dir / "journal.jsonl"))
+        if trainer is not None and resume.trained:
+            # a resumed run's next rollouts are sampled by the weights it trained last:
+            # `openforge serve` restarted on the initial model until veRL, resumed from its
+            # checkpoint, publishes them (openforge train's newest checkpoint is served at once)
+            trained_version = max(resume.trained) + 1
+            if (
+                runner.wait_for_policy(
+                    engine_url,
+                    trained_version,
+                    alive=trainer.alive,
+                    stop=stop,
+                    timeout=1800,
+                )
+                is None
+            ):
+                raise processes.Stopped("stopped while the trainer resumed")
+        base_version = runner.policy_version(engine_url)
         endpoints = executor.Endpoints(engine_url, f"127.0.0.1:{collector.port}", base_version)
 
         def current_endpoints() -> executor.Endpoints:
@@ -282,8 +299,7 @@ def main(argv: list[str]) -> int:
 
 def _cannot_resume(run_dir: Path, trainer_engine: str | None) -> str:
     """Why this run directory's training cannot be continued by ``trainer_engine`` ("" when
-    it can): veRL's trainer would start again from its first step, and a directory is
-    trained by one engine."""
+    it can): a directory is trained by one engine (each resumes from its own checkpoints)."""
     resume = runner.resume_state(runner.Journal(run_dir / "journal.jsonl"))
     if trainer_engine is None or not resume.trained:
         return ""
@@ -292,13 +308,11 @@ def _cannot_resume(run_dir: Path, trainer_engine: str | None) -> str:
     )
     if resume.trained_by != {trainer_engine}:
         return f"{earlier}, and spec.training.engine is {trainer_engine}"
-    if trainer_engine == "verl":
-        return f"{earlier}, which cannot resume training (it would start again from step 1)"
     return ""
 
 
 def _how_to_continue(run_dir: Path, trainer_engine: str | None) -> str:
-    """What a stopped run's user can do next: run it again, unless that cannot resume."""
+    """What a stopped run's user can do next: run it again, unless another engine trained it."""
     if _cannot_resume(run_dir, trainer_engine):
         return f"engine {trainer_engine} cannot continue this run; run with a new --run-dir"
     return f"run the same command again to continue ({run_dir})"

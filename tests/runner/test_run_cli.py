@@ -452,11 +452,10 @@ def test_a_bad_verl_key_stops_the_run_before_any_rollout(tmp_path: Path) -> None
     [
         # a journal from before engines were recorded: openforge trained it
         ("", "react-toy-verl.yaml", "with engine openforge, and spec.training.engine is verl"),
-        (', "engine": "verl"', "react-toy-verl.yaml", "with engine verl, which cannot resume"),
         (', "engine": "verl"', "react-toy.yaml", "with engine verl, and spec.training.engine is"),
     ],
 )
-def test_a_run_dir_is_trained_by_one_engine_and_verl_does_not_resume(
+def test_a_run_dir_is_trained_by_one_engine(
     tmp_path: Path, recorded: str, example: str, refused: str
 ) -> None:
     run_dir = tmp_path / "run"

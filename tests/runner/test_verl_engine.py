@@ -9,7 +9,9 @@ groups from the store as the sidecars captured them and publishes each step's
 weights to ``openforge serve``; the next iteration's rollouts are sampled by
 them. The options add veRL keys that recompute the old log-probs (its
 decoupled mode) with truncated importance sampling, to measure the captured
-log-probs against veRL's own.
+log-probs against veRL's own. The run is made in two: 2 iterations, then the same
+command with 3, which resumes veRL from its step-2 checkpoint (as a stopped run
+is continued), so its third step follows the first two.
 
 The option checks (a bad veRL key named before anything starts) are in
 tests/runner/test_run_cli.py; the builders in tests/trainer/training/.
@@ -49,15 +51,19 @@ def verl_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
         "      algorithm.rollout_correction.rollout_is: token\n",
     )
     run_dir = base / "run"
-    done = learning_runs.run_in_own_group(
-        [
-            *(sys.executable, "-m", "openforge.cli", "run", str(manifest)),
-            *("--run-dir", str(run_dir), "--iterations", str(ITERATIONS), "--quiet"),
-        ],
-        timeout=1500,
-    )
-    trainer_log = (run_dir / "trainer.log").read_text(errors="replace")
-    assert done.returncode == 0, done.stdout + done.stderr + trainer_log[-6000:]
+    for iterations in (ITERATIONS - 1, ITERATIONS):
+        done = learning_runs.run_in_own_group(
+            [
+                *(sys.executable, "-m", "openforge.cli", "run", str(manifest)),
+                *("--run-dir", str(run_dir), "--iterations", str(iterations), "--quiet"),
+            ],
+            timeout=1500,
+        )
+        trainer_log = (run_dir / "trainer.log").read_text(errors="replace")
+        assert done.returncode == 0, done.stdout + done.stderr + trainer_log[-6000:]
+    # the second run's veRL resumed from the first's last checkpoint
+    resumed = f"Resuming from {run_dir / 'train' / 'checkpoints'}/global_step_{ITERATIONS - 1}"
+    assert resumed in trainer_log, trainer_log[-6000:]
     return run_dir, done.stdout
 
 
@@ -65,7 +71,7 @@ def _journal(run_dir: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in (run_dir / "journal.jsonl").read_text().splitlines()]
 
 
-@pytest.mark.timeout(1800)  # the fixture's run: ~6 min on 2 idle cores
+@pytest.mark.timeout(1800)  # the fixture's runs: ~7 min on 2 idle cores
 def test_every_iteration_is_captured_trained_by_verl_and_served(
     verl_run: tuple[Path, str],
 ) -> None:
@@ -79,8 +85,10 @@ def test_every_iteration_is_captured_trained_by_verl_and_served(
         json.loads(line)
         for line in (run_dir / "train" / "weights" / "publishes.jsonl").read_text().splitlines()
     ]
+    # versions 0..2 by the first run; the second's veRL publishes the weights it resumed
+    # (version 2, to its own `openforge serve`, restarted on the initial model), then 3
     assert [(p["policy_version"], p["ok"]) for p in published] == [
-        (v, True) for v in range(ITERATIONS + 1)
+        (v, True) for v in (*range(ITERATIONS), ITERATIONS - 1, ITERATIONS)
     ]
     # iteration i's rollouts were sampled by the weights of veRL's step i
     with store.Store(run_dir / "store.db") as db:
@@ -97,7 +105,8 @@ def test_verls_log_probs_are_the_captured_ones_and_every_step_updates(
     run_dir, _ = verl_run
     lines = (run_dir / "train" / "metrics.jsonl").read_text().splitlines()
     steps = {entry["step"]: entry["data"] for entry in map(json.loads, lines)}
-    assert sorted(steps) == list(range(1, ITERATIONS + 1))
+    # each step once, the resumed run's appended to the first run's
+    assert [json.loads(line)["step"] for line in lines] == list(range(1, ITERATIONS + 1))
     first = steps[1]
     # veRL's own comparison of the captured token probabilities with its recomputed ones.
     # Measured here: per sequence, mean |captured - recomputed log-prob| 3.8e-6; per token,

@@ -93,6 +93,9 @@ class Plan:
 SYNC_KEYS = {"trainer.v1.trainer_mode": "sync", "trainer.use_v1": "true"}
 
 
+CHECKPOINTS_KEPT = 2
+"""veRL checkpoints (``run_dir/checkpoints/global_step_N``) kept: the newest is resumed from."""
+
 # veRL keys the plan decides itself (the platform, Ray's resources and the batch sizes follow
 # them): key -> the Plan field that sets it (and that `plan_from` reads it into)
 OWNED = {"trainer.device": "device", "trainer.n_gpus_per_node": "workers"}
@@ -118,6 +121,8 @@ PINNED = {
     "data.shuffle": "tasks (every task in every step)",
     "trainer.logger": "run_dir (metrics.jsonl)",
     "trainer.default_local_dir": "run_dir",
+    "trainer.save_freq": "run_dir (a checkpoint every step, resumed from)",
+    "trainer.resume_mode": "run_dir (a checkpoint every step, resumed from)",
     "trainer.rollout_data_dir": "run_dir",
 }
 
@@ -283,7 +288,11 @@ def overrides(plan: Plan) -> list[str]:
         "trainer.total_epochs=1000000",
         "trainer.val_before_train=false",
         "trainer.test_freq=-1",
-        "trainer.save_freq=-1",
+        # a checkpoint after every step, the newest resumed from: a stopped run goes on
+        # (veRL publishes the resumed weights as its first act, as version = its step)
+        "trainer.save_freq=1",
+        "trainer.resume_mode=auto",
+        f"trainer.max_actor_ckpt_to_keep={CHECKPOINTS_KEPT}",
         "trainer.project_name=openforge",
         f"trainer.experiment_name={_hydra(plan.job)}",
         f"trainer.default_local_dir={_hydra(str(run / 'checkpoints'))}",
