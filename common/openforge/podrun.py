@@ -102,7 +102,7 @@ class Termination:
             status=body["status"],
             exit_code=code if _is_int(code) else None,
             reason=reason if isinstance(reason, str) else None,
-            reward=float(reward) if _is_int(reward) or isinstance(reward, float) else None,
+            reward=_number(reward),
             acknowledged=body.get("acknowledged") is True,
             calls=calls if _is_int(calls) else None,
             stopped=body.get("stopped") is True,
@@ -112,3 +112,9 @@ class Termination:
 
 def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _number(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value)

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 import yaml
-from helm_chart import CHART, Helm, find, one
+from helm_chart import CHART, Helm, HelmError, find, one
 from openforge_operator import cli, settings, webhook
 
 APP_VERSION = yaml.safe_load((CHART / "Chart.yaml").read_text())["appVersion"]
@@ -311,6 +311,24 @@ def test_persistence_off_uses_an_empty_dir(helm: Helm) -> None:
     assert not find(objects, "PersistentVolumeClaim")
     pod = one(objects, "Deployment", "of-openforge-trainer")["spec"]["template"]["spec"]
     assert {"name": "data", "emptyDir": {}} in pod["volumes"]
+
+
+def test_the_verl_engine_needs_the_jobs_tasks(helm: Helm) -> None:
+    train = {"enabled": True, "job": "j", "model": "/m", "engine": "verl"}
+    with pytest.raises(HelmError, match=r"trainer\.train\.tasks is required"):
+        helm.template({"trainer": {"train": train}})
+    with pytest.raises(HelmError, match="engine"):  # the schema names the field
+        helm.template({"trainer": {"train": {**train, "engine": "ray"}}})
+    objects = helm.template({"trainer": {"train": {**train, "tasks": ["a", "b"]}}})
+    (trainer,) = [
+        c
+        for c in one(objects, "Deployment", "of-openforge-trainer")["spec"]["template"]["spec"][
+            "containers"
+        ]
+        if c["name"] == "trainer"
+    ]
+    assert trainer["command"] == ["openforge", "train-verl"]
+    assert trainer["args"][-4:] == ["--task=a", "--task=b", "--batch=", "--keep-running"]
 
 
 def test_trainer_off_leaves_only_the_operator(helm: Helm) -> None:

@@ -154,11 +154,13 @@ def helm_path() -> str:
     return str(bin_dir / "helm")
 
 
-def ensure_platform(kind: kube_cluster.Kube, *values: str) -> None:
+def ensure_platform(kind: kube_cluster.Kube, *values: str, files: Iterable[Path] = ()) -> None:
     """The chart (operator, collector + trainer) and the demo's policy server, as
     ``kind-up.sh demo`` installs them, without the demo's RolloutJob; ``values`` are
-    more ``--set`` settings of the chart (none: back to the demo's own)."""
+    more ``--set`` settings of the chart and ``files`` more values files (none: back to
+    the demo's own)."""
     sets = [arg for value in values for arg in ("--set", value)]
+    sets += [arg for file in files for arg in ("-f", str(file))]
     result = subprocess.run(
         [helm_path(), "--kubeconfig", str(kind.kubeconfig),
          "upgrade", "--install", "openforge", str(ROOT / "charts" / "openforge"),

@@ -211,6 +211,31 @@ def test_each_step_reads_its_iterations_batch() -> None:
     assert verl_agent_loop.session_ref(fixed, 0, global_steps=5).batch == "x"
 
 
+def test_a_jobs_own_rollouts_are_numbered_on_epoch_by_epoch() -> None:
+    """Without a batch label (a RolloutJob's rollouts): 4 tasks, 2 a step, groups of 3:
+    steps 1-2 are epoch 0 (samples 0-2), steps 3-4 epoch 1 (samples 3-5)."""
+    plan = verl_launch.Plan(
+        model=Path("m"), store=Path("s.db"), job="j", tasks=("a", "b", "c", "d"),
+        run_dir=Path("r"), group_size=3, groups_per_step=2, steps=4, batch="",
+    )  # fmt: skip
+    rows = verl_launch.dataset_rows(plan)
+    assert [r["extra_info"][verl_agent_loop.TASK_KEY] for r in rows] == ["a", "b", "c", "d"]
+    for step, session, sample in ((1, 0, 0), (2, 2, 2), (3, 0, 3), (4, 2, 5), (5, 1, 7)):
+        ref = verl_agent_loop.session_ref(rows[0], session, global_steps=step)
+        assert (ref.batch, ref.sample_index) == ("", sample), (step, session)
+    # with batch labels each step's samples start at 0 again
+    labelled = verl_launch.dataset_rows(dataclasses.replace(plan, batch="{iteration}"))
+    ref = verl_agent_loop.session_ref(labelled[0], 2, global_steps=4)
+    assert (ref.batch, ref.sample_index) == ("3", 2)
+    assert verl_agent_loop.STRIDE_KEY not in labelled[0]["extra_info"]
+    uneven = dataclasses.replace(plan, groups_per_step=3)
+    assert any("must divide the 4 tasks without a batch label" in p for p in
+               verl_launch.problems(uneven))  # fmt: skip
+    broken = {"extra_info": {**rows[0]["extra_info"], verl_agent_loop.STEPS_PER_EPOCH_KEY: 0}}
+    with pytest.raises(verl_agent_loop.RolloutUnavailable, match="must be an integer >= 1"):
+        verl_agent_loop.session_ref(broken, 0, global_steps=1)
+
+
 def _args(*extra: str) -> Any:
     return verl_launch._parser().parse_args(
         ["--model", "m", "--store", "s.db", "--job", "j", "--task", "a", "--run-dir", "r", *extra]

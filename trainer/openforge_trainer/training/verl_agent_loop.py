@@ -31,7 +31,11 @@ at top level), either ``openforge_task_id`` (and ``openforge_batch``, the
 ``openforge.dev/batch`` label its rollouts were started with, where
 ``{iteration}`` stands for veRL's step - 1): session *k* is the latest attempt
 of sample *k* of that task in that batch; or
-``openforge_rollout_ids``, one rollout id per session. Something must start
+``openforge_rollout_ids``, one rollout id per session. A RolloutJob's own rollouts
+carry no batch label and number their samples on across steps (a job of
+``samplesPerTask`` = n x E trains E epochs of its tasks): a row with
+``openforge_sample_stride`` n and ``openforge_steps_per_epoch`` S makes session *k*
+of step *s* sample ``((s - 1) // S) * n + k``. Something must start
 those rollouts' harness pods with the sidecar pointed at the policy's servers
 (the operator's RolloutJob, or ``openforge run``); this loop only waits for
 their results.
@@ -85,6 +89,8 @@ ROLLOUT_KEY = "openforge_rollout_id"  # in each output's extra_fields
 ROLLOUT_IDS_KEY = "openforge_rollout_ids"  # a sample's rollouts, one per session
 TASK_KEY = "openforge_task_id"
 BATCH_KEY = "openforge_batch"
+STRIDE_KEY = "openforge_sample_stride"  # a job's samples numbered on across epochs:
+STEPS_PER_EPOCH_KEY = "openforge_steps_per_epoch"  # epoch e's session k is sample e*n + k
 
 
 class RolloutUnavailable(RuntimeError):
@@ -186,6 +192,29 @@ def batch_label(template: str, global_steps: int | None) -> str:
         ) from exc
 
 
+def _stride(sample: dict[str, Any]) -> int:
+    stride = _field(sample, STRIDE_KEY)
+    if stride is None:
+        return 0
+    if not isinstance(stride, int) or isinstance(stride, bool) or stride < 1:
+        raise RolloutUnavailable(f"{STRIDE_KEY} must be an integer >= 1, not {stride!r}")
+    return stride
+
+
+def _epoch(sample: dict[str, Any], global_steps: int | None) -> int:
+    """The epoch of veRL's step ``global_steps`` by the row's steps per epoch (0 without one)."""
+    per_epoch = _field(sample, STEPS_PER_EPOCH_KEY)
+    if _field(sample, STRIDE_KEY) is None:
+        return 0
+    if not isinstance(per_epoch, int) or isinstance(per_epoch, bool) or per_epoch < 1:
+        raise RolloutUnavailable(
+            f"{STEPS_PER_EPOCH_KEY} must be an integer >= 1 with {STRIDE_KEY}, not {per_epoch!r}"
+        )
+    if global_steps is None:
+        raise RolloutUnavailable(f"{STRIDE_KEY} needs veRL's global_steps, and veRL gave none")
+    return (int(global_steps) - 1) // per_epoch
+
+
 def session_ref(
     sample: dict[str, Any], session_id: int, *, global_steps: int | None = None
 ) -> SessionRef:
@@ -210,7 +239,7 @@ def session_ref(
         return SessionRef(
             task_id=str(task),
             batch=batch_label("" if batch is None else str(batch), global_steps),
-            sample_index=session_id,
+            sample_index=_epoch(sample, global_steps) * _stride(sample) + session_id,
         )
     single = _field(sample, ROLLOUT_KEY)
     if single:

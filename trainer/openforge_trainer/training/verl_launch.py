@@ -15,7 +15,12 @@ Each dataset row is one task; veRL runs ``rollout.n`` sessions of it, so a
 GRPO group is the task's n samples. The rollouts of veRL step *s* are those
 whose batch label is ``batch.format(iteration=s - 1)`` (default
 ``"{iteration}"``; a fixed label without ``{iteration}`` gives every step the
-same rollouts, which only a test wants).
+same rollouts, which only a test wants). Without a label (``batch=""``) the
+rollouts are a RolloutJob's own, as the operator's pods make them: step *s*
+takes ``groups_per_step`` tasks in order, and epoch *e* (every task once) takes
+samples ``e * group_size`` on, so a job of ``samplesPerTask`` = n x E trains E
+epochs of its tasks, each group as soon as its rollouts are complete (the chart's
+trainer Deployment, ``trainer.train.engine: verl``).
 
 On a machine without GPUs (``device="cpu"``) the run uses
 :mod:`verl_platform`: Ray declares one logical GPU per worker and the
@@ -37,6 +42,7 @@ import json
 import os
 import signal
 import sys
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import FrameType
@@ -161,6 +167,11 @@ def problems(plan: Plan) -> list[str]:
         plan.batch.format(iteration=0)
     except (KeyError, IndexError, ValueError):
         out.append(f"batch: {plan.batch!r} is not a template of {{iteration}}")
+    if not plan.batch and 1 <= per_step <= len(plan.tasks) and len(plan.tasks) % per_step:
+        out.append(
+            f"groups_per_step: {per_step} must divide the {len(plan.tasks)} tasks without a "
+            "batch label (a job's samples are numbered on, epoch by epoch)"
+        )
     for item in plan.verl:
         key, sep, value = item.partition("=")
         if not sep or not key:
@@ -189,7 +200,16 @@ def check(plan: Plan) -> None:
 
 
 def dataset_rows(plan: Plan) -> list[dict[str, Any]]:
-    """veRL dataset rows, one per task; the prompt is only a label (the harness has the task)."""
+    """veRL dataset rows, one per task; the prompt is only a label (the harness has the task).
+
+    Without a batch label (a RolloutJob's rollouts, numbered on across steps) the rows
+    make epoch e's session k sample ``e * group_size + k`` of the task."""
+    across_steps: dict[str, int] = {}
+    if not plan.batch:
+        across_steps = {
+            verl_agent_loop.STRIDE_KEY: plan.group_size,
+            verl_agent_loop.STEPS_PER_EPOCH_KEY: len(plan.tasks) // plan.tasks_per_step(),
+        }
     return [
         {
             "data_source": "openforge",
@@ -200,6 +220,7 @@ def dataset_rows(plan: Plan) -> list[dict[str, Any]]:
                 "index": index,
                 verl_agent_loop.TASK_KEY: task,
                 verl_agent_loop.BATCH_KEY: plan.batch,
+                **across_steps,
             },
         }
         for index, task in enumerate(plan.tasks)
@@ -455,7 +476,8 @@ def _parser() -> argparse.ArgumentParser:
     cli.add_argument(
         "--batch",
         default="{iteration}",
-        help="the openforge.dev/batch label of step s's rollouts; {iteration} is s - 1",
+        help="the openforge.dev/batch label of step s's rollouts; {iteration} is s - 1; empty: "
+        "a RolloutJob's own rollouts (no label; epoch e's session k is sample e*group-size+k)",
     )
     cli.add_argument(
         "--workers", type=int, help="FSDP2 workers (default 2; or --verl trainer.n_gpus_per_node)"
@@ -504,6 +526,12 @@ def _parser() -> argparse.ArgumentParser:
         metavar="KEY=VALUE",
         help="a veRL ppo_trainer key with its value as JSON, else as a string (what a "
         "RolloutJob's spec.training.options become), e.g. --option trainer.device='\"cuda\"'",
+    )
+    cli.add_argument(
+        "--keep-running",
+        action="store_true",
+        help="after the last step, stay up until stopped (a Deployment's container: an "
+        "exit would be restarted, and resume from the last checkpoint to train nothing)",
     )
     cli.add_argument(
         "--check",
@@ -603,6 +631,10 @@ def main(argv: Sequence[str]) -> int:
             plan,
             ready=lambda: print(f"{READY}: job {plan.job}, run dir {plan.run_dir}", flush=True),
         )
+        if args.keep_running:
+            print(f"{PROG}: trained {plan.steps} steps; staying up until stopped", flush=True)
+            while True:
+                time.sleep(3600)
     except (LaunchError, verl_rollout.OptionsError) as exc:
         print(f"{PROG}: {exc}", file=sys.stderr)
         return 2
