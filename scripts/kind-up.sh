@@ -239,7 +239,13 @@ restart_users() { # <image>...
         case " $images " in *" $image "*)
           say "restarting deployment $deployment (image $image replaced)"
           run "$kubectl" --kubeconfig "$kubeconfig" -n "${deployment%%/*}" rollout restart "deployment/${deployment#*/}"
-          run "$kubectl" --kubeconfig "$kubeconfig" -n "${deployment%%/*}" rollout status "deployment/${deployment#*/}" --timeout=600s
+          # A deployment that sat in ImagePullBackOff until this load (a chart installed
+          # before its images) still says ProgressDeadlineExceeded when its restart is
+          # first looked at: look again once its new pods had a chance.
+          if ! "$kubectl" --kubeconfig "$kubeconfig" -n "${deployment%%/*}" rollout status "deployment/${deployment#*/}" --timeout=600s >&2; then
+            sleep 10
+            run "$kubectl" --kubeconfig "$kubeconfig" -n "${deployment%%/*}" rollout status "deployment/${deployment#*/}" --timeout=600s
+          fi
           break ;;
         esac
       done
