@@ -190,10 +190,9 @@ def main(argv: list[str]) -> int:
                 ),
             )
             trainer.wait_for_line(TRAINER_READY)
-            if trainer_engine == "openforge":
-                supervisor.watch(trainer)  # a restarted trainer resumes from its checkpoint
-            # (veRL's trainer resumes from its checkpoint when the run is run again; its
-            # death mid-run ends the run: its Ray cluster is its own)
+            # a restarted trainer resumes from its checkpoint (veRL's from its own, the
+            # rest of its dead Ray cluster killed first)
+            supervisor.watch(trainer)
         resume = runner.resume_state(runner.Journal(run_dir / "journal.jsonl"))
         if trainer is not None and resume.trained:
             # a resumed run's next rollouts are sampled by the weights it trained last:
@@ -204,7 +203,7 @@ def main(argv: list[str]) -> int:
                 runner.wait_for_policy(
                     engine_url,
                     trained_version,
-                    alive=trainer.alive,
+                    alive=lambda: supervisor.alive(trainer),
                     stop=stop,
                     timeout=1800,
                 )
@@ -249,11 +248,7 @@ def main(argv: list[str]) -> int:
                     version = runner.wait_for_policy(
                         engine_url,
                         iteration + 1,
-                        alive=lambda: (
-                            supervisor.alive(trainer)
-                            if trainer_engine == "openforge"
-                            else trainer.alive()
-                        ),
+                        alive=lambda: supervisor.alive(trainer),
                         stop=stop,
                         timeout=1800,
                     )

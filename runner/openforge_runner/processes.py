@@ -296,6 +296,10 @@ class Supervisor:
         )
         if self._closed.wait(delay):
             return
+        if service.process is not None:
+            # what is left of its process group (a trainer's Ray cluster: its GCS and
+            # raylet, whose workers end with them) would outlive it and hold on to memory
+            _signal_group(service.process.pid, signal.SIGKILL)
         if watched.argv is not None:
             service.argv = watched.argv()
         try:

@@ -57,6 +57,40 @@ def test_a_dead_service_is_restarted_on_its_port_and_rollouts_wait_meanwhile(
         service.stop()
 
 
+def test_what_is_left_of_a_dead_services_group_goes_before_it_restarts(tmp_path: Path) -> None:
+    """A trainer's Ray cluster (its GCS and raylet, in the trainer's process group)
+    would outlive a SIGKILLed trainer: its restart kills the rest of the group first."""
+    pids = tmp_path / "children"
+    spawn = (
+        "import os, subprocess, sys, time; "
+        "child = subprocess.Popen(['sleep', '600']); "
+        f"open({str(pids)!r}, 'a').write(f'{{child.pid}}\\n'); time.sleep(600)"
+    )
+    service = processes.Service("trainer", python(spawn), tmp_path / "trainer.log").start()
+    stop = threading.Event()
+    supervisor = processes.Supervisor(stop=stop, backoff=0.01, poll=0.05, log=lambda line: None)
+    try:
+        supervisor.watch(service)
+        until(lambda: pids.exists() and len(pids.read_text().split()) == 1)
+        (orphan,) = map(int, pids.read_text().split())
+        first = service.process
+        assert first is not None
+        first.kill()  # the leader alone, as the OOM killer or a SIGKILL would
+        until(lambda: len(pids.read_text().split()) == 2)  # restarted
+        until(lambda: not _running(orphan))
+    finally:
+        supervisor.close()
+        service.stop()
+
+
+def _running(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().split(")")[-1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
 def test_a_service_that_keeps_dying_stops_the_run_naming_it(tmp_path: Path) -> None:
     service = processes.Service(
         "trainer", python("import sys; print('boom'); sys.exit(3)"), tmp_path / "trainer.log"

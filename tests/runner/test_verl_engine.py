@@ -11,7 +11,9 @@ them. The options add veRL keys that recompute the old log-probs (its
 decoupled mode) with truncated importance sampling, to measure the captured
 log-probs against veRL's own. The run is made in two: 2 iterations, then the same
 command with 3, which resumes veRL from its step-2 checkpoint (as a stopped run
-is continued), so its third step follows the first two.
+is continued), so its third step follows the first two; there, once veRL has
+resumed, its process is SIGKILLed: the runner kills the rest of its Ray cluster and
+restarts it, and it resumes again.
 
 The option checks (a bad veRL key named before anything starts) are in
 tests/runner/test_run_cli.py; the builders in tests/trainer/training/.
@@ -21,7 +23,11 @@ from __future__ import annotations
 
 import collections
 import json
+import os
+import signal
 import sys
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -51,7 +57,13 @@ def verl_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
         "      algorithm.rollout_correction.rollout_is: token\n",
     )
     run_dir = base / "run"
+    resumed = f"Resuming from {run_dir / 'train' / 'checkpoints'}/global_step_{ITERATIONS - 1}"
+    killed: list[int] = []
     for iterations in (ITERATIONS - 1, ITERATIONS):
+        if iterations == ITERATIONS:  # the trainer SIGKILLed once it resumed: it resumes again
+            threading.Thread(
+                target=_kill_trainer_after, args=(run_dir, resumed, killed), daemon=True
+            ).start()
         done = learning_runs.run_in_own_group(
             [
                 *(sys.executable, "-m", "openforge.cli", "run", str(manifest)),
@@ -61,10 +73,32 @@ def verl_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
         )
         trainer_log = (run_dir / "trainer.log").read_text(errors="replace")
         assert done.returncode == 0, done.stdout + done.stderr + trainer_log[-6000:]
-    # the second run's veRL resumed from the first's last checkpoint
-    resumed = f"Resuming from {run_dir / 'train' / 'checkpoints'}/global_step_{ITERATIONS - 1}"
-    assert resumed in trainer_log, trainer_log[-6000:]
+    # the second run's veRL resumed from the first's last checkpoint, twice
+    assert killed and trainer_log.count(resumed) == 2, trainer_log[-6000:]
+    restarts = [e for e in _journal(run_dir) if e["event"] == "service"]
+    assert restarts == [
+        {"event": "service", "service": "trainer", "exit_code": -9, "action": "restarted"}
+    ], restarts
     return run_dir, done.stdout
+
+
+def _kill_trainer_after(run_dir: Path, line: str, killed: list[int]) -> None:
+    """SIGKILL the run's `openforge train-verl` (its leader alone, as the OOM killer
+    would) once its log says ``line``."""
+    log = run_dir / "trainer.log"
+    deadline = time.monotonic() + 900
+    while time.monotonic() < deadline:
+        if log.exists() and line in log.read_text(errors="replace"):
+            for proc in Path("/proc").iterdir():
+                try:
+                    argv = (proc / "cmdline").read_bytes().split(b"\0")
+                except OSError:
+                    continue
+                if b"train-verl" in argv and str(run_dir).encode() in b" ".join(argv):
+                    os.kill(int(proc.name), signal.SIGKILL)
+                    killed.append(int(proc.name))
+                    return
+        time.sleep(0.5)
 
 
 def _journal(run_dir: Path) -> list[dict[str, Any]]:
@@ -86,10 +120,13 @@ def test_every_iteration_is_captured_trained_by_verl_and_served(
         for line in (run_dir / "train" / "weights" / "publishes.jsonl").read_text().splitlines()
     ]
     # versions 0..2 by the first run; the second's veRL publishes the weights it resumed
-    # (version 2, to its own `openforge serve`, restarted on the initial model), then 3
-    assert [(p["policy_version"], p["ok"]) for p in published] == [
-        (v, True) for v in (*range(ITERATIONS), ITERATIONS - 1, ITERATIONS)
-    ]
+    # (version 2, to its own `openforge serve`, restarted on the initial model), again
+    # once restarted (the first may have been killed before it could), then 3
+    versions = [(p["policy_version"], p["ok"]) for p in published]
+    assert versions[:ITERATIONS] == [(v, True) for v in range(ITERATIONS)], versions
+    assert versions[-1] == (ITERATIONS, True), versions
+    assert set(versions[ITERATIONS:-1]) == {(ITERATIONS - 1, True)}, versions
+    assert len(versions) in (ITERATIONS + 2, ITERATIONS + 3), versions
     # iteration i's rollouts were sampled by the weights of veRL's step i
     with store.Store(run_dir / "store.db") as db:
         versions = collections.defaultdict(set)
