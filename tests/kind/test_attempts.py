@@ -331,8 +331,8 @@ def test_a_pod_deleted_before_it_was_scheduled_is_a_failed_attempt(
     realpods.apply(kind, name, env, job)
     first, second = f"{name}-0-0", f"{name}-0-1"
 
-    def unschedulable() -> bool:
-        conditions = realpods.pod(kind, name, first)["status"].get("conditions", [])
+    def unschedulable() -> bool:  # the operator may not have made the pod yet
+        conditions = status_of(kind, name, first).get("conditions", [])
         return any(c.get("reason") == "Unschedulable" for c in conditions)
 
     kube_cluster.wait_for(unschedulable, what=f"{first} unschedulable", timeout=120, interval=1)

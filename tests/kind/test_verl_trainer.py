@@ -79,7 +79,13 @@ def test_the_charts_verl_trainer_trains_a_jobs_rollouts_as_they_complete(
         kube_cluster.wait_for(trained, what=f"veRL's {STEPS} steps", timeout=1200, interval=5)
         metrics = trainer_file(kind, f"{RUN_DIR}/metrics.jsonl")
         assert [m["step"] for m in metrics] == list(range(1, STEPS + 1)), metrics
-        assert all(m["data"]["actor/grad_norm"] > 0 for m in metrics)  # each a real update
+        # a step is one task's group: one whose rewards differ is a real update (a group
+        # of equal rewards has no advantage, so no gradient)
+        for m in metrics:
+            data = m["data"]
+            if data["critic/score/max"] > data["critic/score/min"]:
+                assert data["actor/grad_norm"] > 0, m
+        assert any(m["data"]["actor/grad_norm"] > 0 for m in metrics), metrics
         published = trainer_file(kind, f"{RUN_DIR}/weights/publishes.jsonl")
         assert [(p["policy_version"], p["ok"]) for p in published] == [
             (version, True) for version in range(STEPS + 1)
