@@ -192,27 +192,22 @@ def batch_label(template: str, global_steps: int | None) -> str:
         ) from exc
 
 
-def _stride(sample: dict[str, Any]) -> int:
-    stride = _field(sample, STRIDE_KEY)
-    if stride is None:
-        return 0
-    if not isinstance(stride, int) or isinstance(stride, bool) or stride < 1:
-        raise RolloutUnavailable(f"{STRIDE_KEY} must be an integer >= 1, not {stride!r}")
-    return stride
-
-
-def _epoch(sample: dict[str, Any], global_steps: int | None) -> int:
-    """The epoch of veRL's step ``global_steps`` by the row's steps per epoch (0 without one)."""
-    per_epoch = _field(sample, STEPS_PER_EPOCH_KEY)
+def _sample_base(sample: dict[str, Any], global_steps: int | None) -> int:
+    """The sample index session 0 of veRL's step ``global_steps`` is: 0, or with
+    ``STRIDE_KEY`` n and ``STEPS_PER_EPOCH_KEY`` S, ``((step - 1) // S) * n``."""
     if _field(sample, STRIDE_KEY) is None:
         return 0
-    if not isinstance(per_epoch, int) or isinstance(per_epoch, bool) or per_epoch < 1:
-        raise RolloutUnavailable(
-            f"{STEPS_PER_EPOCH_KEY} must be an integer >= 1 with {STRIDE_KEY}, not {per_epoch!r}"
-        )
+    stride, per_epoch = (_positive(sample, key) for key in (STRIDE_KEY, STEPS_PER_EPOCH_KEY))
     if global_steps is None:
         raise RolloutUnavailable(f"{STRIDE_KEY} needs veRL's global_steps, and veRL gave none")
-    return (int(global_steps) - 1) // per_epoch
+    return (int(global_steps) - 1) // per_epoch * stride
+
+
+def _positive(sample: dict[str, Any], key: str) -> int:
+    value = _field(sample, key)
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise RolloutUnavailable(f"{key} must be an integer >= 1, not {value!r}")
+    return value
 
 
 def session_ref(
@@ -239,7 +234,7 @@ def session_ref(
         return SessionRef(
             task_id=str(task),
             batch=batch_label("" if batch is None else str(batch), global_steps),
-            sample_index=_epoch(sample, global_steps) * _stride(sample) + session_id,
+            sample_index=_sample_base(sample, global_steps) + session_id,
         )
     single = _field(sample, ROLLOUT_KEY)
     if single:
