@@ -35,6 +35,8 @@ CASES = [
     ("react", "Proxy", "OPENAI_BASE_URL", f"{NOWHERE}/v1", "WIRE_API_OPENAI_CHAT"),
     ("react", "Transparent", "OPENAI_BASE_URL", f"{POLICY_TLS}/v1", "WIRE_API_OPENAI_CHAT"),
     ("codex", "BaseURL", None, None, "WIRE_API_OPENAI_RESPONSES"),
+    ("codex", "Proxy", "OPENAI_BASE_URL", f"{NOWHERE}/v1", "WIRE_API_OPENAI_RESPONSES"),
+    ("codex", "Transparent", "OPENAI_BASE_URL", f"{POLICY_TLS}/v1", "WIRE_API_OPENAI_RESPONSES"),
     ("claude-code", "Proxy", "ANTHROPIC_BASE_URL", NOWHERE, "WIRE_API_ANTHROPIC_MESSAGES"),
 ]
 # Codex's own 17 KB system prompt does not fit the tiny policy's 4,096 tokens: the demo's

@@ -272,7 +272,9 @@ def test_allowed_hosts_open_what_they_name_and_a_changed_list_reaches_the_policy
     """``capture.allowedHosts`` opens egress to what it names and nothing more, and a
     HarnessEnv changed mid-job is patched into the job's policy before its next pod:
     ``web.<namespace>.svc:8080`` admits that namespace's pods on 8080, not on 8081; then
-    ``<pod IP>:8081`` admits that address on 8081 too."""
+    ``<pod IP>:8081`` admits that address on 8081 too; then, the list replaced, a bare
+    name with a port admits the job's own namespace on it, a name without a port is 80 and
+    443, an external name admits no pod address, and the entries dropped are closed."""
     realpods.ensure_platform(kind)
     suffix = uuid.uuid4().hex[:6]
     namespace, other, job = f"allowed-{suffix}", f"allowed-web-{suffix}", f"allow-{suffix}"
@@ -287,7 +289,7 @@ def test_allowed_hosts_open_what_they_name_and_a_changed_list_reaches_the_policy
     env = harness_env({"8080": f"{web}:8080", "8081": f"{web}:8081"})
     env["spec"]["template"]["spec"]["containers"][0]["command"] = ["python", "-c", GATED_PROBE]
     env["spec"]["capture"] = {"allowedHosts": []}
-    tasks = [{"id": "a"}, {"id": "b"}, {"id": "c"}]
+    tasks = [{"id": "a"}, {"id": "b"}, {"id": "c"}, {"id": "d"}]
     spec = realpods.rollout_job(job, env="probe", tasks=tasks, parallelism=1)
     realpods.apply(kind, namespace, env, spec)
 
@@ -333,7 +335,38 @@ def test_allowed_hosts_open_what_they_name_and_a_changed_list_reaches_the_policy
     assert third == {"8080": "connected", "8081": "connected"}, third
     blocks = [peer.get("ipBlock") for rule in policy_of() for peer in rule.get("to", [])]
     assert {"cidr": f"{web}/32"} in blocks, blocks
+    # the other forms, the list replaced: a bare name opens the job's own namespace on that
+    # port; a name without a port, 80 and 443; any other name, addresses outside the
+    # private ranges only (so not a pod's); and what left the list is closed again
+    kind.kubectl("-n", namespace, "run", "web", f"--image={IMAGE}",
+                 "--image-pull-policy=IfNotPresent",
+                 "--command", "--", "python", "-m", "http.server", "8082")  # fmt: skip
+    kind.kubectl(
+        "-n", namespace, "wait", "pod/web", "--for=condition=Ready", "--timeout=180s", timeout=200
+    )
+    own = kind.get_json("-n", namespace, "pod", "web")["status"]["podIP"]
+    env["spec"]["capture"] = {
+        "allowedHosts": ["web:8082", f"web.{other}.svc", "llm.example.com:8081"]
+    }
+    container = env["spec"]["template"]["spec"]["containers"][0]
+    targets = {"own 8082": f"{own}:8082", "8080": f"{web}:8080", "8081": f"{web}:8081"}
+    container["env"] = [{"name": "PROBE_TARGETS", "value": json.dumps(targets)}]
+    realpods.apply(kind, namespace, env)
     kind.kubectl("-n", namespace, "exec", f"{job}-2-0", "-c", "harness", "--", "touch", "/tmp/go")
+    fourth = probed(f"{job}-3-0")
+    assert fourth["own 8082"] == "connected", fourth
+    assert fourth["8080"] != "connected" and fourth["8081"] != "connected", fourth
+    rules = {
+        json.dumps(rule["to"], sort_keys=True): [p["port"] for p in rule["ports"]]
+        for rule in policy_of()
+    }
+    to_own = [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}}}]
+    to_other = [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": other}}}]
+    assert rules[json.dumps(to_own, sort_keys=True)] == [8082], rules
+    assert rules[json.dumps(to_other, sort_keys=True)] == [80, 443], rules
+    outside = [r for r in policy_of() if r["to"][0].get("ipBlock", {}).get("cidr") == "0.0.0.0/0"]
+    assert [p["port"] for r in outside for p in r["ports"]] == [8081], outside
+    kind.kubectl("-n", namespace, "exec", f"{job}-3-0", "-c", "harness", "--", "touch", "/tmp/go")
     done = realpods.wait_job(kind, namespace, job, timeout=300)
     assert realpods.condition(done, "Complete"), done.get("status")
     for name in (namespace, other):

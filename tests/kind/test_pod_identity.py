@@ -5,7 +5,10 @@ rollout pod"), where the other tests only check the pod spec the operator builds
   ``fsGroup``), with no capability, no new privileges, the runtime's seccomp filter and
   no service-account token; the sidecar-only volumes (the collector token, the job's
   CA key) are not there, and in Proxy mode the CA's certificate alone is; it has the
-  rollout's ``OPENFORGE_*`` environment;
+  rollout's ``OPENFORGE_*`` environment and no service links (a Service made in the
+  namespace before the pod gives it no ``*_SERVICE_HOST``);
+* in Proxy and Transparent modes the certificate the harness trusts is its job's own:
+  the one in its job's CA Secret, not the one a second job beside it got;
 * the sidecar runs as user 1337 with no capability, no new privileges and seccomp, on a
   read-only root, as one process, and reads its token file: root-owned, mode 0440,
   group 1337 (the defect a real node first found: the sidecar could not read it);
@@ -21,6 +24,7 @@ pod running while both containers are read; then it is let go and the job comple
 
 from __future__ import annotations
 
+import base64
 import json
 import uuid
 from typing import Any
@@ -61,8 +65,9 @@ except OSError as error:
     root = error.errno
 processes = sorted(int(p) for p in os.listdir("/proc") if p.isdigit() and int(p) != os.getpid())
 env = {k: v for k, v in os.environ.items() if k.startswith("OPENFORGE_")}
+services = sorted(k for k in os.environ if k.endswith("_SERVICE_HOST"))
 print(json.dumps({"status": status, "paths": paths, "root": root, "processes": processes,
-                  "env": env}))
+                  "env": env, "services": services}))
 """
 
 SERVICE_ACCOUNT = "/var/run/secrets/kubernetes.io/serviceaccount"
@@ -95,19 +100,59 @@ ENDPOINTS = {
 }
 
 
-def start_intercepted(kind: kube_cluster.Kube, mode: str) -> str:
-    """:func:`realpods.start`'s job in Proxy or Transparent mode, its harness calling
-    :data:`ENDPOINTS` over HTTPS (trusting the job's CA)."""
+NEIGHBOUR = "neighbour"
+"""A Service in each job's namespace, made before its pods: with service links on, the
+kubelet would give every container ``NEIGHBOUR_SERVICE_HOST`` and friends."""
+
+
+def start_job(kind: kube_cluster.Kube, mode: str) -> str:
+    """A namespace with a Service (:data:`NEIGHBOUR`) and a one-rollout stepped job in
+    ``mode``; in Proxy and Transparent modes the harness calls :data:`ENDPOINTS` over
+    HTTPS (trusting the job's CA), and a second job (``<name>-twin``) of the same
+    HarnessEnv runs beside it, with its own CA."""
     name = f"ident-{mode.lower()[:5]}-{uuid.uuid4().hex[:6]}"
     realpods.ensure_namespace(kind, name)
+    kind.kubectl("-n", name, "create", "service", "clusterip", NEIGHBOUR, "--tcp=80:80")
     env = realpods.stepped_env(name, 2)
-    env["spec"]["capture"] = {"mode": mode}
-    env["spec"].pop("baseUrl")
-    harness = env["spec"]["template"]["spec"]["containers"][0]
-    harness["env"].append({"name": "OPENAI_BASE_URL", "value": ENDPOINTS[mode]})
-    job = realpods.rollout_job(name, env=name, tasks=[{"id": "t0"}], rolloutTimeoutSeconds=900)
-    realpods.apply(kind, name, env, job)
+    jobs = [name]
+    if mode != "BaseURL":
+        env["spec"]["capture"] = {"mode": mode}
+        env["spec"].pop("baseUrl")
+        harness = env["spec"]["template"]["spec"]["containers"][0]
+        harness["env"].append({"name": "OPENAI_BASE_URL", "value": ENDPOINTS[mode]})
+        jobs.append(f"{name}-twin")
+    realpods.apply(kind, name, env, *(
+        realpods.rollout_job(job, env=name, tasks=[{"id": "t0"}], rolloutTimeoutSeconds=900)
+        for job in jobs
+    ))  # fmt: skip
     return name
+
+
+def service_links_of_a_plain_pod(kind: kube_cluster.Kube, namespace: str) -> list[str]:
+    """The ``*_SERVICE_HOST`` variables a pod no job made gets in ``namespace``."""
+    show = "import os; print(sorted(k for k in os.environ if k.endswith('_SERVICE_HOST')))"
+    kind.kubectl("-n", namespace, "run", "links", f"--image={realpods.HARNESS_IMAGE}",
+                 "--image-pull-policy=IfNotPresent", "--restart=Never",
+                 "--command", "--", "python3", "-c", show)  # fmt: skip
+    kube_cluster.wait_for(
+        lambda: realpods.pod(kind, namespace, "links")["status"].get("phase") == "Succeeded",
+        what="the plain pod done",
+        timeout=180,
+        interval=1,
+    )
+    printed = kind.kubectl("-n", namespace, "logs", "links").stdout.strip()
+    links: list[str] = json.loads(printed.replace("'", '"'))
+    return links
+
+
+def ca_of(kind: kube_cluster.Kube, namespace: str, job: str) -> tuple[str, str]:
+    """The CA certificate the harness of ``job``'s first pod trusts, and the one in the
+    job's CA Secret."""
+    trusted = kind.kubectl(
+        "-n", namespace, "exec", f"{job}-0-0", "-c", "harness", "--", "cat", CA_CERT
+    ).stdout
+    secret = kind.get_json("-n", namespace, "secret", f"{job}-ca")["data"]["ca.crt"]
+    return trusted, base64.b64decode(secret).decode()
 
 
 @pytest.mark.timeout(900)
@@ -116,10 +161,7 @@ def test_a_running_rollout_pods_containers_are_who_the_docs_say(
     platform: kube_cluster.Kube, mode: str
 ) -> None:
     kind = platform
-    if mode != "BaseURL":
-        name = start_intercepted(kind, mode)
-    else:
-        name = realpods.start(kind, "ident", calls=2, rollouts=1)
+    name = start_job(kind, mode)
     pod_name = f"{name}-0-0"
     realpods.wait_answered(kind, name, pod_name, 0)
     pod = realpods.pod(kind, name, pod_name)
@@ -147,6 +189,12 @@ def test_a_running_rollout_pods_containers_are_who_the_docs_say(
     assert (harness["env"]["OPENFORGE_TASK_ID"], harness["env"]["OPENFORGE_ATTEMPT"]) == ("t0", "0")
     assert harness["env"]["OPENFORGE_SAMPLE_INDEX"] == "0", harness["env"]
     assert harness["env"]["OPENFORGE_WORKDIR"], harness["env"]
+    # no service links: the API server's address alone, which every pod gets
+    assert harness["services"] == ["KUBERNETES_SERVICE_HOST"], harness["services"]
+    if mode == "BaseURL":  # the control: a plain pod in the same namespace gets the links
+        assert service_links_of_a_plain_pod(kind, name) == [
+            "KUBERNETES_SERVICE_HOST", f"{NEIGHBOUR.upper()}_SERVICE_HOST"
+        ]  # fmt: skip
 
     sidecar = inspect(kind, name, pod_name, realpods.SIDECAR, token, SERVICE_ACCOUNT, CA_KEY)
     status = sidecar["status"]
@@ -180,6 +228,15 @@ def test_a_running_rollout_pods_containers_are_who_the_docs_say(
     assert annotations["openforge.dev/task-id"] == "t0", annotations
     assert annotations["openforge.dev/sample"] == "0", annotations
     assert "openforge.dev/policy-version" in annotations, annotations
+
+    if mode != "BaseURL":  # each job its own CA: the harness trusts its job's, not another's
+        twin = f"{name}-twin"
+        realpods.wait_answered(kind, name, f"{twin}-0-0", 0)
+        trusted, issued = ca_of(kind, name, name)
+        twin_trusted, twin_issued = ca_of(kind, name, twin)
+        assert trusted == issued and twin_trusted == twin_issued, (trusted, issued)
+        assert "BEGIN CERTIFICATE" in trusted and trusted != twin_trusted, (trusted, twin_trusted)
+        realpods.release(kind, name, f"{twin}-0-0", 1)
 
     realpods.release(kind, name, pod_name, 1)
     done = realpods.wait_job(kind, name, name, timeout=400)

@@ -1,7 +1,10 @@
 """The rollout pod's anatomy where the template brings containers of its own (pods.py):
 nothing of the template's runs under the entrypoint, so the sidecar gets its ``exec``
 startup probe and the kubelet holds the template's init container, and every container
-after it, back until the sidecar listens; the pod still finishes, graded and captured.
+after it, back until the sidecar listens and the pod is fenced (the init container's
+first acts are a connection to the sidecar's port and one to the API server: a container
+started early would find the first refused or the second open); the pod still
+finishes, graded and captured.
 Also what reaches a pod from its job (the task file, the expanded command), and a job name
 long enough that its pods' names are cut.
 """
@@ -29,6 +32,24 @@ assert open("/work/prepared").read() == "prepared\\n", (
 )
 
 
+PREPARE = """
+import os, socket
+# The kubelet starts this container only once the sidecar's startup probe passed: by then
+# the sidecar listens on the pod's loopback and the pod is fenced (the in-pod agent
+# creates sidecar-ready, which the probe also waits for, only once the API server is out
+# of reach). A container started early would find either not yet so, and fail the pod.
+socket.create_connection(("127.0.0.1", 15090), timeout=2).close()
+api = (os.environ["KUBERNETES_SERVICE_HOST"], int(os.environ["KUBERNETES_SERVICE_PORT"]))
+try:
+    socket.create_connection(api, timeout=2).close()
+except OSError:
+    pass
+else:
+    raise SystemExit("started unfenced: the API server answered")
+open("/work/prepared", "w").write("prepared\\n")
+"""
+
+
 def env_with_its_own_containers(name: str) -> dict:
     small = {"requests": {"cpu": "10m", "memory": "32Mi"}, "limits": {"memory": "128Mi"}}
     work = [{"name": "work", "mountPath": "/work"}]
@@ -39,7 +60,7 @@ def env_with_its_own_containers(name: str) -> dict:
             "baseUrl": {"env": ["OPENAI_BASE_URL"], "suffix": "/v1"},
             "template": {"spec": {
                 "initContainers": [{"name": "prepare", "image": realpods.HARNESS_IMAGE,
-                                    "command": ["sh", "-c", "echo prepared > /work/prepared"],
+                                    "command": ["python3", "-c", PREPARE],
                                     "resources": small, "volumeMounts": work}],
                 "containers": [
                     {"name": "harness", "image": realpods.HARNESS_IMAGE,
