@@ -9,6 +9,7 @@ import io
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import call_outcomes
 import pytest
@@ -18,7 +19,7 @@ from omegaconf import OmegaConf
 from openforge.trajectory.v1 import trajectory_pb2
 from openforge_trainer.collection import store
 from openforge_trainer.training import loop as trainer_loop
-from openforge_trainer.training import rollout_sampler, verl_agent_loop
+from openforge_trainer.training import rollout_sampler, verl_agent_loop, verl_engines
 from openforge_trainer.trajectories import export
 from PIL import Image
 from verl.experimental.agent_loop import agent_loop as verl_loop
@@ -301,3 +302,24 @@ def test_a_row_with_images_gives_verl_its_multi_modal_data(
         verl_agent_loop.to_output(row, max_response_length=1)
     with pytest.raises(verl_agent_loop.RolloutUnavailable, match="cannot be decoded"):
         verl_agent_loop.to_output(dataclasses.replace(row, images=["https://x/y.png"]))
+
+
+def test_with_veRLs_own_servers_the_loop_says_where_they_are(
+    captured: tuple[Path, Path, list[str]], tmp_path: Path, verl_client: Any
+) -> None:
+    """With ``engines_file`` (``train-verl --rollout vllm``) each step's first session writes
+    the addresses veRL's load balancer holds, with the step, before it waits for its
+    rollout; a session without veRL's step is refused."""
+    db_path, model_dir, _ids = captured
+    engines = tmp_path / verl_engines.FILE
+    loop = agent_loop(db_path, model_dir, job="job", engines_file=str(engines), timeout=5)
+    loop.server_manager = verl_client(["10.0.0.5:41234"])
+    sample = {"extra_info": {verl_agent_loop.TASK_KEY: "t", verl_agent_loop.BATCH_KEY: "1"}}
+    (output,) = asyncio.run(loop.run({}, session_id=0, global_steps=4, **sample))
+    assert output.extra_fields["openforge_rollout_id"]
+    assert verl_engines.read(engines) == verl_engines.Engines(step=4, addresses=("10.0.0.5:41234",))
+    with pytest.raises(verl_agent_loop.RolloutUnavailable, match="needs its global_steps"):
+        asyncio.run(loop.run({}, session_id=0, **sample))
+    loop.server_manager = None  # veRL's external rollout gives no balancer
+    with pytest.raises(verl_agent_loop.RolloutUnavailable, match="no load balancer"):
+        asyncio.run(loop.run({}, session_id=0, global_steps=5, **sample))

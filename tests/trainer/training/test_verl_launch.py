@@ -322,3 +322,69 @@ def test_a_key_the_plan_sets_is_refused_naming_its_setting(
 ) -> None:
     with pytest.raises(verl_launch.LaunchError, match=f"set by the plan's {owner}"):
         verl_launch.check(plan_for(tmp_path, verl=(key,)))
+
+
+RECIPES = Path(__file__).resolve().parents[3] / "examples" / "verl"
+
+
+@pytest.mark.parametrize(
+    ("recipe", "rollout"),
+    [("fsdp2-openforge-vllm.args", "external"), ("fsdp2-verl-vllm.args", "vllm")],
+)
+def test_the_gpu_recipes_compose_and_pass_verls_own_checks(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], recipe: str, rollout: str
+) -> None:
+    """The GPU recipes of docs/trainer.md, as a user runs them (``@FILE`` and the job's own
+    arguments: 16 tasks x 8 samples over 2 nodes x 8 GPUs), checked as veRL checks a
+    config before it starts anything: composed and validated (veRL's validate_config
+    reads no device). Not run: nothing here has a GPU."""
+    tasks = [arg for index in range(16) for arg in ("--task", f"t{index}")]
+    args = [f"@{RECIPES / recipe}", "--model", str(tmp_path / "m"), "--store", "s.db"]
+    args += ["--job", "j", *tasks, "--group-size", "8", "--run-dir", str(tmp_path / "r")]
+    if rollout == "external":
+        args += ["--vllm", "http://vllm-0:8000", "--vllm", "http://vllm-1:8000"]
+    assert verl_launch.main([*args, "--check"]) == 0, capsys.readouterr().err
+    plan = verl_launch.plan_from(verl_launch._parser().parse_args(args))
+    assert (plan.device, plan.workers, plan.rollout) == ("cuda", 8, rollout)
+    config = verl_launch.validated_config(plan)
+    assert (config.trainer.nnodes, config.trainer.n_gpus_per_node) == (2, 8)
+    assert config.actor_rollout_ref.rollout.name == rollout
+    assert config.actor_rollout_ref.model.use_remove_padding is True  # no CPU keys
+    assert "mixed_precision" not in config.actor_rollout_ref.actor.fsdp_config
+    correction = config.algorithm.rollout_correction
+    assert (correction.bypass_mode, correction.rollout_is) == (False, "token")
+    [loop] = verl_launch.agent_loops(plan)
+    if rollout == "vllm":
+        assert config.actor_rollout_ref.rollout.tensor_model_parallel_size == 2
+        assert "custom" not in config.actor_rollout_ref.rollout  # nothing to publish
+        assert loop["engines_file"] == str((tmp_path / "r" / "engines.json").resolve())
+    else:
+        targets = verl_rollout.options(config.actor_rollout_ref.rollout.custom).publish
+        assert [(t.url, t.kind) for t in targets] == [
+            ("http://vllm-0:8000", "vllm"),
+            ("http://vllm-1:8000", "vllm"),
+        ]
+        assert "engines_file" not in loop
+
+
+@pytest.mark.parametrize(
+    ("changes", "named"),
+    [
+        ({"rollout": "sglang"}, "rollout: external or vllm"),
+        ({"rollout": "vllm"}, "needs device cuda"),
+        (
+            {
+                "rollout": "vllm",
+                "device": "cuda",
+                "publish": (verl_rollout.Target(url="http://x"),),
+            },
+            "nothing to publish to",
+        ),
+        ({"verl": ("actor_rollout_ref.rollout.name=vllm",)}, "--rollout external or vllm"),
+    ],
+)
+def test_veRLs_own_vllm_servers_are_asked_for_as_a_rollout(
+    tmp_path: Path, changes: dict[str, Any], named: str
+) -> None:
+    with pytest.raises(verl_launch.LaunchError, match=named):
+        verl_launch.check(plan_for(tmp_path, **changes))

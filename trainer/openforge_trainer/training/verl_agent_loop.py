@@ -38,7 +38,8 @@ carry no batch label and number their samples on across steps (a job of
 of step *s* sample ``((s - 1) // S) * n + k``. Something must start
 those rollouts' harness pods with the sidecar pointed at the policy's servers
 (the operator's RolloutJob, or ``openforge run``); this loop only waits for
-their results.
+their results. With veRL's own vLLM servers as the policy's (``engines_file``),
+the loop first writes where they are for that runner (:mod:`verl_engines`).
 
 A rollout whose history was rewritten (several segments) gives one output per
 segment, in order, each with the rollout's reward: veRL stores every output
@@ -83,6 +84,7 @@ from verl.experimental.agent_loop.agent_loop import (
 )
 
 from openforge_trainer.collection import store as store_module
+from openforge_trainer.training import verl_engines
 from openforge_trainer.trajectories import export, outcome, request_images
 
 ROLLOUT_KEY = "openforge_rollout_id"  # in each output's extra_fields
@@ -312,6 +314,7 @@ class OpenForgeAgentLoop(AgentLoopBase):
         job: str = "",
         poll_interval: float = 1.0,
         timeout: float = 3600.0,
+        engines_file: str = "",
         **kwargs: Any,
     ) -> None:
         super().__init__(*args, **kwargs)
@@ -319,6 +322,8 @@ class OpenForgeAgentLoop(AgentLoopBase):
         self.job = job
         self.poll_interval = poll_interval
         self.timeout = timeout
+        # with veRL's own vLLM servers: where the step's servers are written for the runner
+        self.engines_file = Path(engines_file) if engines_file else None
 
     # veRL's base class declares one output; its v1 (TransferQueue) worker, the default
     # trainer, takes a list and stores each output as its own sample
@@ -333,6 +338,13 @@ class OpenForgeAgentLoop(AgentLoopBase):
             int(kwargs.get("session_id", 0)),
             global_steps=None if steps is None else int(steps),
         )
+        if self.engines_file is not None:  # the servers are awake: say where they are
+            if steps is None:
+                raise RolloutUnavailable("announcing veRL's servers needs its global_steps")
+            try:
+                await verl_engines.announce(self.server_manager, self.engines_file, step=int(steps))
+            except verl_engines.EnginesError as exc:
+                raise RolloutUnavailable(str(exc)) from exc
         deadline = time.monotonic() + self.timeout
         while True:
             outputs = await asyncio.to_thread(self._read, ref)

@@ -26,7 +26,10 @@ On a machine without GPUs (``device="cpu"``) the run uses
 :mod:`verl_platform`: Ray declares one logical GPU per worker and the
 workers' collectives run on gloo. Weights after each step go through the
 ``external`` rollout (:mod:`verl_rollout`) to the OpenForge servers in
-``publish``, with ``policy_version`` = veRL's step.
+``publish``, with ``policy_version`` = veRL's step. On GPUs, ``rollout="vllm"``
+lets veRL's own vLLM servers serve the sidecars instead: veRL loads each step's
+weights into them itself, and the agent loop writes where they are
+(:mod:`verl_engines`) for the runner that starts the harnesses.
 
 veRL's console metrics are also written, one JSON line per step, to
 ``{run_dir}/metrics.jsonl`` (veRL's ``file`` logger), and what each step
@@ -48,13 +51,20 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from openforge_trainer.training import verl_agent_loop, verl_platform, verl_plugin, verl_rollout
+from openforge_trainer.training import (
+    verl_agent_loop,
+    verl_engines,
+    verl_platform,
+    verl_plugin,
+    verl_rollout,
+)
 
 PLUGIN = verl_plugin.__name__
 AGENT = "openforge"
 DATASET = "tasks.parquet"
 AGENT_LOOPS = "agent_loops.yaml"
 METRICS = "metrics.jsonl"
+ROLLOUTS = ("external", "vllm")
 
 
 class LaunchError(ValueError):
@@ -86,6 +96,10 @@ class Plan:
     rollout_is: str | None = None
     rollout_is_threshold: float = 2.0
     publish: tuple[verl_rollout.Target, ...] = ()
+    # who serves the sidecars: "external", OpenForge's servers (``publish`` gets each step's
+    # weights), or "vllm", veRL's own vLLM servers (its hybrid engine; their addresses
+    # are written to run_dir/engines.json each step, see verl_engines)
+    rollout: str = "external"
     poll_interval: float = 1.0
     rollout_timeout: float = 3600.0
     verl: tuple[str, ...] = ()  # the user's own veRL keys, KEY=VALUE
@@ -118,7 +132,7 @@ PINNED = {
     "actor_rollout_ref.actor.use_kl_loss": "kl_coef",
     "actor_rollout_ref.actor.kl_loss_coef": "kl_coef",
     "actor_rollout_ref.model.path": "model",
-    "actor_rollout_ref.rollout.name": "the external rollout",
+    "actor_rollout_ref.rollout.name": "rollout (--rollout external or vllm)",
     "actor_rollout_ref.rollout.custom": "publish",
     "actor_rollout_ref.rollout.agent.default_agent_loop": "the OpenForge agent loop",
     "actor_rollout_ref.rollout.agent.agent_loop_config_path": "the OpenForge agent loop",
@@ -149,6 +163,15 @@ def problems(plan: Plan) -> list[str]:
         out.append(f"workers: >= 1, got {plan.workers}")
     if plan.device not in ("cpu", "cuda"):
         out.append(f"device: cpu or cuda, got {plan.device!r}")
+    if plan.rollout not in ROLLOUTS:
+        out.append(f"rollout: external or vllm, got {plan.rollout!r}")
+    elif plan.rollout == "vllm" and plan.device != "cuda":
+        out.append("rollout: vllm (veRL's own vLLM servers) needs device cuda")
+    elif plan.rollout == "vllm" and plan.publish:
+        out.append(
+            "publish: veRL's own vLLM servers (rollout vllm) get each step's weights from "
+            "veRL; there is nothing to publish to (--serve, --vllm)"
+        )
     per_step = plan.tasks_per_step()
     if plan.groups_per_step is not None and not 1 <= per_step <= len(plan.tasks):
         out.append(f"groups_per_step: 1..{len(plan.tasks)} (the tasks), got {per_step}")
@@ -228,7 +251,9 @@ def dataset_rows(plan: Plan) -> list[dict[str, Any]]:
 
 
 def agent_loops(plan: Plan) -> list[dict[str, Any]]:
-    """veRL's agent-loop config: our loop, reading ``plan.store``."""
+    """veRL's agent-loop config: our loop, reading ``plan.store`` (and, with veRL's own
+    vLLM servers, writing where they are each step)."""
+    engines = {"engines_file": str(engines_file(plan))} if plan.rollout == "vllm" else {}
     return [
         {
             "name": AGENT,
@@ -237,8 +262,14 @@ def agent_loops(plan: Plan) -> list[dict[str, Any]]:
             "job": plan.job,
             "poll_interval": plan.poll_interval,
             "timeout": plan.rollout_timeout,
+            **engines,
         }
     ]
+
+
+def engines_file(plan: Plan) -> Path:
+    """Where a ``rollout="vllm"`` run writes its servers' addresses each step."""
+    return plan.run_dir.resolve() / verl_engines.FILE
 
 
 # Hydra escapes a backslash only before a quote, and OmegaConf interpolates ``${`` even in
@@ -293,14 +324,13 @@ def overrides(plan: Plan) -> list[str]:
         "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1",
         f"actor_rollout_ref.actor.use_kl_loss={_hydra(plan.kl_coef > 0)}",
         f"actor_rollout_ref.actor.optim.lr={plan.lr}",
-        "actor_rollout_ref.rollout.name=external",
+        f"actor_rollout_ref.rollout.name={plan.rollout}",
         f"actor_rollout_ref.rollout.n={plan.group_size}",
         "actor_rollout_ref.rollout.calculate_log_probs=true",
         "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=1",
         "actor_rollout_ref.rollout.agent.num_workers=1",
         f"actor_rollout_ref.rollout.agent.agent_loop_config_path={_hydra(str(run / AGENT_LOOPS))}",
         f"actor_rollout_ref.rollout.agent.default_agent_loop={AGENT}",
-        f"+actor_rollout_ref.rollout.custom={_hydra(rollout_custom(plan))}",
         f"trainer.n_gpus_per_node={plan.workers}",
         "trainer.nnodes=1",
         f"trainer.device={plan.device}",
@@ -322,6 +352,8 @@ def overrides(plan: Plan) -> list[str]:
         # the reward comes with each rollout (its harness was graded); one idle reward worker
         "reward.num_workers=1",
     ]
+    if plan.rollout == "external":
+        keys.append(f"+actor_rollout_ref.rollout.custom={_hydra(rollout_custom(plan))}")
     # what veRL's processes need, also for Ray workers on other nodes (a local cluster's
     # inherit the driver's environment; a remote one's get only the runtime env)
     keys.append(f"+ray_kwargs.ray_init.runtime_env.env_vars={_hydra(environment(plan))}")
@@ -457,11 +489,21 @@ PROG = "openforge train-verl"
 READY = f"{PROG}: starting"
 
 
+class _Parser(argparse.ArgumentParser):
+    """Reads ``@FILE`` arguments one per line, skipping blank lines and ``#`` comments."""
+
+    def convert_arg_line_to_args(self, arg_line: str) -> list[str]:
+        line = arg_line.strip()
+        return [] if not line or line.startswith("#") else [line]
+
+
 def _parser() -> argparse.ArgumentParser:
-    cli = argparse.ArgumentParser(
+    cli = _Parser(
         prog=PROG,
         description="Train with veRL's Ray trainer (GRPO, FSDP2 workers) on a job's captured "
-        "rollouts, and publish each step's weights to the inference servers.",
+        "rollouts, and publish each step's weights to the inference servers. @FILE reads "
+        "arguments from FILE, one per line (examples/verl/ has the GPU recipes).",
+        fromfile_prefix_chars="@",
     )
     cli.add_argument("--model", type=Path, required=True, help="initial policy (HF directory)")
     cli.add_argument("--store", type=Path, required=True, help="the collector's store")
@@ -510,6 +552,14 @@ def _parser() -> argparse.ArgumentParser:
         help="how --serve servers get the weights: a path they read, or the bytes",
     )
     cli.add_argument("--vllm", action="append", default=[], metavar="URL")
+    cli.add_argument(
+        "--rollout",
+        choices=ROLLOUTS,
+        default="external",
+        help="who serves the sidecars: external (OpenForge's servers, published to with "
+        "--serve/--vllm; default) or vllm (veRL's own vLLM servers, on GPUs; their addresses "
+        "go to RUN_DIR/engines.json each step)",
+    )
     cli.add_argument(
         "--verl",
         action="append",
@@ -613,6 +663,7 @@ def plan_from(args: argparse.Namespace) -> Plan:
         rollout_is_threshold=args.rollout_is_threshold,
         publish=tuple(verl_rollout.Target(url=u, mode=args.serve_publish) for u in args.serve)
         + tuple(verl_rollout.Target(url=u, kind="vllm") for u in args.vllm),
+        rollout=args.rollout,
         verl=tuple(rest),
         **settings,
     )
