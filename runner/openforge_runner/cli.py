@@ -1,10 +1,11 @@
 """``openforge run FILE...``: run a RolloutJob (and train on it) on this machine.
 
 Starts the collector, the inference server (``openforge serve``, unless the
-job names a ``policy.endpoint``) and the trainer (``openforge train``) as
-local processes, then loops: all rollouts of an iteration (``parallelism``
-at a time, each with its own sidecar), one training step on their groups,
-new weights published to the server. Ctrl-C stops cleanly; running the same
+job names a ``policy.endpoint`` or the trainer serves the policy itself: veRL's
+own vLLM servers, which it names in its engines file each step) and the trainer
+(``openforge train``) as local processes, then loops: all rollouts of an
+iteration (``parallelism`` at a time, each with its own sidecar), one training
+step on their groups, new weights published to the server. Ctrl-C stops cleanly; running the same
 command again continues where it stopped.
 """
 
@@ -12,6 +13,8 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
+import itertools
 import signal
 import subprocess
 import sys
@@ -19,7 +22,7 @@ import threading
 from pathlib import Path
 from types import FrameType
 
-from openforge import cli
+from openforge import cli, policy_servers
 from openforge.api import manifests
 
 from openforge_runner import executor, plan, processes, progress, runner
@@ -72,6 +75,8 @@ def main(argv: list[str]) -> int:
     training = bundle.job.spec.training
     iterations = args.iterations or (training.iterations if training and training.iterations else 1)
     train = not args.no_train
+    # veRL's own vLLM servers serve the sidecars (GPUs): no `openforge serve`
+    trainer_serves = train and plan.trainer_serves(bundle)
     run_dir = (args.run_dir or Path("runs") / bundle.name).resolve()
     train_args = (
         plan.trainer_args(
@@ -79,7 +84,7 @@ def main(argv: list[str]) -> int:
             model=model,
             run_dir=run_dir,
             store=run_dir / "store.db",
-            serve=CHECK_SERVE_URL,
+            serve=None if trainer_serves else CHECK_SERVE_URL,
             iterations=iterations,
         )
         if train
@@ -135,7 +140,11 @@ def main(argv: list[str]) -> int:
         )
         torch_env = processes.torch_threads_env()  # serve's and train's
         engine_url = bundle.job.spec.policy.endpoint
-        if engine_url is None:
+        servers_file = run_dir / "train" / policy_servers.FILE
+        if trainer_serves:
+            # an earlier trainer's servers are gone: wait for this one's to say where they are
+            servers_file.unlink(missing_ok=True)
+        elif engine_url is None:
             assert model is not None
             eport = processes.free_port()
 
@@ -180,7 +189,7 @@ def main(argv: list[str]) -> int:
                             model=model,
                             run_dir=run_dir,
                             store=run_dir / "store.db",
-                            serve=engine_url,
+                            serve=None if trainer_serves else engine_url,
                             iterations=iterations,
                         )
                     ),
@@ -194,7 +203,7 @@ def main(argv: list[str]) -> int:
             # rest of its dead Ray cluster killed first)
             supervisor.watch(trainer)
         resume = runner.resume_state(runner.Journal(run_dir / "journal.jsonl"))
-        if trainer is not None and resume.trained:
+        if trainer is not None and resume.trained and engine_url is not None:
             # a resumed run's next rollouts are sampled by the weights it trained last:
             # `openforge serve` restarted on the initial model until veRL, resumed from its
             # checkpoint, publishes them (openforge train's newest checkpoint is served at once)
@@ -210,13 +219,38 @@ def main(argv: list[str]) -> int:
                 is None
             ):
                 raise processes.Stopped("stopped while the trainer resumed")
-        base_version = runner.policy_version(engine_url)
-        endpoints = executor.Endpoints(engine_url, f"127.0.0.1:{collector.port}", base_version)
+        collector_address = f"127.0.0.1:{collector.port}"
+        served = itertools.count()  # the trainer's servers take the rollouts in turn
 
         def current_endpoints() -> executor.Endpoints:
+            if engine_url is not None:
+                version = runner.policy_version(engine_url)
+                return executor.Endpoints(engine_url, collector_address, version)
+            # the trainer's own servers: read for each rollout (a restarted trainer's are new)
+            up = policy_servers.read(servers_file)
+            if up is None:
+                raise RuntimeError(f"{servers_file} is gone")
+            engines = up.endpoints()
             return executor.Endpoints(
-                engine_url, endpoints.collector, runner.policy_version(engine_url)
-            )
+                engines[next(served) % len(engines)], collector_address, up.step - 1,
+                tokenizer=str(model),
+            )  # fmt: skip
+
+        def trained(iteration: int) -> int | None:
+            """The policy version after the trainer's step on ``iteration``; None if stopped."""
+            assert trainer is not None
+            alive = functools.partial(supervisor.alive, trainer)
+            if engine_url is not None:  # published to `openforge serve`
+                return runner.wait_for_policy(
+                    engine_url, iteration + 1, alive=alive, stop=stop, timeout=1800
+                )
+            if iteration + 1 < iterations:  # its servers are up for the next step
+                up = runner.wait_for_servers(
+                    servers_file, iteration + 2, alive=alive, stop=stop, timeout=1800
+                )
+                return None if up is None else up.step - 1
+            # the last step: veRL ends after it
+            return iteration + 1 if runner.wait_until_done(alive, stop=stop, timeout=1800) else None
 
         display = progress.Display(
             job=bundle.name, iterations=iterations, metrics=run_dir / "train" / "metrics.jsonl"
@@ -232,6 +266,20 @@ def main(argv: list[str]) -> int:
                 ready=supervisor.up.is_set,
             )
             for iteration in range(iterations):
+                if trainer_serves and iteration not in resume.trained:
+                    display.update(phase=f"iteration {iteration + 1}: waiting for the servers")
+                    assert trainer is not None
+                    if (
+                        runner.wait_for_servers(
+                            servers_file,
+                            iteration + 1,
+                            alive=functools.partial(supervisor.alive, trainer),
+                            stop=stop,
+                            timeout=1800,
+                        )
+                        is None
+                    ):
+                        break
                 display.update(phase=f"iteration {iteration + 1}: rollouts")
                 stats = job_runner.run_iteration(iteration)
                 history.append(stats)
@@ -245,13 +293,7 @@ def main(argv: list[str]) -> int:
                     break
                 if trainer is not None and iteration not in resume.trained:
                     display.update(phase=f"iteration {iteration + 1}: training")
-                    version = runner.wait_for_policy(
-                        engine_url,
-                        iteration + 1,
-                        alive=lambda: supervisor.alive(trainer),
-                        stop=stop,
-                        timeout=1800,
-                    )
+                    version = trained(iteration)
                     if version is None:
                         break  # stopped while the trainer trained: the rerun waits for it again
                     job_runner.journal.write(

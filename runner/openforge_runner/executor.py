@@ -54,11 +54,54 @@ class Endpoints:
     engine: str  # inference server base URL
     collector: str  # host:port
     policy_version: int
+    tokenizer: str = ""  # the policy's tokenizer directory ("": the engine serves its files)
 
 
 INTERRUPTED = "Interrupted"
 CONTROL_TOKEN = control.FILENAME
 """The sidecar's control token, beside its spool: only the runner reports the rollout."""
+
+
+def sidecar_args(
+    bundle: plan.Bundle, rollout: plan.Rollout, *, endpoints: Endpoints, home: Path, port: int
+) -> list[str]:
+    """The ``openforge`` arguments of one attempt's sidecar, listening on ``port`` and
+    keeping its spool and control token in ``home``."""
+    return [
+        "sidecar",
+        "--listen",
+        f"127.0.0.1:{port}",
+        "--engine",
+        endpoints.engine,
+        "--spool",
+        str(home / "spool"),
+        "--collector",
+        endpoints.collector,
+        "--job",
+        bundle.name,
+        "--rollout-id",
+        rollout.rollout_id,
+        "--task-id",
+        rollout.task_id,
+        "--sample-index",
+        str(rollout.sample),
+        "--attempt",
+        str(rollout.attempt),
+        "--harness",
+        bundle.env.metadata.name or "",
+        "--api",
+        bundle.env.spec.api,
+        "--policy-version",
+        str(endpoints.policy_version),
+        "--control-token-file",
+        str(home / CONTROL_TOKEN),
+        "--flush-timeout",
+        str(SIDECAR_FLUSH_SECONDS),
+        "--finish-on-stop",
+        "--label",
+        f"{trajectory.BATCH_LABEL}={plan.batch_label(bundle, rollout.iteration)}",
+        *(["--tokenizer", endpoints.tokenizer] if endpoints.tokenizer else []),
+    ]
 
 
 def run_rollout(
@@ -75,41 +118,11 @@ def run_rollout(
     home = run_dir / "rollouts" / rollout.rollout_id
     workdir = home / "work"
     workdir.mkdir(parents=True, exist_ok=True)
+    port = processes.free_port()
     sidecar = processes.Service(
         "sidecar",
         processes.openforge(
-            "sidecar",
-            "--listen",
-            f"127.0.0.1:{(port := processes.free_port())}",
-            "--engine",
-            endpoints.engine,
-            "--spool",
-            str(home / "spool"),
-            "--collector",
-            endpoints.collector,
-            "--job",
-            bundle.name,
-            "--rollout-id",
-            rollout.rollout_id,
-            "--task-id",
-            rollout.task_id,
-            "--sample-index",
-            str(rollout.sample),
-            "--attempt",
-            str(rollout.attempt),
-            "--harness",
-            bundle.env.metadata.name or "",
-            "--api",
-            bundle.env.spec.api,
-            "--policy-version",
-            str(endpoints.policy_version),
-            "--control-token-file",
-            str(home / CONTROL_TOKEN),
-            "--flush-timeout",
-            str(SIDECAR_FLUSH_SECONDS),
-            "--finish-on-stop",
-            "--label",
-            f"{trajectory.BATCH_LABEL}={plan.batch_label(bundle, rollout.iteration)}",
+            *sidecar_args(bundle, rollout, endpoints=endpoints, home=home, port=port)
         ),
         home / "sidecar.log",
         port=port,

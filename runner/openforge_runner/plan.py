@@ -362,6 +362,23 @@ def engine(bundle: Bundle) -> str:
     return training.engine if training is not None else "openforge"
 
 
+ROLLOUT_KEY = "actor_rollout_ref.rollout.name"
+"""The veRL option that picks who serves the sidecars (``openforge train-verl``'s rollout)."""
+
+
+def trainer_serves(bundle: Bundle) -> bool:
+    """Whether the trainer runs the policy's servers itself: the veRL engine with its own
+    vLLM servers (``spec.training.options`` ``actor_rollout_ref.rollout.name: vllm``, GPUs
+    only). Then no ``openforge serve`` runs: the sidecars call the servers the trainer
+    names in its engines file (:mod:`openforge.policy_servers`) each iteration."""
+    training = bundle.job.spec.training
+    return (
+        training is not None
+        and training.engine == "verl"
+        and (training.options or {}).get(ROLLOUT_KEY) == "vllm"
+    )
+
+
 def batch_label(bundle: Bundle, iteration: int | str) -> str:
     """The ``openforge.dev/batch`` label of an iteration's rollouts (the sidecar's
     ``--label``; the veRL engine's ``--batch`` template, with ``"{iteration}"``)."""
@@ -369,12 +386,19 @@ def batch_label(bundle: Bundle, iteration: int | str) -> str:
 
 
 def trainer_args(
-    bundle: Bundle, *, model: Path | None, run_dir: Path, store: Path, serve: str, iterations: int
+    bundle: Bundle,
+    *,
+    model: Path | None,
+    run_dir: Path,
+    store: Path,
+    serve: str | None,
+    iterations: int,
 ) -> list[str]:
     """The trainer's ``openforge`` arguments for a local run: one step per iteration,
-    trained on every task's group of that iteration. ``spec.training.options`` pass
-    through as ``--option NAME=VALUE`` (JSON): ``openforge train``'s fields, or veRL's
-    keys for ``openforge train-verl``; the trainer validates them."""
+    trained on every task's group of that iteration, its weights published to ``serve``
+    (None: the trainer serves them itself, :func:`trainer_serves`). ``spec.training.options``
+    pass through as ``--option NAME=VALUE`` (JSON): ``openforge train``'s fields, or
+    veRL's keys for ``openforge train-verl``; the trainer validates them."""
     if model is None:
         raise PlanError("training locally needs spec.policy.model to be a local model directory")
     common = [
@@ -386,8 +410,7 @@ def trainer_args(
         str(model),
         "--run-dir",
         str(run_dir / "train"),
-        "--serve",
-        serve,
+        *(["--serve", serve] if serve is not None else []),
         "--steps",
         str(iterations),
         "--group-size",

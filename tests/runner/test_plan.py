@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 from openforge.api import grading, manifests
-from openforge_runner import plan
+from openforge_runner import plan, processes
 
 ENV = """\
 apiVersion: openforge.dev/v1alpha1
@@ -276,6 +277,39 @@ def test_engine_verl_runs_openforge_train_verl_on_every_task_with_verl_keys(
         'trainer.device="cuda"',
     ]
     assert "--groups-per-step" not in args
+
+
+def test_with_veRLs_own_vllm_servers_the_trainer_serves_and_publishes_nowhere(
+    tmp_path: Path,
+) -> None:
+    """``actor_rollout_ref.rollout.name: vllm`` (GPUs): veRL's own servers serve the
+    sidecars, so no ``openforge serve`` runs and the trainer is given none to publish to;
+    ``openforge train-verl`` takes the option as its rollout (its own check, run here)."""
+    job = JOB + (
+        "  training:\n    engine: verl\n    options: {actor_rollout_ref.rollout.name: vllm,"
+        " trainer.device: cuda}\n"
+    )
+    bundle = plan.load([write(tmp_path, job=job)])
+    assert plan.trainer_serves(bundle)
+    args = plan.trainer_args(
+        bundle, model=tmp_path / "model", run_dir=tmp_path / "run", store=tmp_path / "s.db",
+        serve=None, iterations=3,
+    )  # fmt: skip
+    assert "--serve" not in args
+    checked = subprocess.run(
+        processes.openforge(*args, "--check"), capture_output=True, text=True, check=False
+    )
+    assert checked.returncode == 0, checked.stderr[-2000:]
+    assert "actor_rollout_ref.rollout.name=vllm" in json.loads(checked.stdout)
+    published = [*args, "--serve", "http://127.0.0.1:1", "--check"]
+    refused = subprocess.run(
+        processes.openforge(*published), capture_output=True, text=True, check=False
+    )
+    assert refused.returncode == 2 and "nothing to publish to" in refused.stderr, refused.stderr
+    for options in ("{trainer.device: cuda}", "{actor_rollout_ref.rollout.name: external}"):
+        other = JOB + f"  training:\n    engine: verl\n    options: {options}\n"
+        assert not plan.trainer_serves(plan.load([write(tmp_path, job=other)]))
+    assert not plan.trainer_serves(plan.load([write(tmp_path)]))
 
 
 def test_engine_verl_refuses_max_staleness_naming_the_field(tmp_path: Path) -> None:

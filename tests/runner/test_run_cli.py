@@ -445,6 +445,14 @@ def test_a_bad_verl_key_stops_the_run_before_any_rollout(tmp_path: Path) -> None
     done = run([str(workers), "--run-dir", str(tmp_path / "run"), "--quiet"], env={**os.environ})
     assert done.returncode == 2, done.stderr
     assert "workers: 3 must divide the samples of a step (8 tasks x 4)" in done.stderr
+    # veRL's own vLLM servers serve the sidecars on GPUs only: said before anything starts
+    own = learning_runs.example_copy(
+        tmp_path, "react-toy-verl.yaml", options="      actor_rollout_ref.rollout.name: vllm\n"
+    )
+    done = run([str(own), "--run-dir", str(tmp_path / "run"), "--quiet"], env={**os.environ})
+    assert done.returncode == 2, done.stderr
+    assert "rollout: vllm (veRL's own vLLM servers) needs device cuda" in done.stderr
+    assert not (tmp_path / "run").exists()
 
 
 @pytest.mark.parametrize(

@@ -380,7 +380,7 @@ def test_the_gpu_recipes_compose_and_pass_verls_own_checks(
             },
             "nothing to publish to",
         ),
-        ({"verl": ("actor_rollout_ref.rollout.name=vllm",)}, "--rollout external or vllm"),
+        ({"verl": ("actor_rollout_ref.rollout.name=vllm",)}, "set by the plan's rollout"),
     ],
 )
 def test_veRLs_own_vllm_servers_are_asked_for_as_a_rollout(
@@ -388,3 +388,16 @@ def test_veRLs_own_vllm_servers_are_asked_for_as_a_rollout(
 ) -> None:
     with pytest.raises(verl_launch.LaunchError, match=named):
         verl_launch.check(plan_for(tmp_path, **changes))
+
+
+def test_the_rollout_comes_from_the_flag_or_veRLs_own_key() -> None:
+    """A RolloutJob's ``spec.training.options`` reach train-verl as ``--option``: veRL's
+    own key for the rollout picks it, as ``--rollout`` does."""
+    assert verl_launch.plan_from(_args()).rollout == "external"
+    assert verl_launch.plan_from(_args("--rollout", "vllm")).rollout == "vllm"
+    chosen = verl_launch.plan_from(_args("--option", 'actor_rollout_ref.rollout.name="vllm"'))
+    assert (chosen.rollout, chosen.verl) == ("vllm", ())
+    with pytest.raises(verl_launch.LaunchError, match="--rollout external and the veRL key"):
+        verl_launch.plan_from(
+            _args("--rollout", "external", "--verl", "actor_rollout_ref.rollout.name=vllm")
+        )

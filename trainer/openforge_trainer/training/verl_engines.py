@@ -1,84 +1,23 @@
-"""Where veRL's own vLLM servers are, for the sidecars: ``{run_dir}/engines.json``.
+"""veRL's side of the engines file (:mod:`openforge.policy_servers`): where veRL's own vLLM
+servers are, asked of veRL in each step's rollout phase.
 
 With ``openforge train-verl --rollout vllm`` veRL starts vLLM servers of its own (its
 hybrid engine: they share the actor workers' GPUs, sleep while the actors train, and are
-woken with the newest weights for each step's rollout phase). The harnesses' sidecars must
-call those servers during that phase, and only veRL knows where they are: its
-``LLMServerManager`` starts them on addresses (``host:port``) it picks. The OpenForge agent
-loop, which veRL calls in each step's rollout phase, asks veRL's load balancer for them and
-writes them here with the step. A runner that reads step *s* points the sidecars of
-iteration *s* - 1 at ``http://host:port`` (vLLM's OpenAI server, which a sidecar calls as
-it calls any vLLM) and knows the servers are awake and hold the weights after step *s* - 1.
-
-The file is one JSON object, replaced whole (written beside, then renamed)::
-
-    {"step": 3, "addresses": ["10.0.0.5:41234", "10.0.0.6:39001"]}
+woken with the newest weights for each step's rollout phase). Only veRL knows where they
+are: its ``LLMServerManager`` starts them on addresses (``host:port``) it picks. The
+OpenForge agent loop, which veRL calls in each step's rollout phase, asks veRL's load
+balancer for them (:func:`announce`) and writes them to ``{run_dir}/engines.json``
+with the step, for the runner that starts the harnesses.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import json
-import os
 from pathlib import Path
 from typing import Any
 
-FILE = "engines.json"
+from openforge.policy_servers import FILE, Engines, EnginesError, parse, read, write
 
-
-class EnginesError(ValueError):
-    """The engines file, or what veRL said, is not what it should be (the message names it)."""
-
-
-@dataclasses.dataclass(frozen=True)
-class Engines:
-    step: int  # veRL's step whose rollout phase the servers are awake for
-    addresses: tuple[str, ...]  # host:port of each server, as veRL's load balancer has them
-
-    def endpoints(self) -> list[str]:
-        """The servers as a sidecar's ``--engine`` takes them."""
-        return [f"http://{address}" for address in self.addresses]
-
-
-def parse(text: str, *, source: str) -> Engines:
-    """The engines ``text`` (the file's content) names; a bad field is named with ``source``."""
-    try:
-        raw: Any = json.loads(text)
-    except ValueError as exc:
-        raise EnginesError(f"{source}: not JSON ({exc})") from None
-    if not isinstance(raw, dict):
-        raise EnginesError(f"{source}: a JSON object with step and addresses, not {raw!r}")
-    step = raw.get("step")
-    if not isinstance(step, int) or isinstance(step, bool) or step < 1:
-        raise EnginesError(f"{source}: step must be an integer >= 1, not {step!r}")
-    return Engines(step=step, addresses=_addresses(raw.get("addresses"), source=source))
-
-
-def _addresses(value: Any, *, source: str) -> tuple[str, ...]:
-    if not isinstance(value, list) or not value:
-        raise EnginesError(f"{source}: addresses must be a non-empty list, not {value!r}")
-    for index, address in enumerate(value):
-        host, sep, port = address.rpartition(":") if isinstance(address, str) else ("", "", "")
-        if not (host and sep and port.isdigit() and 0 < int(port) < 65536) or "/" in host:
-            raise EnginesError(f"{source}: addresses[{index}] must be host:port, not {address!r}")
-    return tuple(value)
-
-
-def read(path: Path) -> Engines | None:
-    """The engines in ``path``, or None while veRL has written none."""
-    try:
-        text = path.read_text()
-    except FileNotFoundError:
-        return None
-    return parse(text, source=str(path))
-
-
-def write(path: Path, engines: Engines) -> None:
-    """Replace ``path`` with ``engines`` (a reader sees the old file or the new, whole)."""
-    _addresses(list(engines.addresses), source="veRL's load balancer")
-    partial = path.with_name(f".{path.name}.{os.getpid()}")
-    partial.write_text(json.dumps({"step": engines.step, "addresses": list(engines.addresses)}))
-    partial.replace(path)
+__all__ = ["FILE", "Engines", "EnginesError", "announce", "from_verl", "parse", "read", "write"]
 
 
 async def from_verl(server_manager: Any, *, step: int) -> Engines:

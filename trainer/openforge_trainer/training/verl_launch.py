@@ -118,7 +118,11 @@ CHECKPOINTS_KEPT = 2
 
 # veRL keys the plan decides itself (the platform, Ray's resources and the batch sizes follow
 # them): key -> the Plan field that sets it (and that `plan_from` reads it into)
-OWNED = {"trainer.device": "device", "trainer.n_gpus_per_node": "workers"}
+OWNED = {
+    "trainer.device": "device",
+    "trainer.n_gpus_per_node": "workers",
+    "actor_rollout_ref.rollout.name": "rollout",
+}
 # veRL keys a user may not set: the plan sets them from its own fields (a second value would
 # win silently), or the loop depends on them (a group of rollout.n samples, one batch of
 # the tasks a step, one step an iteration, our rollout, agent loop, dataset and files)
@@ -132,7 +136,6 @@ PINNED = {
     "actor_rollout_ref.actor.use_kl_loss": "kl_coef",
     "actor_rollout_ref.actor.kl_loss_coef": "kl_coef",
     "actor_rollout_ref.model.path": "model",
-    "actor_rollout_ref.rollout.name": "rollout (--rollout external or vllm)",
     "actor_rollout_ref.rollout.custom": "publish",
     "actor_rollout_ref.rollout.agent.default_agent_loop": "the OpenForge agent loop",
     "actor_rollout_ref.rollout.agent.agent_loop_config_path": "the OpenForge agent loop",
@@ -555,7 +558,6 @@ def _parser() -> argparse.ArgumentParser:
     cli.add_argument(
         "--rollout",
         choices=ROLLOUTS,
-        default="external",
         help="who serves the sidecars: external (OpenForge's servers, published to with "
         "--serve/--vllm; default) or vllm (veRL's own vLLM servers, on GPUs; their addresses "
         "go to RUN_DIR/engines.json each step)",
@@ -625,10 +627,11 @@ def _options(args: argparse.Namespace) -> tuple[dict[str, Any], list[str]]:
 
 
 def plan_from(args: argparse.Namespace) -> Plan:
-    """The plan the command line asks for. ``trainer.device`` and ``trainer.n_gpus_per_node``
-    given as veRL keys set the device and workers (a flag that disagrees is an error)."""
+    """The plan the command line asks for. ``trainer.device``, ``trainer.n_gpus_per_node``
+    and ``actor_rollout_ref.rollout.name`` given as veRL keys set the device, workers and
+    rollout (a flag that disagrees is an error)."""
     owned, rest = _options(args)
-    settings: dict[str, Any] = {"device": "cpu", "workers": 2}
+    settings: dict[str, Any] = {"device": "cpu", "workers": 2, "rollout": "external"}
     for field, value in owned.items():
         given = getattr(args, field)
         if field == "workers":
@@ -642,7 +645,7 @@ def plan_from(args: argparse.Namespace) -> Plan:
         if given is not None and given != value:
             raise LaunchError(f"--{field} {given} and the veRL key for it ({value}) disagree")
         settings[field] = value
-    for field in ("device", "workers"):
+    for field in ("device", "workers", "rollout"):
         if getattr(args, field) is not None:
             settings[field] = getattr(args, field)
     return Plan(
@@ -663,7 +666,6 @@ def plan_from(args: argparse.Namespace) -> Plan:
         rollout_is_threshold=args.rollout_is_threshold,
         publish=tuple(verl_rollout.Target(url=u, mode=args.serve_publish) for u in args.serve)
         + tuple(verl_rollout.Target(url=u, kind="vllm") for u in args.vllm),
-        rollout=args.rollout,
         verl=tuple(rest),
         **settings,
     )
