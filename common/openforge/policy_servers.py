@@ -19,10 +19,23 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 FILE = "engines.json"
+ROLLOUT_OPTION = "actor_rollout_ref.rollout.name"
+"""The veRL key that picks who serves the sidecars; ``vllm``: veRL's own servers."""
+
+
+def trainer_serves(options: Mapping[str, Any]) -> bool:
+    """Whether veRL options (a RolloutJob's ``spec.training.options``) ask for veRL's own
+    vLLM servers, read as ``openforge train-verl`` reads them (Hydra's ``+``/``~`` and
+    spaces around the key ignored)."""
+    return any(
+        key.strip().lstrip("+~") == ROLLOUT_OPTION and value == "vllm"
+        for key, value in options.items()
+    )
 
 
 class EnginesError(ValueError):
@@ -33,6 +46,12 @@ class EnginesError(ValueError):
 class Engines:
     step: int  # veRL's step whose rollout phase the servers are awake for
     addresses: tuple[str, ...]  # host:port of each server, as veRL's load balancer has them
+
+    @property
+    def iteration(self) -> int:
+        """The iteration whose rollouts the servers serve: veRL's step - 1 (the policy
+        version of their weights)."""
+        return self.step - 1
 
     def endpoints(self) -> list[str]:
         """The servers as a sidecar's ``--engine`` takes them."""
@@ -74,6 +93,8 @@ def read(path: Path) -> Engines | None:
 
 def write(path: Path, engines: Engines) -> None:
     """Replace ``path`` with ``engines`` (a reader sees the old file or the new, whole)."""
+    if engines.step < 1:
+        raise EnginesError(f"step must be an integer >= 1, not {engines.step!r}")
     _addresses(list(engines.addresses), source="veRL's load balancer")
     partial = path.with_name(f".{path.name}.{os.getpid()}")
     partial.write_text(json.dumps({"step": engines.step, "addresses": list(engines.addresses)}))

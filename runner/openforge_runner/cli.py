@@ -25,7 +25,7 @@ from types import FrameType
 from openforge import cli, policy_servers
 from openforge.api import manifests
 
-from openforge_runner import executor, plan, processes, progress, runner
+from openforge_runner import executor, plan, processes, progress, runner, trainer_servers
 
 # `openforge train` prints one of these once its settings are valid and its policy is loaded;
 # `openforge train-verl` once its settings and veRL's config are, before its Ray cluster starts
@@ -140,11 +140,7 @@ def main(argv: list[str]) -> int:
         )
         torch_env = processes.torch_threads_env()  # serve's and train's
         engine_url = bundle.job.spec.policy.endpoint
-        servers_file = run_dir / "train" / policy_servers.FILE
-        if trainer_serves:
-            # an earlier trainer's servers are gone: wait for this one's to say where they are
-            servers_file.unlink(missing_ok=True)
-        elif engine_url is None:
+        if not trainer_serves and engine_url is None:
             assert model is not None
             eport = processes.free_port()
 
@@ -178,30 +174,40 @@ def main(argv: list[str]) -> int:
             )
             engine_url = engine.url
         trainer = None
+        servers = None  # the trainer's own (veRL's vLLM servers), when it serves the policy
         if train:
-            trainer = _start(
-                services,
-                processes.Service(
-                    "trainer",
-                    processes.openforge(
-                        *plan.trainer_args(
-                            bundle,
-                            model=model,
-                            run_dir=run_dir,
-                            store=run_dir / "store.db",
-                            serve=None if trainer_serves else engine_url,
-                            iterations=iterations,
-                        )
-                    ),
-                    run_dir / "trainer.log",
-                    env=torch_env,
-                    stopping=stop,
-                ),
+            trainer_argv = processes.openforge(
+                *plan.trainer_args(
+                    bundle,
+                    model=model,
+                    run_dir=run_dir,
+                    store=run_dir / "store.db",
+                    serve=None if trainer_serves else engine_url,
+                    iterations=iterations,
+                )
             )
+            trainer = processes.Service(
+                "trainer", trainer_argv, run_dir / "trainer.log", env=torch_env, stopping=stop
+            )
+            if trainer_serves:
+                servers = trainer_servers.TrainerServers(
+                    run_dir / "train" / policy_servers.FILE,
+                    exit_code=trainer.exit_code,
+                    alive=functools.partial(supervisor.alive, trainer),
+                    stop=stop,
+                )
+                servers.forget()  # an earlier trainer's are gone
+            _start(services, trainer)
             trainer.wait_for_line(TRAINER_READY)
+
+            def restart_argv() -> list[str]:
+                if servers is not None:
+                    servers.forget()  # the dead trainer's are gone
+                return trainer_argv
+
             # a restarted trainer resumes from its checkpoint (veRL's from its own, the
             # rest of its dead Ray cluster killed first)
-            supervisor.watch(trainer)
+            supervisor.watch(trainer, argv=restart_argv)
         resume = runner.resume_state(runner.Journal(run_dir / "journal.jsonl"))
         if trainer is not None and resume.trained and engine_url is not None:
             # a resumed run's next rollouts are sampled by the weights it trained last:
@@ -221,36 +227,36 @@ def main(argv: list[str]) -> int:
                 raise processes.Stopped("stopped while the trainer resumed")
         collector_address = f"127.0.0.1:{collector.port}"
         served = itertools.count()  # the trainer's servers take the rollouts in turn
+        current = [0]  # the iteration whose rollouts run
 
         def current_endpoints() -> executor.Endpoints:
-            if engine_url is not None:
+            if servers is None:
+                assert engine_url is not None
                 version = runner.policy_version(engine_url)
                 return executor.Endpoints(engine_url, collector_address, version)
-            # the trainer's own servers: read for each rollout (a restarted trainer's are new)
-            up = policy_servers.read(servers_file)
+            # the trainer's own servers, asked for each rollout (a restarted trainer's are new)
+            up = servers.up_for(current[0])
             if up is None:
-                raise RuntimeError(f"{servers_file} is gone")
+                raise processes.Stopped(f"stopped before iteration {current[0] + 1}'s servers")
             engines = up.endpoints()
             return executor.Endpoints(
-                engines[next(served) % len(engines)], collector_address, up.step - 1,
-                tokenizer=str(model),
+                engine=engines[next(served) % len(engines)], collector=collector_address,
+                policy_version=up.iteration, tokenizer=str(model),
             )  # fmt: skip
 
         def trained(iteration: int) -> int | None:
             """The policy version after the trainer's step on ``iteration``; None if stopped."""
             assert trainer is not None
-            alive = functools.partial(supervisor.alive, trainer)
-            if engine_url is not None:  # published to `openforge serve`
-                return runner.wait_for_policy(
-                    engine_url, iteration + 1, alive=alive, stop=stop, timeout=1800
-                )
-            if iteration + 1 < iterations:  # its servers are up for the next step
-                up = runner.wait_for_servers(
-                    servers_file, iteration + 2, alive=alive, stop=stop, timeout=1800
-                )
-                return None if up is None else up.step - 1
-            # the last step: veRL ends after it
-            return iteration + 1 if runner.wait_until_done(alive, stop=stop, timeout=1800) else None
+            if servers is not None:
+                return servers.trained(iteration)
+            assert engine_url is not None  # published to `openforge serve`
+            return runner.wait_for_policy(
+                engine_url,
+                iteration + 1,
+                alive=functools.partial(supervisor.alive, trainer),
+                stop=stop,
+                timeout=1800,
+            )
 
         display = progress.Display(
             job=bundle.name, iterations=iterations, metrics=run_dir / "train" / "metrics.jsonl"
@@ -266,20 +272,11 @@ def main(argv: list[str]) -> int:
                 ready=supervisor.up.is_set,
             )
             for iteration in range(iterations):
-                if trainer_serves and iteration not in resume.trained:
+                current[0] = iteration
+                if servers is not None and iteration not in resume.trained:
                     display.update(phase=f"iteration {iteration + 1}: waiting for the servers")
-                    assert trainer is not None
-                    if (
-                        runner.wait_for_servers(
-                            servers_file,
-                            iteration + 1,
-                            alive=functools.partial(supervisor.alive, trainer),
-                            stop=stop,
-                            timeout=1800,
-                        )
-                        is None
-                    ):
-                        break
+                    if servers.up_for(iteration) is None and stop.is_set():
+                        break  # (None, not stopped: the trainer finished; nothing left to run)
                 display.update(phase=f"iteration {iteration + 1}: rollouts")
                 stats = job_runner.run_iteration(iteration)
                 history.append(stats)

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from openforge import policy_servers
 from openforge.api import manifests, rollout_env, rollouts, templates, v1alpha1
 from openforge.api import tasks as task_records
 
@@ -362,10 +363,6 @@ def engine(bundle: Bundle) -> str:
     return training.engine if training is not None else "openforge"
 
 
-ROLLOUT_KEY = "actor_rollout_ref.rollout.name"
-"""The veRL option that picks who serves the sidecars (``openforge train-verl``'s rollout)."""
-
-
 def trainer_serves(bundle: Bundle) -> bool:
     """Whether the trainer runs the policy's servers itself: the veRL engine with its own
     vLLM servers (``spec.training.options`` ``actor_rollout_ref.rollout.name: vllm``, GPUs
@@ -375,7 +372,7 @@ def trainer_serves(bundle: Bundle) -> bool:
     return (
         training is not None
         and training.engine == "verl"
-        and (training.options or {}).get(ROLLOUT_KEY) == "vllm"
+        and policy_servers.trainer_serves(training.options or {})
     )
 
 

@@ -126,6 +126,10 @@ class Service:
     def alive(self) -> bool:
         return self.process is not None and self.process.poll() is None
 
+    def exit_code(self) -> int | None:
+        """The process's exit code once it has exited (as :meth:`alive` saw it); else None."""
+        return self.process.returncode if self.process is not None else None
+
     def stop(self, *, timeout: float = 30.0) -> int | None:
         """SIGTERM the service's process group; SIGKILL it after ``timeout``."""
         if self.process is None:
@@ -239,7 +243,7 @@ class Supervisor:
         """Whether ``service`` runs or is being restarted (it died, and was not given up on)."""
         if service.alive():
             return True
-        return _code(service) != 0 and not self.failure and not self._closed.is_set()
+        return service.exit_code() != 0 and not self.failure and not self._closed.is_set()
 
     def close(self) -> None:
         self._closed.set()
@@ -250,7 +254,7 @@ class Supervisor:
             with self._lock:
                 # a service that exited 0 is done (the trainer, its steps trained), not dead
                 self._watched = [
-                    w for w in self._watched if w.service.alive() or _code(w.service) != 0
+                    w for w in self._watched if w.service.alive() or w.service.exit_code() != 0
                 ]
                 dead = [w for w in self._watched if not w.service.alive()]
             if not dead:
@@ -306,7 +310,3 @@ class Supervisor:
             service.start()
         except ServiceError as exc:
             self.log(f"openforge run: {service.name} did not come back: {exc}")
-
-
-def _code(service: Service) -> int | None:
-    return service.process.returncode if service.process is not None else None

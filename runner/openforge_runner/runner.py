@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from openforge import endpoints, policy_servers
+from openforge import endpoints
 from openforge.api import retries
 
 from openforge_runner import executor, plan
@@ -268,46 +268,6 @@ def finished_history(
 def policy_version(engine_url: str) -> int:
     with urllib.request.urlopen(engine_url + endpoints.POLICY, timeout=10) as response:
         return int(json.load(response).get("policy_version", 0))
-
-
-def wait_for_servers(
-    path: Path,
-    step: int,
-    *,
-    alive: Callable[[], bool],
-    stop: threading.Event,
-    timeout: float,
-) -> policy_servers.Engines | None:
-    """Block until the trainer's own servers are awake for its step ``step`` or a later one
-    (its engines file, ``path``, says so); None when ``stop`` is set first. A file that is
-    not what it should be is an error naming the field (:mod:`openforge.policy_servers`)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if stop.is_set():
-            return None
-        engines = policy_servers.read(path)
-        if engines is not None and engines.step >= step:
-            return engines
-        if not alive():
-            raise RuntimeError(
-                f"the trainer stopped before its servers were up for step {step} (see trainer.log)"
-            )
-        stop.wait(0.5)
-    raise TimeoutError(f"the trainer's servers were not up for step {step} within {timeout:g} s")
-
-
-def wait_until_done(alive: Callable[[], bool], *, stop: threading.Event, timeout: float) -> bool:
-    """Block until ``alive`` says no more (the trainer finished its steps and exited); False
-    when ``stop`` is set first (also when the trainer kept dying: its supervisor stops the
-    run)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if stop.is_set():
-            return False
-        if not alive():
-            return not stop.is_set()
-        stop.wait(0.5)
-    raise TimeoutError(f"the trainer was still training its last step after {timeout:g} s")
 
 
 def wait_for_policy(

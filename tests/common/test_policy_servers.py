@@ -40,3 +40,17 @@ def test_a_bad_file_is_refused_naming_the_field(tmp_path: Path, text: str, named
     with pytest.raises(policy_servers.EnginesError, match=named) as caught:
         policy_servers.read(path)
     assert str(path) in str(caught.value)
+
+
+def test_veRLs_own_servers_are_asked_for_by_the_rollout_option_as_veRL_reads_it() -> None:
+    key = policy_servers.ROLLOUT_OPTION
+    assert policy_servers.trainer_serves({key: "vllm", "trainer.device": "cuda"})
+    assert policy_servers.trainer_serves({f" +{key}": "vllm"})  # Hydra's append, spaced
+    assert not policy_servers.trainer_serves({key: "external"})
+    assert not policy_servers.trainer_serves({"trainer.device": "cuda"})
+
+
+def test_a_step_below_1_is_never_written(tmp_path: Path) -> None:
+    with pytest.raises(policy_servers.EnginesError, match="step must be an integer >= 1"):
+        policy_servers.write(tmp_path / "e.json", policy_servers.Engines(0, ("a:1",)))
+    assert not (tmp_path / "e.json").exists()

@@ -16,10 +16,11 @@ import pytest
 import torch
 import transformers
 from omegaconf import OmegaConf
+from openforge import policy_servers
 from openforge.trajectory.v1 import trajectory_pb2
 from openforge_trainer.collection import store
 from openforge_trainer.training import loop as trainer_loop
-from openforge_trainer.training import rollout_sampler, verl_agent_loop, verl_engines
+from openforge_trainer.training import rollout_sampler, verl_agent_loop
 from openforge_trainer.trajectories import export
 from PIL import Image
 from verl.experimental.agent_loop import agent_loop as verl_loop
@@ -311,13 +312,15 @@ def test_with_veRLs_own_servers_the_loop_says_where_they_are(
     the addresses veRL's load balancer holds, with the step, before it waits for its
     rollout; a session without veRL's step is refused."""
     db_path, model_dir, _ids = captured
-    engines = tmp_path / verl_engines.FILE
+    engines = tmp_path / policy_servers.FILE
     loop = agent_loop(db_path, model_dir, job="job", engines_file=str(engines), timeout=5)
     loop.server_manager = verl_client(["10.0.0.5:41234"])
     sample = {"extra_info": {verl_agent_loop.TASK_KEY: "t", verl_agent_loop.BATCH_KEY: "1"}}
     (output,) = asyncio.run(loop.run({}, session_id=0, global_steps=4, **sample))
     assert output.extra_fields["openforge_rollout_id"]
-    assert verl_engines.read(engines) == verl_engines.Engines(step=4, addresses=("10.0.0.5:41234",))
+    assert policy_servers.read(engines) == policy_servers.Engines(
+        step=4, addresses=("10.0.0.5:41234",)
+    )
     with pytest.raises(verl_agent_loop.RolloutUnavailable, match="needs its global_steps"):
         asyncio.run(loop.run({}, session_id=0, **sample))
     loop.server_manager = None  # veRL's external rollout gives no balancer

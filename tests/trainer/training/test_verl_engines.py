@@ -10,13 +10,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from openforge import policy_servers
 from openforge_trainer.training import verl_engines
 
 
 def test_announced_once_a_step_from_what_veRLs_load_balancer_holds(
     tmp_path: Path, verl_client: Callable[[list[str]], Any]
 ) -> None:
-    path = tmp_path / verl_engines.FILE
+    path = tmp_path / policy_servers.FILE
     client = verl_client(["10.0.0.5:41234", "10.0.0.6:39001"])
 
     async def steps() -> None:
@@ -31,7 +32,7 @@ def test_announced_once_a_step_from_what_veRLs_load_balancer_holds(
         await verl_engines.announce(client, path, step=2)
 
     asyncio.run(steps())
-    assert verl_engines.read(path) == verl_engines.Engines(
+    assert policy_servers.read(path) == policy_servers.Engines(
         step=2, addresses=("10.0.0.5:41234", "10.0.0.6:39001")
     )
 
@@ -39,9 +40,9 @@ def test_announced_once_a_step_from_what_veRLs_load_balancer_holds(
 def test_what_veRL_does_not_give_is_named(
     tmp_path: Path, verl_client: Callable[[list[str]], Any]
 ) -> None:
-    path = tmp_path / verl_engines.FILE
-    with pytest.raises(verl_engines.EnginesError, match="no load balancer"):
+    path = tmp_path / policy_servers.FILE
+    with pytest.raises(policy_servers.EnginesError, match="no load balancer"):
         asyncio.run(verl_engines.announce(None, path, step=1))
-    with pytest.raises(verl_engines.EnginesError, match=r"addresses\[0\] must be host:port"):
+    with pytest.raises(policy_servers.EnginesError, match=r"addresses\[0\] must be host:port"):
         asyncio.run(verl_engines.announce(verl_client(["no-port"]), path, step=1))
     assert not path.exists()

@@ -11,6 +11,8 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -401,3 +403,27 @@ def test_the_rollout_comes_from_the_flag_or_veRLs_own_key() -> None:
         verl_launch.plan_from(
             _args("--rollout", "external", "--verl", "actor_rollout_ref.rollout.name=vllm")
         )
+
+
+def test_a_rerun_on_veRLs_own_servers_whose_checkpoint_is_at_the_last_step_trains_nothing(
+    tmp_path: Path,
+) -> None:
+    """veRL resumed from its last step's checkpoint would run one step more, whose rollouts
+    no runner starts (and, on its own servers, publish nothing a runner waits for): such a
+    rerun exits 0 once its settings are checked, before Ray starts."""
+    run_dir = tmp_path / "run"
+    plan = plan_for(tmp_path, device="cuda", rollout="vllm", steps=3, run_dir=run_dir)
+    assert verl_launch.checkpointed_step(plan) == 0
+    (run_dir / "checkpoints").mkdir(parents=True)
+    (run_dir / "checkpoints" / "latest_checkpointed_iteration.txt").write_text("3\n")
+    assert verl_launch.checkpointed_step(plan) == 3
+    args = ["--model", str(tmp_path / "m"), "--store", str(tmp_path / "s.db"), "--job", "j"]
+    args += ["--task", "a", "--task", "b", "--run-dir", str(run_dir), "--steps", "3"]
+    done = subprocess.run(
+        [sys.executable, "-m", "openforge.cli", "train-verl", *args, "--device", "cuda",
+         "--rollout", "vllm"],
+        capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert verl_launch.READY in done.stdout
+    assert "the checkpoint is at step 3: every step is trained" in done.stdout

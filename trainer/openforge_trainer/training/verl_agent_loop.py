@@ -76,6 +76,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from openforge import policy_servers
 from PIL import Image
 from verl.experimental.agent_loop.agent_loop import (
     AgentLoopBase,
@@ -343,7 +344,7 @@ class OpenForgeAgentLoop(AgentLoopBase):
                 raise RolloutUnavailable("announcing veRL's servers needs its global_steps")
             try:
                 await verl_engines.announce(self.server_manager, self.engines_file, step=int(steps))
-            except verl_engines.EnginesError as exc:
+            except policy_servers.EnginesError as exc:
                 raise RolloutUnavailable(str(exc)) from exc
         deadline = time.monotonic() + self.timeout
         while True:

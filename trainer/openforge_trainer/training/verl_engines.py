@@ -15,32 +15,31 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from openforge.policy_servers import FILE, Engines, EnginesError, parse, read, write
-
-__all__ = ["FILE", "Engines", "EnginesError", "announce", "from_verl", "parse", "read", "write"]
+from openforge import policy_servers
 
 
-async def from_verl(server_manager: Any, *, step: int) -> Engines:
+async def from_verl(server_manager: Any, *, step: int) -> policy_servers.Engines:
     """The servers veRL's agent loops are given this step: the addresses its load balancer
     holds (``LLMServerClient``'s balancer actor, ``get_all_servers``: veRL 0.9.1's)."""
     balancer = getattr(server_manager, "_load_balancer", None)
     if balancer is None:
-        raise EnginesError(
+        raise policy_servers.EnginesError(
             "veRL gave the agent loop no load balancer to ask for its servers' addresses "
             "(is actor_rollout_ref.rollout.name vllm?)"
         )
     addresses = await balancer.get_all_servers.remote()
-    return Engines(step=step, addresses=tuple(addresses))
+    return policy_servers.Engines(step=step, addresses=tuple(addresses))
 
 
 _announced: set[tuple[Path, int]] = set()
 
 
 async def announce(server_manager: Any, path: Path, *, step: int) -> None:
-    """Write the step's servers to ``path`` once per step in this process (every agent loop
-    of the step calls this; the first writes)."""
+    """Write the step's servers to ``path`` for each step (every agent loop of the step
+    calls this; once one has written, the step's later calls do nothing; the first calls,
+    running together, may each write the same file)."""
     if (path, step) in _announced:
         return
     engines = await from_verl(server_manager, step=step)
-    write(path, engines)
+    policy_servers.write(path, engines)
     _announced.add((path, step))

@@ -51,9 +51,10 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from openforge import policy_servers
+
 from openforge_trainer.training import (
     verl_agent_loop,
-    verl_engines,
     verl_platform,
     verl_plugin,
     verl_rollout,
@@ -64,6 +65,7 @@ AGENT = "openforge"
 DATASET = "tasks.parquet"
 AGENT_LOOPS = "agent_loops.yaml"
 METRICS = "metrics.jsonl"
+CHECKPOINTS = "checkpoints"
 ROLLOUTS = ("external", "vllm")
 
 
@@ -121,7 +123,7 @@ CHECKPOINTS_KEPT = 2
 OWNED = {
     "trainer.device": "device",
     "trainer.n_gpus_per_node": "workers",
-    "actor_rollout_ref.rollout.name": "rollout",
+    policy_servers.ROLLOUT_OPTION: "rollout",
 }
 # veRL keys a user may not set: the plan sets them from its own fields (a second value would
 # win silently), or the loop depends on them (a group of rollout.n samples, one batch of
@@ -272,7 +274,7 @@ def agent_loops(plan: Plan) -> list[dict[str, Any]]:
 
 def engines_file(plan: Plan) -> Path:
     """Where a ``rollout="vllm"`` run writes its servers' addresses each step."""
-    return plan.run_dir.resolve() / verl_engines.FILE
+    return plan.run_dir.resolve() / policy_servers.FILE
 
 
 # Hydra escapes a backslash only before a quote, and OmegaConf interpolates ``${`` even in
@@ -349,7 +351,7 @@ def overrides(plan: Plan) -> list[str]:
         f"trainer.max_actor_ckpt_to_keep={CHECKPOINTS_KEPT}",
         "trainer.project_name=openforge",
         f"trainer.experiment_name={_hydra(plan.job)}",
-        f"trainer.default_local_dir={_hydra(str(run / 'checkpoints'))}",
+        f"trainer.default_local_dir={_hydra(str(run / CHECKPOINTS))}",
         f"trainer.rollout_data_dir={_hydra(str(run / 'rollouts'))}",
         "transfer_queue.backend.SimpleStorage.num_data_storage_units=1",
         # the reward comes with each rollout (its harness was graded); one idle reward worker
@@ -474,10 +476,25 @@ def run(plan: Plan, *, ready: Callable[[], None] = lambda: None) -> None:
 
     config = validated_config(plan)
     ready()
+    if plan.rollout == "vllm" and checkpointed_step(plan) >= plan.steps:
+        # veRL would resume and run a step more, whose rollouts no runner starts; with
+        # OpenForge's servers this rerun still publishes the weights it resumed, so it runs
+        print(f"{PROG}: the checkpoint is at step {plan.steps}: every step is trained", flush=True)
+        return
     try:
         main_ppo.run_ppo(config, task_runner_class=main_ppo.TaskRunnerV1)
     finally:
         ray.shutdown()
+
+
+def checkpointed_step(plan: Plan) -> int:
+    """The step of veRL's newest checkpoint in the run directory (what a rerun resumes
+    from; 0 without one): veRL's own ``latest_checkpointed_iteration.txt``."""
+    tracker = plan.run_dir / CHECKPOINTS / "latest_checkpointed_iteration.txt"
+    try:
+        return int(tracker.read_text().strip())
+    except (FileNotFoundError, ValueError):
+        return 0
 
 
 def metrics(run_dir: Path) -> list[dict[str, Any]]:
