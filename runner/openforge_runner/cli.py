@@ -5,8 +5,8 @@ job names a ``policy.endpoint`` or the trainer serves the policy itself: veRL's
 own vLLM servers, which it names in its engines file each step) and the trainer
 (``openforge train``) as local processes, then loops: all rollouts of an
 iteration (``parallelism`` at a time, each with its own sidecar), one training
-step on their groups, new weights published to the server. Ctrl-C stops cleanly; running the same
-command again continues where it stopped.
+step on their groups, new weights published to the server. Ctrl-C stops
+cleanly; running the same command again continues where it stopped.
 """
 
 from __future__ import annotations
@@ -78,19 +78,20 @@ def main(argv: list[str]) -> int:
     # veRL's own vLLM servers serve the sidecars (GPUs): no `openforge serve`
     trainer_serves = train and plan.trainer_serves(bundle)
     run_dir = (args.run_dir or Path("runs") / bundle.name).resolve()
-    train_args = (
-        plan.trainer_args(
+
+    def trainer_args(serve: str | None) -> list[str]:
+        """The trainer's arguments, its weights published to ``serve`` (none when it serves
+        the policy itself)."""
+        return plan.trainer_args(
             bundle,
             model=model,
             run_dir=run_dir,
             store=run_dir / "store.db",
-            serve=None if trainer_serves else CHECK_SERVE_URL,
+            serve=None if trainer_serves else serve,
             iterations=iterations,
         )
-        if train
-        else None
-    )
-    problem = _check_training(train_args)
+
+    problem = _check_training(trainer_args(CHECK_SERVE_URL) if train else None)
     if problem:
         print(f"openforge run: RolloutJob {bundle.name}: spec.training: {problem}", file=sys.stderr)
         return 2
@@ -176,24 +177,17 @@ def main(argv: list[str]) -> int:
         trainer = None
         servers = None  # the trainer's own (veRL's vLLM servers), when it serves the policy
         if train:
-            trainer_argv = processes.openforge(
-                *plan.trainer_args(
-                    bundle,
-                    model=model,
-                    run_dir=run_dir,
-                    store=run_dir / "store.db",
-                    serve=None if trainer_serves else engine_url,
-                    iterations=iterations,
-                )
-            )
+            trainer_argv = processes.openforge(*trainer_args(engine_url))
             trainer = processes.Service(
                 "trainer", trainer_argv, run_dir / "trainer.log", env=torch_env, stopping=stop
             )
+            # it runs or is being restarted (a restarted trainer resumes from its checkpoint)
+            trainer_alive = functools.partial(supervisor.alive, trainer)
             if trainer_serves:
                 servers = trainer_servers.TrainerServers(
                     run_dir / "train" / policy_servers.FILE,
                     exit_code=trainer.exit_code,
-                    alive=functools.partial(supervisor.alive, trainer),
+                    alive=trainer_alive,
                     stop=stop,
                 )
                 servers.forget()  # an earlier trainer's are gone
@@ -205,8 +199,8 @@ def main(argv: list[str]) -> int:
                     servers.forget()  # the dead trainer's are gone
                 return trainer_argv
 
-            # a restarted trainer resumes from its checkpoint (veRL's from its own, the
-            # rest of its dead Ray cluster killed first)
+            # veRL's trainer resumes from its own checkpoint, the rest of its dead Ray
+            # cluster killed first
             supervisor.watch(trainer, argv=restart_argv)
         resume = runner.resume_state(runner.Journal(run_dir / "journal.jsonl"))
         if trainer is not None and resume.trained and engine_url is not None:
@@ -218,7 +212,7 @@ def main(argv: list[str]) -> int:
                 runner.wait_for_policy(
                     engine_url,
                     trained_version,
-                    alive=lambda: supervisor.alive(trainer),
+                    alive=trainer_alive,
                     stop=stop,
                     timeout=1800,
                 )
@@ -227,17 +221,18 @@ def main(argv: list[str]) -> int:
                 raise processes.Stopped("stopped while the trainer resumed")
         collector_address = f"127.0.0.1:{collector.port}"
         served = itertools.count()  # the trainer's servers take the rollouts in turn
-        current = [0]  # the iteration whose rollouts run
 
-        def current_endpoints() -> executor.Endpoints:
+        def current_endpoints(rollout: plan.Rollout) -> executor.Endpoints:
             if servers is None:
                 assert engine_url is not None
                 version = runner.policy_version(engine_url)
                 return executor.Endpoints(engine_url, collector_address, version)
             # the trainer's own servers, asked for each rollout (a restarted trainer's are new)
-            up = servers.up_for(current[0])
+            up = servers.up_for(rollout.iteration)
             if up is None:
-                raise processes.Stopped(f"stopped before iteration {current[0] + 1}'s servers")
+                raise processes.Stopped(
+                    f"stopped before iteration {rollout.iteration + 1}'s servers"
+                )
             engines = up.endpoints()
             return executor.Endpoints(
                 engine=engines[next(served) % len(engines)], collector=collector_address,
@@ -246,16 +241,11 @@ def main(argv: list[str]) -> int:
 
         def trained(iteration: int) -> int | None:
             """The policy version after the trainer's step on ``iteration``; None if stopped."""
-            assert trainer is not None
             if servers is not None:
                 return servers.trained(iteration)
             assert engine_url is not None  # published to `openforge serve`
             return runner.wait_for_policy(
-                engine_url,
-                iteration + 1,
-                alive=functools.partial(supervisor.alive, trainer),
-                stop=stop,
-                timeout=1800,
+                engine_url, iteration + 1, alive=trainer_alive, stop=stop, timeout=1800
             )
 
         display = progress.Display(
@@ -272,7 +262,6 @@ def main(argv: list[str]) -> int:
                 ready=supervisor.up.is_set,
             )
             for iteration in range(iterations):
-                current[0] = iteration
                 if servers is not None and iteration not in resume.trained:
                     display.update(phase=f"iteration {iteration + 1}: waiting for the servers")
                     if servers.up_for(iteration) is None and stop.is_set():

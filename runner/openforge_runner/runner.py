@@ -20,12 +20,14 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from openforge import endpoints
 from openforge.api import retries
 
 from openforge_runner import executor, plan
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -115,12 +117,13 @@ class Runner:
         bundle: plan.Bundle,
         *,
         run_dir: Path,
-        endpoints: Callable[[], executor.Endpoints],
+        endpoints: Callable[[plan.Rollout], executor.Endpoints],
         on_change: Callable[[IterationStats], None] = lambda stats: None,
         stop: threading.Event | None = None,
         ready: Callable[[], bool] = lambda: True,
     ) -> None:
-        """``ready`` says whether a rollout may start now (the run's services are up)."""
+        """``endpoints`` gives a rollout's servers as it starts; ``ready`` says whether a
+        rollout may start now (the run's services are up)."""
         self.bundle = bundle
         self.run_dir = run_dir
         self.journal = Journal(run_dir / "journal.jsonl")
@@ -188,7 +191,11 @@ class Runner:
 
     def _run(self, rollout: plan.Rollout) -> executor.Outcome:
         return executor.run_rollout(
-            self.bundle, rollout, run_dir=self.run_dir, endpoints=self._endpoints(), stop=self.stop
+            self.bundle,
+            rollout,
+            run_dir=self.run_dir,
+            endpoints=self._endpoints(rollout),
+            stop=self.stop,
         )
 
     def _settle(
@@ -270,6 +277,35 @@ def policy_version(engine_url: str) -> int:
         return int(json.load(response).get("policy_version", 0))
 
 
+POLL_SECONDS = 0.5
+
+
+def poll_until(
+    ready: Callable[[], T | None],
+    *,
+    alive: Callable[[], bool],
+    stop: threading.Event,
+    timeout: float,
+    died: str,
+    late: str,
+) -> T | None:
+    """What ``ready`` gives once it gives something (not None), asked every
+    :data:`POLL_SECONDS`; None when ``stop`` is set first. The trainer dead (``alive``
+    says no) is a ``RuntimeError`` saying ``died``, ``timeout`` passing a
+    ``TimeoutError`` saying ``late``."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if stop.is_set():
+            return None
+        found = ready()
+        if found is not None:
+            return found
+        if not alive():
+            raise RuntimeError(died)
+        stop.wait(POLL_SECONDS)
+    raise TimeoutError(late)
+
+
 def wait_for_policy(
     engine_url: str,
     version: int,
@@ -280,21 +316,19 @@ def wait_for_policy(
 ) -> int | None:
     """Block until the engine serves ``version`` or later (the trainer published); None
     when ``stop`` is set first."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if stop.is_set():
-            return None
+
+    def served() -> int | None:
         try:
             current = policy_version(engine_url)
         except OSError:  # the engine is being restarted: ask again
-            current = -1
-        if current >= version:
-            return current
-        if not alive():
-            raise RuntimeError(
-                "the trainer stopped before publishing new weights (see trainer.log)"
-            )
-        stop.wait(0.5)
-    raise TimeoutError(
-        f"the engine still serves a policy older than version {version} after {timeout:.0f} s"
+            return None
+        return current if current >= version else None
+
+    return poll_until(
+        served,
+        alive=alive,
+        stop=stop,
+        timeout=timeout,
+        died="the trainer stopped before publishing new weights (see trainer.log)",
+        late=f"the engine still serves a policy older than version {version} after {timeout:.0f} s",
     )

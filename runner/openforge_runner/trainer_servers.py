@@ -10,15 +10,13 @@ servers are, and when an iteration is trained.
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from openforge import policy_servers
 
-POLL_SECONDS = 0.5
+from openforge_runner import runner
 
 
 @dataclass
@@ -42,7 +40,7 @@ class TrainerServers:
         ``iteration + 1`` or a later one); None when stopped, or once the trainer has
         finished (it trained every step: nothing is left to serve)."""
         found = self._poll(
-            lambda: self._at(iteration + 1) or self.finished(),
+            lambda: self._at(iteration + 1) or self.finished() or None,
             what=f"its servers were up for iteration {iteration + 1}",
         )
         return found if isinstance(found, policy_servers.Engines) else None
@@ -52,7 +50,7 @@ class TrainerServers:
         once that step is done: its servers are up for the next iteration, or it finished;
         None when stopped."""
         done = self._poll(
-            lambda: self._at(iteration + 2) is not None or self.finished(),
+            lambda: self._at(iteration + 2) is not None or self.finished() or None,
             what=f"it trained on iteration {iteration + 1}",
         )
         return None if done is None else iteration + 1
@@ -61,17 +59,14 @@ class TrainerServers:
         engines = policy_servers.read(self.path)
         return engines if engines is not None and engines.step >= step else None
 
-    def _poll(self, ready: Callable[[], Any], *, what: str) -> Any:
-        """What ``ready`` gives once it is truthy; None when ``stop`` is set first. A trainer
-        given up on, or a file that is not what it should be (the field named), is an error."""
-        deadline = time.monotonic() + self.timeout
-        while time.monotonic() < deadline:
-            if self.stop.is_set():
-                return None
-            found = ready()
-            if found:
-                return found
-            if not self.alive():
-                raise RuntimeError(f"the trainer stopped before {what} (see trainer.log)")
-            self.stop.wait(POLL_SECONDS)
-        raise TimeoutError(f"gave up after {self.timeout:g} s waiting until {what}")
+    def _poll(self, ready: Callable[[], object | None], *, what: str) -> object | None:
+        """:func:`runner.poll_until` on the trainer. A trainer given up on, or a file that is
+        not what it should be (the field named), is an error."""
+        return runner.poll_until(
+            ready,
+            alive=self.alive,
+            stop=self.stop,
+            timeout=self.timeout,
+            died=f"the trainer stopped before {what} (see trainer.log)",
+            late=f"gave up after {self.timeout:g} s waiting until {what}",
+        )

@@ -151,7 +151,7 @@ class Scripted(runner.Runner):
         super().__init__(
             bundle,
             run_dir=run_dir,
-            endpoints=lambda: executor.Endpoints("http://127.0.0.1:9", "127.0.0.1:9", 0),
+            endpoints=lambda rollout: executor.Endpoints("http://127.0.0.1:9", "127.0.0.1:9", 0),
             stop=threading.Event(),
         )
         self.ends, self.stop_at, self.ran = ends, stop_at, []
