@@ -18,6 +18,7 @@ from typing import Any
 import call_outcomes
 import pytest
 import torch
+from openforge import trajectory
 from openforge.trajectory.v1 import trajectory_pb2
 from openforge_trainer.collection import store
 from openforge_trainer.training import checkpoint, metrics, rollout_sampler
@@ -584,6 +585,10 @@ def test_a_stopped_attempt_is_never_trained_nor_counted_towards_its_group(
     with store.Store(db_path) as db:
         waiting = trainer_loop.select_groups(db, sized, state=checkpoint.TrainerState(), limit=5)
         assert waiting.groups == [] and "a-stopped" not in waiting.skipped
+        # without a group size too: two samples are in, and none running, but one is cut off
+        unsized = settings(tmp_path, model_dir)
+        state = checkpoint.TrainerState()
+        assert trainer_loop.select_groups(db, unsized, state=state, limit=5).groups == []
     call = {
         "call_index": 0,
         "prompt_token_ids": [1, 11, 12],
@@ -649,3 +654,105 @@ def test_two_batches_at_one_policy_version_are_two_groups_trained_a_batch_a_step
             db, settings(tmp_path, model_dir), state=checkpoint.TrainerState(), limit=8
         )
         assert sorted(g.task_id for g in plain.groups) == ["a@v0", "b@v0"] and not plain.settled
+
+
+def attempt(db_path: Path, rollout: str, task: str, sample: int, **how: Any) -> None:
+    """One attempt of ``task``'s ``sample`` in batch ``how["batch"]``: started only
+    (``end`` None: still running), or ended ``succeeded`` (a reward), ``failed`` (none) or
+    ``stopped`` (cut off)."""
+    call = {
+        "call_index": 0,
+        "prompt_token_ids": [1, 11, 12],
+        "completion_token_ids": [13 + sample, 2],
+        "completion_logprobs": [-0.5, -0.5],
+        "http_status": 200,
+        "finish_reason": "stop",
+    }
+    started = record(
+        rollout, task, sample, body="started", attempt=how["attempt"],
+        labels={trajectory.BATCH_LABEL: how["batch"]},
+    )  # fmt: skip
+    end = how.get("end")
+    records = [started]
+    if end == "stopped":
+        records.append(record(rollout, task, sample, body="finished", status="stopped"))
+    elif end is not None:
+        records += [
+            record(rollout, task, sample, body="call", **call),
+            record(
+                rollout, task, sample, body="finished", call_count=1, status=end,
+                has_reward=end == "succeeded", reward=float(sample % 2),
+            ),
+        ]  # fmt: skip
+    put(db_path, rollout, records)
+
+
+def test_a_group_is_ready_by_its_samples_latest_attempts_not_by_attempts(
+    tmp_path: Path, model_dir: Path
+) -> None:
+    """The state a chaos run hung in: task t's sample 1 failed and was tried again, its
+    sample 0 was cut off and its retry still ran. Two complete attempts (both of sample 1)
+    made the group "ready"; it was skipped as too small, and the retry of sample 0 then
+    sat alone in batch 1 for ever, so batch 2 was never trained."""
+    db_path = tmp_path / "store.db"
+    for task in ("t", "u"):
+        for sample in (0, 1):
+            attempt(db_path, f"2-{task}{sample}", task, sample, attempt=1, batch="2/4",
+                    end="succeeded")  # fmt: skip
+    attempt(db_path, "1-u0", "u", 0, attempt=1, batch="1/4", end="succeeded")
+    attempt(db_path, "1-u1", "u", 1, attempt=1, batch="1/4", end="succeeded")
+    attempt(db_path, "1-t0-a1", "t", 0, attempt=1, batch="1/4", end="stopped")
+    attempt(db_path, "1-t0-a2", "t", 0, attempt=2, batch="1/4")  # still running
+    attempt(db_path, "1-t1-a1", "t", 1, attempt=1, batch="1/4", end="failed")
+    attempt(db_path, "1-t1-a2", "t", 1, attempt=2, batch="1/4", end="succeeded")
+    config = settings(tmp_path, model_dir, group_size=2, groups_per_step=2)
+    with store.Store(db_path) as db:
+        waiting = trainer_loop.select_groups(db, config, state=checkpoint.TrainerState(), limit=2)
+    assert [g.task_id for g in waiting.groups] == ["u@v0#1/4"]
+    assert not waiting.settled and not waiting.closed
+    assert not {"1-t0-a2", "1-t1-a1", "1-t1-a2"} & set(waiting.skipped)
+    attempt(db_path, "1-t0-a2", "t", 0, attempt=2, batch="1/4", end="succeeded")
+    run = trainer(config)
+    try:
+        assert run.run() == 2
+    finally:
+        run.close()
+    marks = trained_marks(db_path)
+    assert [r for r, mark in marks.items() if mark is None] == ["1-t0-a1", "1-t1-a1"]
+    assert run.state.trained_tasks == {
+        "t@v0#1/4": 1, "u@v0#1/4": 1, "t@v0#2/4": 2, "u@v0#2/4": 2
+    }  # fmt: skip
+    assert run.state.skipped == {"1-t1-a1": "superseded by attempt 2"}
+
+
+def test_a_retry_after_its_group_was_skipped_is_late_and_never_blocks_the_next_batch(
+    tmp_path: Path, model_dir: Path
+) -> None:
+    """Batch 1 settled with task t's sample 0 failed: the group is skipped, too small.
+    The failed attempt is tried again after all; its retry alone can never make a group,
+    so it is skipped as late (the decision is kept in the checkpoint), and batch 2 is
+    trained."""
+    db_path = tmp_path / "store.db"
+    for task in ("t", "u"):
+        attempt(db_path, f"1-{task}1", task, 1, attempt=1, batch="1/4", end="succeeded")
+        for sample in (0, 1):
+            attempt(db_path, f"2-{task}{sample}", task, sample, attempt=1, batch="2/4",
+                    end="succeeded")  # fmt: skip
+    attempt(db_path, "1-u0", "u", 0, attempt=1, batch="1/4", end="succeeded")
+    attempt(db_path, "1-t0-a1", "t", 0, attempt=1, batch="1/4", end="failed")
+    config = settings(tmp_path, model_dir, group_size=2, groups_per_step=2, steps=1)
+    first = trainer(config)
+    try:
+        assert first.run() == 1
+    finally:
+        first.close()
+    too_small = "group too small: 1 usable rollout(s) in 't@v0#1/4'"
+    assert first.state.skipped_tasks == {"t@v0#1/4": too_small}
+    attempt(db_path, "1-t0-a2", "t", 0, attempt=2, batch="1/4", end="succeeded")
+    second = trainer(config.model_copy(update={"steps": None}))  # resumed from the checkpoint
+    try:
+        assert second.run() == 1
+    finally:
+        second.close()
+    assert second.state.skipped["1-t0-a2"] == f"late: task 't@v0#1/4' was skipped ({too_small})"
+    assert second.state.trained_tasks == {"u@v0#1/4": 1, "t@v0#2/4": 2, "u@v0#2/4": 2}

@@ -47,6 +47,8 @@ class TrainerState:
     trained_tasks: dict[str, int] = dataclasses.field(default_factory=dict)
     # rollout id -> why it will never be trained (stale, no reward, ...)
     skipped: dict[str, str] = dataclasses.field(default_factory=dict)
+    # task id -> why its group was skipped whole (late rollouts of it are skipped too)
+    skipped_tasks: dict[str, str] = dataclasses.field(default_factory=dict)
     base_model: str = ""
 
     def to_json(self) -> str:

@@ -10,7 +10,9 @@ One step, in order (the order is what makes a crash harmless):
    no model tokens in its completed calls (aborted, refused and errored calls
    are never trained, :mod:`outcome`), superseded by a later attempt, a group
    left with fewer than two usable rollouts, or a late rollout of a task whose
-   group was already trained.
+   group was already trained or skipped. A group is ready by its samples, not its
+   attempts: each sample's latest attempt, and a sample whose attempt was cut off
+   (``stopped``) is waited for, as it is tried again (:func:`_ready`).
 2. **batch** (:mod:`rl_batch`): their rows as one veRL ``DataProto``;
    per-rollout advantages from veRL's estimator (GRPO by default).
 3. **update** (:meth:`Trainer.update`): micro-batches within a token budget;
@@ -71,6 +73,8 @@ class Group:
 class Selection:
     groups: list[Group] = dataclasses.field(default_factory=list)
     skipped: dict[str, str] = dataclasses.field(default_factory=dict)  # rollout id -> reason
+    closed: dict[str, str] = dataclasses.field(default_factory=dict)
+    """Groups skipped whole (group key -> why): a later attempt of one of them is late."""
     settled: bool = False
     """The groups are all the batch will have: none of its rollouts is still running."""
     full: bool = False
@@ -88,24 +92,24 @@ def select_groups(
     limit: int,
 ) -> Selection:
     """Up to ``limit`` trainable groups of the oldest batch with untrained rollouts, and
-    the rollouts newly found untrainable."""
+    the rollouts (and groups) newly found untrainable."""
     selection = Selection()
     candidates: list[tuple[int, str, list[store_module.Rollout]]] = []
     everything = db.rollouts(config.job)
     untrained = _untrained_by_task(everything, state)
+    for task in [task for task in untrained if _late(state, task)]:
+        # its group was decided: a later attempt neither joins it nor holds its batch
+        for rollout in untrained.pop(task):
+            if rollout.complete:
+                selection.skipped[rollout.rollout_id] = _late(state, task)
     batches = {rollout.batch for members in untrained.values() for rollout in members}
     batch = min(batches, key=_batch_order) if batches else ""
     untrained = {key: members for key, members in untrained.items() if members[0].batch == batch}
     selection.settled = _settled(everything, batch)
+    cut_off = _cut_off(everything)
     for task, members in untrained.items():
         complete = [rollout for rollout in members if rollout.complete]
-        if task in state.trained_tasks:
-            for rollout in complete:
-                selection.skipped[rollout.rollout_id] = (
-                    f"late: task {task!r} was trained at step {state.trained_tasks[task]}"
-                )
-            continue
-        if _ready(config, complete, running=len(members) - len(complete)):
+        if _ready(config, members, cut_off=cut_off.get(task, {}), settled=selection.settled):
             oldest = min(rollout.policy_version for rollout in complete)
             candidates.append((oldest, task, complete))
     for _, task, complete in sorted(candidates, key=lambda item: (item[0], item[1])):
@@ -114,23 +118,38 @@ def select_groups(
         group = _prepare(
             db, config, state=state, task=task, complete=complete, skipped=selection.skipped
         )
-        if group is not None:
+        if isinstance(group, Group):
             selection.groups.append(group)
+        else:
+            selection.closed[task] = group
     return selection
 
 
+def _late(state: checkpoint.TrainerState, task: str) -> str:
+    """Why a rollout of group ``task`` comes too late (its group was decided), or ""."""
+    if task in state.trained_tasks:
+        return f"late: task {task!r} was trained at step {state.trained_tasks[task]}"
+    if task in state.skipped_tasks:
+        return f"late: task {task!r} was skipped ({state.skipped_tasks[task]})"
+    return ""
+
+
 def _settled(rollouts: list[store_module.Rollout], batch: str) -> bool:
-    """Whether every rollout ``batch`` names (``<number>/<rollouts>``) is complete: its
-    groups are all it will have. Never for a batch that gives no size (or no batch: the
-    operator's rollouts), whose groups are waited for by ``groups_per_step``."""
+    """Whether every rollout ``batch`` names (``<number>/<rollouts>``) is complete: the
+    latest attempt of each of its samples, and not one that was cut off (its sample is
+    tried again). Its groups are then all it will have. Never for a batch that gives no
+    size (or no batch: the operator's rollouts), whose groups are waited for by
+    ``groups_per_step``."""
     size = batch.partition("/")[2]
     if not size.isdigit():
         return False
-    done = {
-        (r.task_id, r.sample_index)
-        for r in rollouts
-        if r.batch == batch and r.complete and r.status != trajectory.STOPPED
-    }
+    latest: dict[tuple[str, int], store_module.Rollout] = {}
+    for rollout in rollouts:
+        if rollout.batch == batch:
+            key = (rollout.task_id, rollout.sample_index)
+            if key not in latest or rollout.attempt > latest[key].attempt:
+                latest[key] = rollout
+    done = [r for r in latest.values() if r.complete and r.status != trajectory.STOPPED]
     return len(done) >= int(size)
 
 
@@ -168,12 +187,46 @@ def _batch_order(batch: str) -> tuple[int, int, str]:
     return (0, int(number), "") if number.isdigit() else (1, 0, batch)
 
 
+def _cut_off(rollouts: list[store_module.Rollout]) -> dict[str, dict[int, int]]:
+    """Per group, each sample's newest attempt that was cut off (``stopped``): the sample
+    is tried again, so an attempt of it older than that one is not its last."""
+    cut: dict[str, dict[int, int]] = {}
+    for rollout in rollouts:
+        if rollout.status == trajectory.STOPPED and rollout.started:
+            samples = cut.setdefault(group_key(rollout), {})
+            samples[rollout.sample_index] = max(
+                samples.get(rollout.sample_index, -1), rollout.attempt
+            )
+    return cut
+
+
 def _ready(
-    config: train_config.TrainConfig, complete: list[store_module.Rollout], *, running: int
+    config: train_config.TrainConfig,
+    members: list[store_module.Rollout],
+    *,
+    cut_off: dict[int, int],
+    settled: bool,
 ) -> bool:
+    """Whether a group can be decided now. Samples count, not attempts: a sample is done
+    when its latest attempt is complete and no later one was cut off (then it is tried
+    again). With ``group_size``, that many done samples; without, two and none waiting;
+    in a settled batch, any (its groups are all it will have)."""
+    latest: dict[int, store_module.Rollout] = {}
+    for rollout in members:
+        previous = latest.get(rollout.sample_index)
+        if previous is None or rollout.attempt > previous.attempt:
+            latest[rollout.sample_index] = rollout
+    done = {
+        sample
+        for sample, rollout in latest.items()
+        if rollout.complete and cut_off.get(sample, -1) < rollout.attempt
+    }
+    if settled:
+        return bool(done)
     if config.group_size:
-        return len(complete) >= config.group_size
-    return len(complete) >= MIN_GROUP and running == 0
+        return len(done) >= config.group_size
+    waiting = (set(latest) | set(cut_off)) - done
+    return len(done) >= MIN_GROUP and not waiting
 
 
 def _prepare(
@@ -184,7 +237,9 @@ def _prepare(
     task: str,
     complete: list[store_module.Rollout],
     skipped: dict[str, str],
-) -> Group | None:
+) -> Group | str:
+    """The group of ``task``'s latest complete attempts, or why the group is skipped
+    whole (its rollouts are then in ``skipped``)."""
     usable: list[tuple[store_module.Rollout, list[export.Row]]] = []
     for rollout in _latest_attempts(complete, skipped):
         rows, reason = _rows(db, rollout)
@@ -194,18 +249,20 @@ def _prepare(
             usable.append((rollout, rows))
     ids = [rollout.rollout_id for rollout, _ in usable]
     if len(usable) < MIN_GROUP:
+        reason = f"group too small: {len(usable)} usable rollout(s) in {task!r}"
         for rollout_id in ids:
-            skipped[rollout_id] = f"group too small: {len(usable)} usable rollout(s) in {task!r}"
-        return None
+            skipped[rollout_id] = reason
+        return reason
     oldest = min(row.policy_version for _, rows in usable for row in rows)
     staleness = state.policy_version - oldest
     if staleness > config.max_staleness:
+        reason = (
+            f"stale: sampled at policy version {oldest}, trainer at {state.policy_version} "
+            f"(max_staleness {config.max_staleness})"
+        )
         for rollout_id in ids:
-            skipped[rollout_id] = (
-                f"stale: sampled at policy version {oldest}, trainer at {state.policy_version} "
-                f"(max_staleness {config.max_staleness})"
-            )
-        return None
+            skipped[rollout_id] = reason
+        return reason
     return Group(
         task_id=task,
         rollouts=tuple(rollout for rollout, _ in usable),
@@ -440,7 +497,7 @@ class Trainer:
             selection = select_groups(
                 self.store, self.config, state=self.state, limit=self.config.groups_per_step
             )
-            self._skip(selection.skipped)
+            self._skip(selection)
             enough = len(selection.groups) >= self.config.groups_per_step or (
                 selection.settled and bool(selection.groups)
             )
@@ -453,11 +510,12 @@ class Trainer:
                 return selection
             stop.wait(min(self.config.poll_interval, max(0.0, deadline - time.monotonic())))
 
-    def _skip(self, skipped: dict[str, str]) -> None:
-        for rollout_id, reason in skipped.items():
+    def _skip(self, selection: Selection) -> None:
+        for rollout_id, reason in selection.skipped.items():
             if rollout_id not in self.state.skipped:
                 self.state.skipped[rollout_id] = reason
                 self.log(f"openforge train: skipping rollout {rollout_id}: {reason}")
+        self.state.skipped_tasks.update(selection.closed)
 
     def train_step(self, selection: Selection) -> dict[str, float]:
         """Batch, update, checkpoint, mark, publish and record one step; its metrics."""
@@ -474,6 +532,7 @@ class Trainer:
             trained={**self.state.trained, **dict.fromkeys(rollout_ids, step)},
             trained_tasks={**self.state.trained_tasks, **{g.task_id: step for g in groups}},
             skipped=dict(self.state.skipped),
+            skipped_tasks=dict(self.state.skipped_tasks),
         )
         saved_at = time.monotonic()
         path = checkpoint.save(
