@@ -18,6 +18,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -111,9 +112,13 @@ def run_rollout(
     run_dir: Path,
     endpoints: Endpoints,
     stop: threading.Event,
+    tried_again: Callable[[retries.Tried], bool] = lambda tried: True,
 ) -> Outcome:
     """Run one attempt. When ``stop`` is set the harness is killed and the
-    outcome's reason is :data:`INTERRUPTED` (the runner does not count it)."""
+    outcome's reason is :data:`INTERRUPTED` (the runner does not count it).
+    ``tried_again`` says whether an attempt that ended so is tried again: an attempt
+    its sidecar never finished is closed in the store as ``stopped`` if so (a trainer
+    waits for its sample's next attempt), else as ``failed``."""
     started = time.monotonic()
     home = run_dir / "rollouts" / rollout.rollout_id
     workdir = home / "work"
@@ -153,15 +158,20 @@ def run_rollout(
     if died is not None:
         # the sidecar is gone: deliver what its spool holds, and close the attempt it never finished
         reason = f"its sidecar exited with {died} before the rollout was finished"
-        drained = drain([home / "spool"], collector=endpoints.collector, reason=reason)
-        final = dataclasses.replace(
-            final, status="failed", reason="SidecarFailed", message=f"{reason}; {drained.summary()}"
+        final = dataclasses.replace(final, status="failed", reason="SidecarFailed")
+        drained = drain(
+            [home / "spool"],
+            collector=endpoints.collector,
+            reason=reason,
+            status=_closed_as(rollout, final, tried_again=tried_again),
         )
+        final = dataclasses.replace(final, message=f"{reason}; {drained.summary()}")
     elif not finish.get("acknowledged"):
         drained = drain(
             [home / "spool"],
             collector=endpoints.collector,
             reason="its sidecar stopped with the rollout unfinished",
+            status=_closed_as(rollout, final, tried_again=tried_again),
         )
         if "error" not in finish and drained.spools and not drained.kept and not drained.error:
             # the sidecar recorded the finish, and every record reached the store after all
@@ -202,11 +212,28 @@ class Drained:
         return text
 
 
+def _closed_as(
+    rollout: plan.Rollout, final: verdict.Verdict, *, tried_again: Callable[[retries.Tried], bool]
+) -> str:
+    """The status an attempt its sidecar never finished is closed with in the store:
+    ``stopped`` when it is tried again, else ``failed`` (its sample is done)."""
+    tried = retries.Tried(
+        rollout.attempt, final.status == "succeeded", final.exit_code, final.reason or None
+    )
+    return trajectory.STOPPED if tried_again(tried) else "failed"
+
+
 def drain(
-    spools: list[Path], *, collector: str, reason: str, timeout: float = DRAIN_SECONDS
+    spools: list[Path],
+    *,
+    collector: str,
+    reason: str,
+    timeout: float = DRAIN_SECONDS,
+    status: str = trajectory.STOPPED,
 ) -> Drained:
     """Run ``openforge drain --close`` over stopped sidecars' spools: deliver their records,
-    close their rollouts if never finished. Never raises: what it could not do is counted."""
+    close their rollouts if never finished (as ``status``: ``stopped`` when they are tried
+    again, ``failed`` when not). Never raises: what it could not do is counted."""
     present = [str(s) for s in spools if s.is_dir()]
     if not present:
         return Drained()
@@ -218,6 +245,8 @@ def drain(
         "--close",
         "--reason",
         reason,
+        "--status",
+        status,
         "--timeout",
         str(timeout),
     )

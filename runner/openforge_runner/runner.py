@@ -196,7 +196,14 @@ class Runner:
             run_dir=self.run_dir,
             endpoints=self._endpoints(rollout),
             stop=self.stop,
+            tried_again=lambda tried: self._decide(rollout, tried).state == "retry",
         )
+
+    def _decide(self, rollout: plan.Rollout, tried: retries.Tried) -> retries.Decision:
+        """What the failure policy does after ``tried``, over the rollout's earlier attempts."""
+        with self._lock:
+            history = [*self._tried.get((rollout.iteration, rollout.index), []), tried]
+        return retries.decide(self.bundle.job.spec, history)
 
     def _settle(
         self, stats: IterationStats, rollout: plan.Rollout, *, outcome: executor.Outcome
@@ -220,11 +227,10 @@ class Runner:
             "calls": outcome.calls,
             "seconds": round(outcome.seconds, 3),
         }
-        key = (rollout.iteration, rollout.index)
+        tried = _tried(entry)
+        decision = self._decide(rollout, tried)
         with self._lock:
-            tried = self._tried.setdefault(key, [])
-            tried.append(_tried(entry))
-            decision = retries.decide(self.bundle.job.spec, tried)
+            self._tried.setdefault((rollout.iteration, rollout.index), []).append(tried)
         if decision.state == "retry":
             self.journal.write({**entry, "event": "retry"})
             with self._lock:

@@ -226,12 +226,14 @@ def test_a_sidecar_killed_mid_rollout_is_drained_and_its_attempt_closed(
     procs: Any, tmp_path: Path
 ) -> None:
     """The harness makes its calls, then SIGKILLs its own sidecar before the runner reports
-    the rollout: the runner says the sidecar died (not that the collector did not
-    acknowledge), its spool is delivered, and the attempt is closed in the store."""
+    the rollout, in both of its attempts: the runner says the sidecar died (not that the
+    collector did not acknowledge), its spool is delivered, and the attempt is closed in
+    the store: ``stopped`` when it is tried again (a trainer waits for the next attempt),
+    ``failed`` when the failure policy gives the rollout up (its sample is done)."""
     engine = procs.engine()
     path = manifest(tmp_path, engine.url, tasks=1, samples=1)
-    text = path.read_text().replace("maxAttemptsPerRollout: 2", "maxAttemptsPerRollout: 1")
-    assert "&& exec python" in text
+    text = path.read_text()
+    assert "maxAttemptsPerRollout: 2" in text and "&& exec python" in text
     # react-toy's agent line, the file's first (prepare.py's line goes on; codex-toy's comes later)
     agent = '--task-id "$OPENFORGE_TASK_ID" --workdir .\n'
     text = text.replace("&& exec python", "&& python", 1).replace(
@@ -241,21 +243,28 @@ def test_a_sidecar_killed_mid_rollout_is_drained_and_its_attempt_closed(
     run_dir = tmp_path / "run"
     done = run([str(path), "--no-train", "--quiet", "--run-dir", str(run_dir), "--iterations", "1"])
     assert done.returncode == 0, done.stdout + done.stderr
+    [retry] = [e for e in journal(run_dir) if e["event"] == "retry"]
     [finish] = [e for e in journal(run_dir) if e["event"] == "finish"]
-    assert (finish["status"], finish["reason"]) == ("failed", "SidecarFailed"), finish
-    assert "its sidecar exited with -9 before the rollout was finished" in finish["message"]
-    # what the exporter had not delivered yet, at least the loss report and the finish
-    delivered = re.search(
-        r"drained its spool: (\d+) records delivered, the attempt recorded lost and failed$",
-        finish["message"],
-    )
-    assert delivered is not None and int(delivered[1]) >= 2, finish
+    for entry in (retry, finish):
+        assert (entry["status"], entry["reason"]) == ("failed", "SidecarFailed"), entry
+        assert "its sidecar exited with -9 before the rollout was finished" in entry["message"]
+        # what the exporter had not delivered yet, at least the loss report and the finish
+        delivered = re.search(
+            r"drained its spool: (\d+) records delivered, the attempt recorded lost and failed$",
+            entry["message"],
+        )
+        assert delivered is not None and int(delivered[1]) >= 2, entry
     with store.Store(run_dir / "store.db") as db:
-        rollout = db.rollout("react-toy-i0-0-0")
-        assert rollout is not None and rollout.finished and rollout.status == "stopped"
-        assert len(db.calls("react-toy-i0-0-0")) == 2  # both calls, once each
-        [lost] = db.lost("react-toy")
-        assert lost.whole_rollout and lost.reason.startswith("its sidecar exited with -9")
+        closed = {r.rollout_id: r for r in db.rollouts("react-toy")}
+        assert sorted(closed) == ["react-toy-i0-0-0", "react-toy-i0-0-1"]
+        assert closed["react-toy-i0-0-0"].status == "stopped"  # tried again
+        assert closed["react-toy-i0-0-1"].status == "failed"  # given up: the sample is done
+        assert all(r.complete and not r.has_reward for r in closed.values())
+        for rollout_id in closed:
+            assert len(db.calls(rollout_id)) == 2  # both calls, once each
+        losses = db.lost("react-toy")
+        assert len(losses) == 2 and all(lost.whole_rollout for lost in losses)
+        assert all(lost.reason.startswith("its sidecar exited with -9") for lost in losses)
 
 
 def test_a_killed_run_s_unfinished_attempt_is_closed_when_the_run_starts_again(

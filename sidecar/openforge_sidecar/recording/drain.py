@@ -7,8 +7,10 @@ done, without serving anything:
 
 - with ``close``, it reports each call begun but never spooled as lost, and,
   when no ``finished`` record was spooled, reports the whole rollout lost
-  with ``reason`` and records it finished as ``stopped`` (no reward: never
-  trained or measured), so the store never keeps an abandoned attempt running;
+  with ``reason`` and records it finished (no reward: never trained or
+  measured), so the store never keeps an abandoned attempt running: as
+  ``stopped`` when its sample is tried again (a trainer then waits for that
+  attempt), as ``failed`` when it is not (its sample is done);
 - it streams every unacknowledged record to the collector and waits (at
   most ``timeout``) for the acknowledgements.
 
@@ -59,13 +61,14 @@ def drain(
     reason: str,
     close: bool,
     timeout: float,
+    status: str = trajectory.STOPPED,
 ) -> Drained:
     """Close (with ``close``) and deliver the spool in ``directory``."""
     if not (directory.is_dir() and any(directory.iterdir())):
         return Drained(str(directory), "", False, 0, 0, 0, "no spool")
     with spool.Spool(directory) as store:
         found = resume.resume(store, directory / resume.INFLIGHT_JOURNAL)
-        added = _closing(found, reason=reason) if close and found.rollout_id else []
+        added = _closing(found, reason=reason, status=status) if close and found.rollout_id else []
         if added:
             store.append(added)
         before = store.unacked_count
@@ -92,7 +95,7 @@ def drain(
         )
 
 
-def _closing(found: resume.Resume, *, reason: str) -> list[Any]:
+def _closing(found: resume.Resume, *, reason: str, status: str) -> list[Any]:
     """The records that report ``found``'s vanished calls and, if unfinished, close it."""
     out: list[Any] = []
     index = found.next_lost
@@ -110,7 +113,7 @@ def _closing(found: resume.Resume, *, reason: str) -> list[Any]:
         )
         out.append(records.finished(
             job=found.job, rollout_id=found.rollout_id, exit_code=STOPPED_EXIT_CODE, reward=None,
-            grader_output="", call_count=found.next_call, status=trajectory.STOPPED,
+            grader_output="", call_count=found.next_call, status=status,
         ))  # fmt: skip
     return out
 
@@ -148,7 +151,14 @@ def main(argv: list[str]) -> int:
     parser.add_argument(
         "--close",
         action="store_true",
-        help="record each unfinished rollout as lost (with --reason) and failed",
+        help="record each unfinished rollout as lost (with --reason) and finished (--status)",
+    )
+    parser.add_argument(
+        "--status",
+        choices=(trajectory.STOPPED, "failed"),
+        default=trajectory.STOPPED,
+        help="how --close finishes a rollout: stopped (its sample is tried again, the "
+        "default) or failed (it is not)",
     )
     parser.add_argument(
         "--reason",
@@ -172,6 +182,7 @@ def main(argv: list[str]) -> int:
             reason=ns.reason,
             close=ns.close,
             timeout=ns.timeout,
+            status=ns.status,
         )
         kept += done.unacked
         print(json.dumps(done.to_dict()), flush=True)
