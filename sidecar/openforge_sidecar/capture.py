@@ -405,6 +405,9 @@ class Capture:
             return
         if call.deadline is not None:
             call.deadline.answering()
+            # The engine answers, so its request went out whole: its body, the prompt's IDs
+            # as JSON (a large call's: more than its request), is not needed again.
+            flow.request.raw_content = b""
         if response.status_code != 200 or call.relay is None:
             return  # the engine's error is translated whole in `response`
         version = response.headers.get(endpoints.POLICY_VERSION_HEADER, "")
@@ -601,6 +604,7 @@ class Capture:
             ):
                 call.notes.append("engine echoed different prompt_token_ids")
                 self.stats["prompt_mismatch"] += 1
+            result.engine_prompt_ids = None  # compared: not held while the record is built
             if (
                 self._history is not None
                 and call.plan is not None
@@ -962,9 +966,7 @@ def _relay_whole(transform: relay.Relay, response: http.Response) -> bool:
     relay's ``error`` set, when the answer failed, so nothing is answered yet.
     """
     try:
-        body = _relayed(transform, response.get_content(strict=False) or b"") + _relayed(
-            transform, b""
-        )
+        body = _relayed(transform, response.get_content(strict=False) or b"", whole=True)
     except Exception:  # logged and kept on the relay by _relayed
         return False
     if transform.error is not None:
@@ -1054,11 +1056,12 @@ def _guarded(call: _Call) -> Any:
     return stream
 
 
-def _relayed(transform: relay.Relay, data: bytes) -> bytes:
-    """One call of the relay; an exception is logged and kept on the relay (its
-    ``error``, ``done``), so that the call is spooled with it, then raised on."""
+def _relayed(transform: relay.Relay, data: bytes, *, whole: bool = False) -> bytes:
+    """One call of the relay (``whole``: with the engine's whole stream, and its end); an
+    exception is logged and kept on the relay (its ``error``, ``done``), so that the call
+    is spooled with it, then raised on."""
     try:
-        return transform(data)
+        return transform.whole(data) if whole else transform(data)
     except Exception as exc:
         log.exception("relaying the engine's answer failed")
         transform.error = f"relay failed: {exc!r}"

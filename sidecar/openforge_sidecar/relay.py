@@ -71,6 +71,7 @@ class Relay:
         self._final_events: list[conversation.StreamEvent] | None = None  # once done
         self._response_json: bytes | None = None
         self._answered = False  # the stream ended well: the body can be built
+        self._fed = False  # called with some of the engine's stream
 
     @property
     def completion(self) -> conversation.Completion | None:
@@ -101,6 +102,7 @@ class Relay:
             return b""
         if not data:
             return self._finish()
+        self._fed = True
         out: list[bytes] = []
         for event in self._sse.feed(data):
             if event.data.strip() == "[DONE]":
@@ -112,6 +114,28 @@ class Relay:
                 continue
             out.append(self._take(chunk))
         return self._emit(b"".join(out))
+
+    def whole(self, stream: bytes) -> bytes:
+        """``self(stream) + self(b"")``: the answer to the engine's whole stream (a
+        non-streamed call's), on a relay not called yet. A large echo of the prompt's IDs
+        is read from the bytes (:func:`engine.cut_echo`), not decoded and split as text."""
+        cut = engine.cut_echo(stream) if not self._fed else None
+        if cut is None:
+            return self(stream) + self(b"")
+        out = self(cut.before) if cut.before else b""
+        self._fed = True
+        for event in self._sse.feed(cut.event):  # the one event: its IDs cut out
+            if event.data.strip() == "[DONE]":
+                continue
+            try:
+                chunk = engine.parse_chunk(event.data, echoed=cut.echoed)
+            except engine.EngineError as exc:
+                self.error = str(exc)
+                continue
+            out += self._emit(self._take(chunk))
+        if cut.after:
+            out += self(cut.after)
+        return out + self(b"")
 
     def _take(self, chunk: engine.EngineChunk) -> bytes:
         if chunk.prompt_token_ids is not None:

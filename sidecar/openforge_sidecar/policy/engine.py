@@ -131,10 +131,10 @@ class EngineChunk:
     completion_tokens: int | None = None
 
 
-def parse_chunk(data: str) -> EngineChunk:
-    """Read one ``data:`` payload of the engine's completions stream."""
-    echoed = None
-    if len(data) > _LARGE_CHUNK:
+def parse_chunk(data: str, *, echoed: array[int] | None = None) -> EngineChunk:
+    """Read one ``data:`` payload of the engine's completions stream; ``echoed``: its
+    prompt IDs, cut out of it already (see :func:`cut_echo`)."""
+    if echoed is None and len(data) > _LARGE_CHUNK:
         data, echoed = _cut_prompt_ids(data)
     try:
         body = fastjson.loads(data)
@@ -212,6 +212,74 @@ def _cut_prompt_ids(data: str) -> tuple[str, array[int] | None]:
             return data, None  # not plain ints: the JSON parser and _token_array judge
         position = stop
     return data[: start + 1] + data[end:], ids
+
+
+@dataclass(frozen=True, slots=True)
+class CutEcho:
+    """A whole engine stream in three parts around the event that echoes a large prompt
+    (see :func:`cut_echo`)."""
+
+    before: bytes  # whole events (possibly none) before it
+    event: bytes  # the event, its prompt IDs cut out: ``"prompt_token_ids":[]``
+    after: bytes  # the rest of the stream
+    echoed: array[int]  # the IDs cut out
+
+
+def cut_echo(stream: bytes) -> CutEcho | None:
+    """The engine's whole stream (a non-streamed call's) with its echo of a large prompt
+    cut out of the bytes, or None where it has none such, or not in the one shape checked
+    here (then the stream is read as it is: :func:`parse_chunk` cuts it from the event's
+    text). Read as text, a 12 MB echo was decoded, split and copied some four times over.
+
+    The event must be one ``data:`` line, LF-ended, starting the stream or after a blank
+    line, with no CR anywhere in the stream (the SSE parser's lines are then these
+    lines); its prompt IDs the first ``"prompt_token_ids"`` of the stream, a flat list of
+    plain ASCII ints longer than :data:`_LARGE_CHUNK` bytes, so that :func:`parse_chunk`
+    would cut the same list from the event's text, to the same IDs.
+    """
+    if len(stream) <= _LARGE_CHUNK or b"\r" in stream:
+        return None
+    key = stream.find(_PROMPT_IDS_KEY_BYTES)
+    if key < 0:
+        return None
+    line = stream.rfind(b"\n", 0, key) + 1
+    line_end = stream.find(b"\n", key)
+    if (
+        not stream.startswith(b"data:", line)
+        or (line != 0 and (line < 2 or stream[line - 2 : line] != b"\n\n"))
+        or line_end < 0
+        or stream[line_end + 1 : line_end + 2] != b"\n"
+    ):
+        return None
+    start = stream.find(b"[", key + len(_PROMPT_IDS_KEY_BYTES), line_end)
+    end = stream.find(b"]", start, line_end) if start >= 0 else -1
+    if (
+        end < 0
+        or end - start <= _LARGE_CHUNK
+        or stream[key + len(_PROMPT_IDS_KEY_BYTES) : start].strip() != b":"
+        or stream[start + 1 : start + 2] == b"["
+    ):
+        return None
+    ids: array[int] = array("i")
+    position = start + 1
+    while position < end:
+        stop = min(end, position + _IDS_PER_PIECE)
+        if stop < end:
+            stop = stream.rfind(b",", position, stop) + 1 or end
+        try:
+            ids.extend(int(t) for t in stream[position:stop].split(b",") if not t.isspace() and t)
+        except (ValueError, OverflowError):
+            return None  # not plain ASCII ints: read from the text, as any event is
+        position = stop
+    return CutEcho(
+        before=stream[:line],
+        event=stream[line : start + 1] + stream[end : line_end + 2],
+        after=stream[line_end + 2 :],
+        echoed=ids,
+    )
+
+
+_PROMPT_IDS_KEY_BYTES = _PROMPT_IDS_KEY.encode()
 
 
 def _token_array(ids: Any) -> array[int]:

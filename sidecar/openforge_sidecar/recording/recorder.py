@@ -92,6 +92,8 @@ class Writer:
                 with self._durable:
                     self._written += len(found)
                     self._durable.notify_all()
+            # not kept while waiting for the next record: a large call's would stay resident
+            del batch, found
 
 
 class Recorder:
