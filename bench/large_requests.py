@@ -9,9 +9,11 @@ size in words. Reported per size and sidecar: the time to the answer, the
 sidecar's resident memory before (idle, VmRSS), at its peak (VmHWM) and two
 seconds after the answer (VmRSS), and the peak's excess over idle as a
 multiple of the body. Sizes run in turn, the sidecars interleaved within each.
-Issue 14's target: peak <= 3x the body over idle, back to idle + 10 MB.
+Issue 14's target: peak <= 3x the body over idle, back to idle + 10 MB. With
+``--stream`` the call is streamed (the engine's echo of the prompt then comes in its
+first event, which the sidecar reads as the stream arrives).
 
-    python bench/large_requests.py [--sizes 1 10 30] [--compare PATH] [--json]
+    python bench/large_requests.py [--sizes 1 10 30] [--stream] [--compare PATH] [--json]
 """
 
 from __future__ import annotations
@@ -32,13 +34,14 @@ import servers  # this folder's module, once it is on the path
 MB = 1024 * 1024
 
 
-def body_of(size_mb: float) -> bytes:
+def body_of(size_mb: float, *, stream: bool = False) -> bytes:
     words = "word " * int(size_mb * MB / 5)
     message = {"role": "user", "content": words}
-    return json.dumps({"model": "policy", "max_tokens": 4, "messages": [message]}).encode()
+    body = {"model": "policy", "max_tokens": 4, "messages": [message], "stream": stream}
+    return json.dumps(body).encode()
 
 
-def one(tree: Path | None, size_mb: float, workdir: Path) -> dict[str, Any]:
+def one(tree: Path | None, size_mb: float, workdir: Path, *, stream: bool) -> dict[str, Any]:
     with servers.Servers(workdir) as procs:
         port = servers.free_port()
         argv = [
@@ -56,7 +59,7 @@ def one(tree: Path | None, size_mb: float, workdir: Path) -> dict[str, Any]:
         httpx.post(sidecar.url + "/v1/chat/completions", json=warm, timeout=120, trust_env=False)
         time.sleep(1)
         idle = servers.memory_kib(sidecar.process.pid)
-        body = body_of(size_mb)
+        body = body_of(size_mb, stream=stream)
         start = time.monotonic()
         answer = httpx.post(
             sidecar.url + "/v1/chat/completions",
@@ -66,7 +69,7 @@ def one(tree: Path | None, size_mb: float, workdir: Path) -> dict[str, Any]:
             trust_env=False,
         )
         took = time.monotonic() - start
-        if answer.status_code != 200:
+        if answer.status_code != 200 or (stream and b"data: [DONE]" not in answer.content):
             raise RuntimeError(f"{answer.status_code}: {answer.text[:300]}")
         time.sleep(2)
         after = servers.memory_kib(sidecar.process.pid)
@@ -91,6 +94,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument(
         "--compare", type=Path, action="append", default=[], help="another checkout's sidecar too"
     )
+    parser.add_argument("--stream", action="store_true", help="stream the call's answer")
     parser.add_argument("--json", action="store_true", help="print the results as JSON only")
     args = parser.parse_args(argv)
     trees: list[tuple[str, Path | None]] = [("sidecar", None)] + [
@@ -102,7 +106,9 @@ def main(argv: list[str]) -> int:
             for name, tree in trees:
                 workdir = Path(scratch) / f"{name.replace('/', '_')}-{size}"
                 workdir.mkdir()
-                results.setdefault(name, {})[f"{size:g} MB"] = one(tree, size, workdir)
+                results.setdefault(name, {})[f"{size:g} MB"] = one(
+                    tree, size, workdir, stream=args.stream
+                )
     if args.json:
         print(json.dumps(results, indent=1))
         return 0

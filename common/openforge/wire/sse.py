@@ -33,7 +33,7 @@ class SSEParser:
 
     def __init__(self) -> None:
         self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-        self._line = ""
+        self._line: list[str] = []  # the unfinished line, in the pieces it came in
         self._pending_cr = False
         self._data: list[str] = []
         self._event: str | None = None
@@ -68,7 +68,7 @@ class SSEParser:
     def close(self) -> list[Event]:
         """End of stream: an event without its blank line is discarded, per spec."""
         self._feed_text(self._decoder.decode(b"", final=True))
-        self._line = ""
+        self._line = []
         self._reset()
         return []
 
@@ -85,8 +85,18 @@ class SSEParser:
             return []
         if not self._line and not self._has_fields and text.endswith("\n\n") and "\r" not in text:
             return self._feed_whole_events(text[:-2])
-        lines = _LINE_END.split(self._line + text)
-        self._line = lines.pop()  # what follows the last line end: unfinished
+        # Only the new text is searched for line ends (none spans the pieces: a CR at the
+        # end of one is a line end already, its LF skipped above). A long line arriving in
+        # many chunks (an engine's echo of a large prompt) is joined once, when it ends,
+        # not copied and searched again with every chunk.
+        lines = _LINE_END.split(text)
+        rest = lines.pop()  # what follows the last line end: unfinished
+        if not lines:
+            self._line.append(rest)
+            return []
+        if self._line:
+            lines[0] = "".join([*self._line, lines[0]])
+        self._line = [rest] if rest else []
         # A CR at the very end ended a line, but its LF may be in the next chunk.
         self._pending_cr = text.endswith("\r")
         events: list[Event] = []
