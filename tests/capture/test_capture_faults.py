@@ -7,6 +7,7 @@ reported lost with a reason.
 
 from __future__ import annotations
 
+import json
 import signal
 import threading
 import time
@@ -390,3 +391,32 @@ def test_a_record_larger_than_grpcs_default_limit_reaches_the_store(
     rollout, calls, _ = stored(tmp_path / "store.db", "r-big")
     assert rollout is not None and rollout.finished
     assert len(calls) == 1 and len(calls[0].request_json) > 4 * 1024 * 1024
+
+
+def test_a_large_prompt_echoed_by_the_engine_is_captured_token_exactly_streamed_or_not(
+    procs: Any, tmp_path: Path
+) -> None:
+    """A prompt whose echo is far over 64 K characters: not streamed, the echo is cut from
+    the engine's answer bytes (``engine.cut_echo``); streamed, it arrives in many reads of
+    one SSE line. Either way the call is stored token-exact, with the engine's own echo
+    matching the planned prompt, and both answers say the same."""
+    collector = procs.collector()
+    sidecar = procs.sidecar(
+        "--collector", f"127.0.0.1:{collector.port}", "--job", "faults", "--rollout-id", "r-echo",
+        engine=procs.engine("--max-model-len", "1000000"),
+    )  # fmt: skip
+    text = "word " * 60_000
+    whole, streamed = ask(sidecar, text, timeout=120), ask(sidecar, text, stream=True, timeout=120)
+    assert whole.status_code == 200 and streamed.status_code == 200, whole.text[:300]
+    said = "".join(
+        json.loads(line[6:])["choices"][0]["delta"].get("content") or ""
+        for line in streamed.text.splitlines()
+        if line.startswith("data: {")
+    )
+    assert said == whole.json()["choices"][0]["message"]["content"]
+    done = finish(sidecar, wait=60)
+    assert done["acknowledged"] and not done["counters"].get("prompt_mismatch"), done
+    _, calls, _ = stored(tmp_path / "store.db", "r-echo")
+    assert len(calls) == 2 and all(c.token_exact and not c.error for c in calls), calls
+    assert calls[0].prompt_token_ids == calls[1].prompt_token_ids
+    assert len(calls[0].prompt_token_ids) >= 60_000  # its echo: well over 64 K characters

@@ -585,10 +585,14 @@ def test_a_stopped_attempt_is_never_trained_nor_counted_towards_its_group(
     with store.Store(db_path) as db:
         waiting = trainer_loop.select_groups(db, sized, state=checkpoint.TrainerState(), limit=5)
         assert waiting.groups == [] and "a-stopped" not in waiting.skipped
-        # without a group size too: two samples are in, and none running, but one is cut off
+        # without a group size the group goes on without the cut-off sample, which may never
+        # be tried again (a pod deleted at its job's deadline)
         unsized = settings(tmp_path, model_dir)
         state = checkpoint.TrainerState()
-        assert trainer_loop.select_groups(db, unsized, state=state, limit=5).groups == []
+        [alone] = trainer_loop.select_groups(db, unsized, state=state, limit=5).groups
+        assert len(alone.rollouts) == 2 and "a-stopped" not in {
+            r.rollout_id for r in alone.rollouts
+        }
     call = {
         "call_index": 0,
         "prompt_token_ids": [1, 11, 12],
@@ -756,3 +760,29 @@ def test_a_retry_after_its_group_was_skipped_is_late_and_never_blocks_the_next_b
         second.close()
     assert second.state.skipped["1-t0-a2"] == f"late: task 't@v0#1/4' was skipped ({too_small})"
     assert second.state.trained_tasks == {"u@v0#1/4": 1, "t@v0#2/4": 2, "u@v0#2/4": 2}
+
+
+def test_without_a_group_size_or_a_batch_a_group_too_small_leaves_later_samples_a_group(
+    tmp_path: Path, model_dir: Path
+) -> None:
+    """The operator's rollouts (no batch) without --group-size: the first two samples in,
+    one without a reward, make a group too small. Its rollouts are skipped, but the group
+    is not closed: the task's later samples still make a group of their own."""
+    db_path = tmp_path / "store.db"
+    attempt(db_path, "t0", "t", 0, attempt=1, batch="", end="failed")
+    attempt(db_path, "t1", "t", 1, attempt=1, batch="", end="succeeded")
+    config = settings(tmp_path, model_dir, groups_per_step=1)
+    state = checkpoint.TrainerState()
+    with store.Store(db_path) as db:
+        first = trainer_loop.select_groups(db, config, state=state, limit=1)
+    assert first.groups == [] and first.closed == {}
+    assert first.skipped == {
+        "t0": "no reward",
+        "t1": "group too small: 1 usable rollout(s) in 't@v0'",
+    }
+    state.skipped.update(first.skipped)
+    attempt(db_path, "t2", "t", 2, attempt=1, batch="", end="succeeded")
+    attempt(db_path, "t3", "t", 3, attempt=1, batch="", end="succeeded")
+    with store.Store(db_path) as db:
+        [group] = trainer_loop.select_groups(db, config, state=state, limit=1).groups
+    assert sorted(r.rollout_id for r in group.rollouts) == ["t2", "t3"]

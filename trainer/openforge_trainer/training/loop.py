@@ -10,9 +10,8 @@ One step, in order (the order is what makes a crash harmless):
    no model tokens in its completed calls (aborted, refused and errored calls
    are never trained, :mod:`outcome`), superseded by a later attempt, a group
    left with fewer than two usable rollouts, or a late rollout of a task whose
-   group was already trained or skipped. A group is ready by its samples, not its
-   attempts: each sample's latest attempt, and a sample whose attempt was cut off
-   (``stopped``) is waited for, as it is tried again (:func:`_ready`).
+   group was already trained or skipped whole. A group is ready by its samples, not
+   its attempts: each sample's latest attempt (:func:`_ready`).
 2. **batch** (:mod:`rl_batch`): their rows as one veRL ``DataProto``;
    per-rollout advantages from veRL's estimator (GRPO by default).
 3. **update** (:meth:`Trainer.update`): micro-batches within a token budget;
@@ -120,7 +119,9 @@ def select_groups(
         )
         if isinstance(group, Group):
             selection.groups.append(group)
-        else:
+        elif selection.settled or config.group_size:
+            # decided on all the samples it will have: a later attempt of one is late.
+            # Without either, later samples may still make a group of their own.
             selection.closed[task] = group
     return selection
 
@@ -207,26 +208,25 @@ def _ready(
     cut_off: dict[int, int],
     settled: bool,
 ) -> bool:
-    """Whether a group can be decided now. Samples count, not attempts: a sample is done
-    when its latest attempt is complete and no later one was cut off (then it is tried
-    again). With ``group_size``, that many done samples; without, two and none waiting;
-    in a settled batch, any (its groups are all it will have)."""
+    """Whether a group can be decided now. Samples count, not attempts, each by its latest
+    attempt: done when that is complete; running when it is not. A sample whose newest
+    attempt was cut off (``stopped``) is neither: it may be tried again (with a group
+    size, its group waits for it by count) or never (a pod deleted at its job's deadline:
+    without one, its group goes on without it). With ``group_size``, that many done
+    samples; without, two and none running; in a settled batch, any (its groups are all
+    it will have)."""
     latest: dict[int, store_module.Rollout] = {}
     for rollout in members:
         previous = latest.get(rollout.sample_index)
         if previous is None or rollout.attempt > previous.attempt:
             latest[rollout.sample_index] = rollout
-    done = {
-        sample
-        for sample, rollout in latest.items()
-        if rollout.complete and cut_off.get(sample, -1) < rollout.attempt
-    }
+    live = {s: r for s, r in latest.items() if cut_off.get(s, -1) < r.attempt}
+    done = sum(rollout.complete for rollout in live.values())
     if settled:
-        return bool(done)
+        return done > 0
     if config.group_size:
-        return len(done) >= config.group_size
-    waiting = (set(latest) | set(cut_off)) - done
-    return len(done) >= MIN_GROUP and not waiting
+        return done >= config.group_size
+    return done >= MIN_GROUP and done == len(live)
 
 
 def _prepare(
