@@ -98,6 +98,11 @@ class Relay:
         return self._response_json
 
     def __call__(self, data: bytes) -> bytes:
+        return self._feed(data)
+
+    def _feed(self, data: bytes, *, echoed: array[int] | None = None) -> bytes:
+        """Relay some of the engine's stream (``echoed``: the prompt IDs cut out of its
+        one event, :meth:`whole`); empty ``data`` ends it."""
         if self.done:
             return b""
         if not data:
@@ -108,7 +113,7 @@ class Relay:
             if event.data.strip() == "[DONE]":
                 continue
             try:
-                chunk = engine.parse_chunk(event.data)
+                chunk = engine.parse_chunk(event.data, echoed=echoed)
             except engine.EngineError as exc:
                 self.error = str(exc)
                 continue
@@ -122,20 +127,10 @@ class Relay:
         cut = engine.cut_echo(stream) if not self._fed else None
         if cut is None:
             return self(stream) + self(b"")
-        out = self(cut.before) if cut.before else b""
-        self._fed = True
-        for event in self._sse.feed(cut.event):  # the one event: its IDs cut out
-            if event.data.strip() == "[DONE]":
-                continue
-            try:
-                chunk = engine.parse_chunk(event.data, echoed=cut.echoed)
-            except engine.EngineError as exc:
-                self.error = str(exc)
-                continue
-            out += self._emit(self._take(chunk))
-        if cut.after:
-            out += self(cut.after)
-        return out + self(b"")
+        pieces = [self(cut.before) if cut.before else b""]
+        pieces.append(self._feed(cut.event, echoed=cut.echoed))  # the one event: IDs cut out
+        pieces.append(self(cut.after) if cut.after else b"")
+        return b"".join([*pieces, self(b"")])
 
     def _take(self, chunk: engine.EngineChunk) -> bytes:
         if chunk.prompt_token_ids is not None:

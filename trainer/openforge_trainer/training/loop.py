@@ -38,9 +38,9 @@ import dataclasses
 import math
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
@@ -56,6 +56,7 @@ from openforge_trainer.training import metrics as metrics_module
 from openforge_trainer.trajectories import export, outcome
 
 MIN_GROUP = 2  # rollouts a group needs to compare anything
+_K = TypeVar("_K")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -96,11 +97,11 @@ def select_groups(
     candidates: list[tuple[int, str, list[store_module.Rollout]]] = []
     everything = db.rollouts(config.job)
     untrained = _untrained_by_task(everything, state)
-    for task in [task for task in untrained if _late(state, task)]:
-        # its group was decided: a later attempt neither joins it nor holds its batch
-        for rollout in untrained.pop(task):
-            if rollout.complete:
-                selection.skipped[rollout.rollout_id] = _late(state, task)
+    for task, why in [(task, _late(state, task)) for task in untrained]:
+        if why:  # its group was decided: a later attempt neither joins it nor holds its batch
+            for rollout in untrained.pop(task):
+                if rollout.complete:
+                    selection.skipped[rollout.rollout_id] = why
     batches = {rollout.batch for members in untrained.values() for rollout in members}
     batch = min(batches, key=_batch_order) if batches else ""
     untrained = {key: members for key, members in untrained.items() if members[0].batch == batch}
@@ -144,14 +145,23 @@ def _settled(rollouts: list[store_module.Rollout], batch: str) -> bool:
     size = batch.partition("/")[2]
     if not size.isdigit():
         return False
-    latest: dict[tuple[str, int], store_module.Rollout] = {}
-    for rollout in rollouts:
-        if rollout.batch == batch:
-            key = (rollout.task_id, rollout.sample_index)
-            if key not in latest or rollout.attempt > latest[key].attempt:
-                latest[key] = rollout
+    latest = _newest(
+        (r for r in rollouts if r.batch == batch), key=lambda r: (r.task_id, r.sample_index)
+    )
     done = [r for r in latest.values() if r.complete and r.status != trajectory.STOPPED]
     return len(done) >= int(size)
+
+
+def _newest(
+    rollouts: Iterable[store_module.Rollout], *, key: Callable[[store_module.Rollout], _K]
+) -> dict[_K, store_module.Rollout]:
+    """Each key's rollout of the highest attempt (a sample's latest attempt)."""
+    newest: dict[_K, store_module.Rollout] = {}
+    for rollout in rollouts:
+        found = key(rollout)
+        if found not in newest or rollout.attempt > newest[found].attempt:
+            newest[found] = rollout
+    return newest
 
 
 def _untrained_by_task(
@@ -215,11 +225,7 @@ def _ready(
     without one, its group goes on without it). With ``group_size``, that many done
     samples; without, two and none running; in a settled batch, any (its groups are all
     it will have)."""
-    latest: dict[int, store_module.Rollout] = {}
-    for rollout in members:
-        previous = latest.get(rollout.sample_index)
-        if previous is None or rollout.attempt > previous.attempt:
-            latest[rollout.sample_index] = rollout
+    latest = _newest(members, key=lambda r: r.sample_index)
     live = {s: r for s, r in latest.items() if cut_off.get(s, -1) < r.attempt}
     done = sum(rollout.complete for rollout in live.values())
     if settled:
