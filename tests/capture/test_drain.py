@@ -8,7 +8,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from openforge.trajectory.v1 import trajectory_pb2 as pb
 from openforge.wire import conversation
 from openforge_sidecar.recording import records, resume, spool
 from openforge_trainer.collection import store as store_module
@@ -20,7 +19,7 @@ def openforge(*args: str) -> list[str]:
     return [sys.executable, "-m", "openforge.cli", *args]
 
 
-def call(index: int) -> pb.Record:
+def call(index: int) -> records.CallRecord:
     return records.call(
         job=JOB, rollout_id=ROLLOUT,
         finished=records.Call(call_index=index, api=conversation.WireApi.OPENAI_CHAT,

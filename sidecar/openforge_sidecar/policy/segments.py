@@ -105,13 +105,24 @@ class SegmentEncoder:
         return self.encode_ids(text).tolist()
 
     def encode_ids(self, text: str) -> array[int]:
-        """:meth:`encode` as an array, with no int object per token on the way."""
-        parts = self._pattern.split(text)  # piece, cut token, piece, ..., piece
+        """:meth:`encode` as an array, with no int object per token on the way.
+
+        A piece longer than ``max_piece_chars`` is never cached: it is encoded
+        where it lies in ``text``, a part at a time, straight into the IDs, and
+        no copy of it is made (a 30 MB message's piece, and its parts, would be
+        two more copies of it while the prompt is encoded)."""
+        layout: list[str | int | tuple[int, int]] = []  # piece, cut token's ID, long piece
+        position = 0
+        for match in self._pattern.finditer(text):
+            self._lay_out(text, (position, match.start()), into=layout)
+            layout.append(self._ids[match.group()])
+            position = match.end()
+        self._lay_out(text, (position, len(text)), into=layout)
         cache = self._cache
         known: dict[str, array[int]] = {}
         missing: list[str] = []
-        for piece in parts[::2]:
-            if piece and piece not in known:
+        for piece in layout:
+            if isinstance(piece, str) and piece not in known:
                 ids = cache.get(piece)
                 if ids is None:
                     missing.append(piece)
@@ -123,27 +134,38 @@ class SegmentEncoder:
             known.update(self._learn(missing))
         self.hits += len(known) - len(missing)
         out: array[int] = array("i")
-        for index, part in enumerate(parts):
-            if index % 2:
-                out.append(self._ids[part])
-            elif part:
-                out.extend(known[part])
+        for item in layout:
+            if isinstance(item, int):
+                out.append(item)
+            elif isinstance(item, str):
+                out.extend(known[item])
+            else:
+                self.misses += 1
+                for start, end in _parts(text, item, size=self._max_piece):
+                    out.extend(self._encode_batch([text[start:end]])[0])
         return out
+
+    def _lay_out(
+        self, text: str, span: tuple[int, int], *, into: list[str | int | tuple[int, int]]
+    ) -> None:
+        """Add the piece ``text[start:end]`` (``span``) to a layout: as text, or where it
+        lies when it is long (see :meth:`encode_ids`)."""
+        start, end = span
+        if end - start > self._max_piece:
+            into.append(span)
+        elif end > start:
+            into.append(text[start:end])
 
     def clear(self) -> None:
         self._cache.clear()
         self._chars = 0
 
     def _learn(self, pieces: list[str]) -> dict[str, array[int]]:
-        """Encode pieces (each on its own, long ones in parts) and keep those not too long."""
+        """Encode pieces (each on its own) and keep those not too long."""
         self.misses += len(pieces)
         learned: dict[str, array[int]] = {}
-        short = [piece for piece in pieces if len(piece) <= self._max_piece]
-        for piece, ids in zip(short, self._encode_batch(short) if short else [], strict=True):
+        for piece, ids in zip(pieces, self._encode_batch(pieces), strict=True):
             learned[piece] = array("i", ids)
-        for piece in pieces:
-            if len(piece) > self._max_piece:
-                learned[piece] = self._encode_long(piece)
         for piece, ids in learned.items():
             if len(piece) <= self._max_chars // 8:
                 self._cache[piece] = ids
@@ -153,34 +175,28 @@ class SegmentEncoder:
             self._chars -= len(piece)
         return learned
 
-    def _encode_long(self, piece: str) -> array[int]:
-        """A long piece's IDs, encoded a part at a time between safe cuts."""
-        ids: array[int] = array("i")
-        for part in _parts(piece, self._max_piece):
-            ids.extend(self._encode_batch([part])[0])
-        return ids
-
 
 _EMPTY: array[int] = array("i")
 
 
-def _parts(text: str, size: int) -> list[str]:
-    """``text`` cut at safe places (:data:`_SAFE_CUT`) into parts of about ``size``
-    characters; a stretch with no safe place stays whole."""
-    parts: list[str] = []
-    start = 0
-    while len(text) - start > size:
+def _parts(text: str, span: tuple[int, int], *, size: int) -> list[tuple[int, int]]:
+    """Where ``text[start:end]`` (``span``) is cut at safe places (:data:`_SAFE_CUT`) into parts
+    of about ``size`` characters, as (start, end) pairs; a stretch with no safe place
+    stays whole. Nothing outside ``text[start:end]`` is looked at."""
+    start, end = span
+    parts: list[tuple[int, int]] = []
+    while end - start > size:
         cut = None
         for match in _SAFE_CUT.finditer(text, start + size // 2, start + size):
             cut = match.start()
         if cut is None:  # none in the second half of the window: the next one at all
-            found = _SAFE_CUT.search(text, start + size)
+            found = _SAFE_CUT.search(text, start + size, end)
             if found is None:
                 break
             cut = found.start()
-        parts.append(text[start:cut])
+        parts.append((start, cut))
         start = cut
-    parts.append(text[start:])
+    parts.append((start, end))
     return parts
 
 

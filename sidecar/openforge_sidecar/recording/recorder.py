@@ -22,8 +22,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from openforge.trajectory.v1 import trajectory_pb2 as pb
-
 from openforge_sidecar.recording import records, spool
 from openforge_sidecar.recording import resume as resuming
 
@@ -57,14 +55,14 @@ class Writer:
 
     def __init__(self, store: spool.Spool) -> None:
         self._spool = store
-        self._queue: queue.Queue[pb.Record | None] = queue.Queue()
+        self._queue: queue.Queue[spool.Entry | None] = queue.Queue()
         self._durable = threading.Condition()
         self._queued = 0
         self._written = 0
         self._thread = threading.Thread(target=self._run, name="openforge-spool", daemon=True)
         self._thread.start()
 
-    def put(self, record: pb.Record) -> int:
+    def put(self, record: spool.Entry) -> int:
         with self._durable:
             self._queued += 1
             ticket = self._queued
@@ -253,5 +251,5 @@ class Recorder:
             os.close(self._journal)
             self._journal = None
 
-    def _put(self, record: pb.Record) -> int:
+    def _put(self, record: spool.Entry) -> int:
         return self._writer.put(record)

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from openforge.trajectory.v1 import trajectory_pb2 as pb
 from openforge.wire import conversation
@@ -105,10 +106,77 @@ class Call:
     error: str = ""
 
 
-def call(*, job: str, rollout_id: str, finished: Call) -> pb.Record:
-    """The record of a finished call. Its ``ModelCall`` is filled in place: built apart
-    and then set on the record, the bodies and token IDs were held twice, and the token
-    IDs passed as a list (a 2-million-token prompt's list is ~70 MB of int objects)."""
+@dataclass(frozen=True, slots=True)
+class CallRecord:
+    """A call's record with its two large fields apart: the harness's request body and
+    the prompt's IDs (a 30 MB request's are 30 MB and some 25 MB of IDs). The spool
+    writes them where they are, in pieces (:meth:`serialized`), instead of a message
+    holding copies of them and then its serialization another. Read back, the frame is
+    the record :meth:`whole` builds."""
+
+    record: pb.Record  # everything else
+    request_json: bytes
+    prompt_ids: Sequence[int]
+
+    @property
+    def idempotency_key(self) -> str:
+        return str(self.record.idempotency_key)
+
+    def whole(self) -> pb.Record:
+        """The record as one message (tests, and readers that want one)."""
+        record = pb.Record()
+        record.CopyFrom(self.record)
+        record.call.request_json = self.request_json
+        _fill(record.call.prompt_token_ids, self.prompt_ids)
+        return record
+
+    def serialized(self, sequence: int) -> tuple[int, Iterator[bytes | memoryview]]:
+        """The record with ``sequence``, serialized: its length, and its bytes in pieces.
+
+        Protobuf's wire format lets the pieces be written apart: a message's fields
+        may come in any order, and a packed repeated field in several runs, which a
+        parser joins. The prompt's IDs are serialized a chunk at a time, twice: once
+        for their size (which the call's length prefix needs first) and once to write.
+        """
+        self.record.sequence = sequence
+        outer = self.record
+        head = pb.Record(
+            idempotency_key=outer.idempotency_key,
+            sequence=sequence,
+            job=outer.job,
+            rollout_id=outer.rollout_id,
+        ).SerializeToString()
+        small = outer.call.SerializeToString()
+        request = (
+            _key(_REQUEST_JSON) + _varint(len(self.request_json)) if self.request_json else b""
+        )
+        chunks = range(0, len(self.prompt_ids), _IDS_PER_EXTEND)
+        ids_size = sum(self._chunk(start).ByteSize() for start in chunks)
+        call_size = len(small) + len(request) + len(self.request_json) + ids_size
+        opening = _key(_CALL) + _varint(call_size)
+        total = len(head) + len(opening) + call_size
+
+        def pieces() -> Iterator[bytes | memoryview]:
+            yield head
+            yield opening
+            yield small
+            if self.request_json:
+                yield request
+                yield memoryview(self.request_json)
+            for start in chunks:
+                yield self._chunk(start).SerializeToString()
+
+        return total, pieces()
+
+    def _chunk(self, start: int) -> pb.ModelCall:
+        chunk = pb.ModelCall()
+        chunk.prompt_token_ids.extend(self.prompt_ids[start : start + _IDS_PER_EXTEND])
+        return chunk
+
+
+def call(*, job: str, rollout_id: str, finished: Call) -> CallRecord:
+    """The record of a finished call (see :class:`CallRecord`). Its ``ModelCall`` is
+    filled in place: built apart and then set on the record, it was held twice."""
     record = pb.Record(
         idempotency_key=f"{rollout_id}/call/{finished.call_index}",
         job=job,
@@ -121,7 +189,6 @@ def call(*, job: str, rollout_id: str, finished: Call) -> pb.Record:
             else "CAPTURE_MODE_PASSTHROUGH",
             "stream": finished.stream,
             "model": finished.model,
-            "request_json": finished.request_json,
             "response_json": finished.response_json,
             "http_status": finished.http_status,
             "request_headers": finished.request_headers,
@@ -142,22 +209,42 @@ def call(*, job: str, rollout_id: str, finished: Call) -> pb.Record:
             and not finished.error,
         },
     )
-    # protobuf turns what a repeated field is extended with into a list first; and a
-    # field extended a piece at a time grows by doubling in the record's arena, which
-    # keeps each outgrown copy (twice the IDs' size in all). A large field is therefore
-    # sized at once, with a list of one shared 0, then filled a piece at a time.
-    for ids, target in (
-        (finished.prompt_ids, record.call.prompt_token_ids),
-        (finished.completion_ids, record.call.completion_token_ids),
-    ):
-        if len(ids) <= _IDS_PER_EXTEND:
-            target.extend(ids)
-            continue
-        target.extend([0] * len(ids))
-        for start in range(0, len(ids), _IDS_PER_EXTEND):
-            target[start : start + _IDS_PER_EXTEND] = ids[start : start + _IDS_PER_EXTEND]
-    return record
+    _fill(record.call.completion_token_ids, finished.completion_ids)
+    return CallRecord(
+        record=record, request_json=finished.request_json, prompt_ids=finished.prompt_ids
+    )
 
 
-#: Token IDs are copied into a record this many at a time (see :func:`call`).
+def _fill(target: Any, ids: Sequence[int]) -> None:
+    """Extend the repeated field ``target`` with ``ids``.
+
+    protobuf turns what a repeated field is extended with into a list first; and a
+    field extended a piece at a time grows by doubling in the record's arena, which
+    keeps each outgrown copy (twice the IDs' size in all). A large field is therefore
+    sized at once, with a list of one shared 0, then filled a piece at a time."""
+    if len(ids) <= _IDS_PER_EXTEND:
+        target.extend(ids)
+        return
+    target.extend([0] * len(ids))
+    for start in range(0, len(ids), _IDS_PER_EXTEND):
+        target[start : start + _IDS_PER_EXTEND] = ids[start : start + _IDS_PER_EXTEND]
+
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while value >= 0x80:
+        out.append(value & 0x7F | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def _key(field_number: int) -> bytes:
+    """The key of a length-delimited field (wire type 2)."""
+    return _varint(field_number << 3 | 2)
+
+
+_CALL = pb.Record.DESCRIPTOR.fields_by_name["call"].number
+_REQUEST_JSON = pb.ModelCall.DESCRIPTOR.fields_by_name["request_json"].number
+#: Token IDs are copied into a message this many at a time.
 _IDS_PER_EXTEND = 64 * 1024

@@ -39,15 +39,28 @@ import struct
 import threading
 import zlib
 from array import array
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, Protocol
 
 from openforge.trajectory.v1 import trajectory_pb2
 
 log = logging.getLogger(__name__)
 
 Record = Any  # trajectory_pb2.Record (the generated module is untyped for mypy)
+
+
+class Pieced(Protocol):
+    """A record serialized in pieces (a call's: ``records.CallRecord``)."""
+
+    @property
+    def idempotency_key(self) -> str: ...
+
+    def serialized(self, sequence: int) -> tuple[int, Iterator[bytes | memoryview]]: ...
+
+
+#: What the spool appends: a record, or one serialized in pieces.
+Entry = Record | Pieced
 
 _HEADER = struct.Struct(">II")
 _SEGMENT_PREFIX = "segment-"
@@ -129,7 +142,7 @@ class Spool:
 
     # -- writing -------------------------------------------------------------
 
-    def append(self, records: Sequence[Record]) -> list[int]:
+    def append(self, records: Sequence[Entry]) -> list[int]:
         """Assign sequences, write and fsync the batch; return the sequences.
 
         The records are modified in place (their ``sequence`` is set).
@@ -137,42 +150,51 @@ class Spool:
         if not records:
             return []
         with self._lock:
-            payloads: list[bytes] = []
             sequences = list(range(self._next, self._next + len(records)))
-            for record, sequence in zip(records, sequences, strict=True):
-                record.sequence = sequence
-                payload = record.SerializeToString()
-                if len(payload) > MAX_RECORD_BYTES:
-                    raise SpoolError(
-                        f"record {record.idempotency_key!r} is {len(payload)} bytes, "
-                        f"over the {MAX_RECORD_BYTES}-byte limit"
-                    )
-                payloads.append(payload)
-            self._write(payloads, sequences[0])
+            self._write(records, sequences)
             self._next = sequences[-1] + 1
         for listener in list(self._listeners):
             listener()
         return sequences
 
-    def _write(self, payloads: list[bytes], first_sequence: int) -> None:
-        segment = self._active_segment(first_sequence)
+    def _write(self, records: Sequence[Entry], sequences: list[int]) -> None:
+        segment = self._active_segment(sequences[0])
         writer = self._writer
         assert writer is not None
-        # Written frame by frame, each payload as it is: joined into one buffer first, a
-        # batch (a 10 MB request's record: ~20 MB) would be held twice while it is written.
+        # Written frame by frame, and a pieced record piece by piece: serialized and
+        # joined first, a batch (a 10 MB request's record: ~20 MB) would be held twice.
         offsets: list[int] = []
         size = 0
         writer.seek(segment.size)
         try:
-            for payload in payloads:
-                offsets.append(segment.size + size)
-                writer.write(_HEADER.pack(len(payload), zlib.crc32(payload)))
-                writer.write(payload)
-                size += _HEADER.size + len(payload)
+            for record, sequence in zip(records, sequences, strict=True):
+                length, pieces = _serialized(record, sequence)
+                if length > MAX_RECORD_BYTES:
+                    raise SpoolError(
+                        f"record {record.idempotency_key!r} is {length} bytes, "
+                        f"over the {MAX_RECORD_BYTES}-byte limit"
+                    )
+                start = segment.size + size
+                offsets.append(start)
+                writer.write(bytes(_HEADER.size))  # its CRC is known once it is written
+                crc = written = 0
+                for piece in pieces:
+                    crc = zlib.crc32(piece, crc)
+                    written += len(piece)
+                    writer.write(piece)
+                if written != length:
+                    raise SpoolError(
+                        f"record {record.idempotency_key!r} came to {written} bytes, "
+                        f"not the {length} it said"
+                    )
+                writer.seek(start)
+                writer.write(_HEADER.pack(length, crc))
+                writer.seek(start + _HEADER.size + length)
+                size += _HEADER.size + length
             writer.flush()
             os.fsync(writer.fileno())
-        except OSError:
-            # Disk full or failing: leave no half batch behind for the next append.
+        except (OSError, SpoolError):
+            # Disk full or failing, or a bad record: leave no half batch behind.
             with contextlib.suppress(OSError):
                 writer.truncate(segment.size)
             raise
@@ -425,6 +447,15 @@ def _read_frames(handle: BinaryIO, count: int) -> Iterator[Record]:
         record = trajectory_pb2.Record()
         record.ParseFromString(handle.read(length))
         yield record
+
+
+def _serialized(record: Entry, sequence: int) -> tuple[int, Iterable[bytes | memoryview]]:
+    """A record with ``sequence`` set, serialized: its length and its bytes in pieces."""
+    if isinstance(record, trajectory_pb2.Record):
+        record.sequence = sequence
+        payload = record.SerializeToString()
+        return len(payload), (payload,)
+    return record.serialized(sequence)
 
 
 def _fsync_directory(directory: Path) -> None:

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import json
+import tracemalloc
 from array import array
 
 import pytest
@@ -216,3 +217,19 @@ def test_an_echo_cut_from_the_whole_stream_reads_as_the_parser_reads_it(
         assert len(found.event) < 200
         pieces = [(found.before, None), (found.event, found.echoed), (found.after, None)]
         assert _chunks(pieces) == whole
+
+
+def test_the_body_is_built_in_one_buffer_not_in_copies() -> None:
+    """The chunks joined, then bracketed, then spliced into the rest were three copies
+    of the prompt's JSON at once; built in one buffer it is the body alone."""
+    ids = array("i", (i * 7919 % 151_000 for i in range(2_000_000)))
+    settings_ = dict(
+        model="m", sampling=conversation.SamplingParams(max_tokens=5), stop_token_ids=frozenset()
+    )
+    tracemalloc.start()
+    try:
+        body = engine.completion_body(prompt_ids=ids, **settings_)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < len(body) * 1.5  # the buffer grows by an eighth; orjson sizes its own

@@ -6,6 +6,7 @@ so that eviction is exercised too, and the cases where pieces are refused.
 
 from __future__ import annotations
 
+import tracemalloc
 from typing import Any
 
 import tiny_policy
@@ -164,3 +165,19 @@ def test_a_token_another_could_take_the_place_of_is_no_cut() -> None:
     )
     cut, _ = segments._cut_tokens(tokenizer)
     assert set(cut) == {"a<"}  # "<s>" and "</s>" could each be overlapped by a match of "a<"
+
+
+def test_a_long_piece_is_encoded_where_it_lies_with_no_copy_of_it() -> None:
+    """Cut out of the prompt, then into parts, a 10 MB message was two more copies of
+    itself while it was encoded: what Python holds on the way is now its IDs."""
+    encoder = segments.SegmentEncoder.for_tokenizer(WHOLE, whole)
+    assert encoder is not None
+    text = "<|im_start|>user\n" + "Some words, and 42 more words. " * 340_000 + "<|im_end|>"
+    tracemalloc.start()
+    try:
+        ids = encoder.encode_ids(text)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert ids.tolist() == whole([text])[0]
+    assert peak < len(ids) * ids.itemsize + len(text) // 2

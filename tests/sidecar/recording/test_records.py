@@ -1,0 +1,73 @@
+from __future__ import annotations
+
+import tracemalloc
+from array import array
+from pathlib import Path
+
+import pytest
+from openforge.trajectory.v1 import trajectory_pb2 as pb
+from openforge.wire import conversation
+from openforge_sidecar.recording import records, spool
+
+
+def a_call(*, prompt: int, request: bytes, completion: int = 3) -> records.CallRecord:
+    return records.call(
+        job="job",
+        rollout_id="r1",
+        finished=records.Call(
+            call_index=4,
+            api=conversation.WireApi.OPENAI_CHAT,
+            model="m",
+            request_json=request,
+            response_json=b'{"ok":1}',
+            request_headers={"user-agent": "x"},
+            prompt_ids=array("i", (i * 7919 % 151_000 for i in range(prompt))),
+            completion_ids=list(range(completion)),
+            logprobs=[-0.5] * completion,
+            finish_reason="stop",
+            received_ns=123,
+        ),
+    )
+
+
+@pytest.mark.parametrize("prompt", [0, 1, 64 * 1024, 64 * 1024 + 1, 200_000])
+@pytest.mark.parametrize("request_json", [b"", b'{"messages":[]}', b"x" * 300_000])
+def test_the_pieces_parse_as_the_whole_record(prompt: int, request_json: bytes) -> None:
+    record = a_call(prompt=prompt, request=request_json, completion=70_000)
+    length, pieces = record.serialized(17)
+    payload = b"".join(pieces)
+    assert len(payload) == length
+    parsed = pb.Record.FromString(payload)
+    whole = record.whole()
+    assert parsed == whole and whole.sequence == 17
+    assert parsed.call.request_json == request_json and len(parsed.call.prompt_token_ids) == prompt
+    assert list(parsed.call.prompt_token_ids) == list(record.prompt_ids)
+    assert parsed.call.completion_token_ids == list(range(70_000))
+
+
+def test_the_spool_writes_a_call_in_pieces_and_reads_back_the_whole_record(
+    tmp_path: Path,
+) -> None:
+    record = a_call(prompt=100_000, request=b'{"a":"' + b"y" * 100_000 + b'"}')
+    with spool.Spool(tmp_path) as s:
+        s.append([records.started(job="job", rollout_id="r1", task_id="t", sample_index=0,
+                                  attempt=0, harness="h", policy_version=0, labels={}),
+                  record])  # fmt: skip
+    with spool.Spool(tmp_path) as reopened:  # recovery checks every frame's CRC and parse
+        assert reopened.recovery.clean
+        read = list(reopened.records_after(0))
+    assert read[1] == record.whole() and read[1].sequence == 2
+
+
+def test_spooling_a_large_call_copies_neither_its_request_nor_its_prompt(tmp_path: Path) -> None:
+    """Built as one message, a 10 MB request's record held the request and the IDs
+    again, and its serialization a third time, while it was written."""
+    record = a_call(prompt=2_000_000, request=b"z" * (10 * 1024 * 1024))
+    with spool.Spool(tmp_path) as s:
+        tracemalloc.start()
+        try:
+            s.append([record])
+            _, peak = tracemalloc.get_traced_memory()
+        finally:
+            tracemalloc.stop()
+    assert peak < 4 * 1024 * 1024
