@@ -58,7 +58,7 @@ class _Call:
     index: int
     codec: Codec
     request: conversation.ChatRequest
-    request_json: bytes
+    request_json: records.Body
     headers: dict[str, str]  # redacted, for the record
     received_ns: int
     started: float
@@ -334,16 +334,21 @@ class Capture:
             self._reject(flow, codec, status=exc.status, message=str(exc))
             self._record_rejected(flow, codec, body=body if len(body) <= limit else b"", exc=exc)
             return
+        index = self._recording().claim_call_index()
         call = _Call(
-            index=self._recording().claim_call_index(),
+            index=index,
             codec=codec,
             request=request,
-            request_json=redact.body(body, request.extra),
+            request_json=self._recording().stash(index, redact.body(body, request.extra)),
             headers={},
             received_ns=received_ns,
             started=started,
             raw_headers=flow.request.headers.fields,
         )
+        del body
+        if ctx.options.openforge_mode == "tokens":
+            # parsed, and stashed for the record if large: the engine gets a body of its own
+            flow.request.raw_content = b""
         flow.metadata["openforge"] = call
         self.stats["calls"] += 1
         self.stats["streamed" if request.stream else "unstreamed"] += 1

@@ -420,3 +420,30 @@ def test_a_large_prompt_echoed_by_the_engine_is_captured_token_exactly_streamed_
     assert len(calls) == 2 and all(c.token_exact and not c.error for c in calls), calls
     assert calls[0].prompt_token_ids == calls[1].prompt_token_ids
     assert len(calls[0].prompt_token_ids) >= 60_000  # its echo: well over 64 K characters
+
+
+def test_a_large_request_waits_for_its_record_in_a_file_and_is_stored_as_it_came(
+    procs: Any, tmp_path: Path
+) -> None:
+    """A request over a megabyte is not held while it is answered: the sidecar stashes its
+    body beside the spool and writes the record from that file. The stored body is the
+    harness's, byte for byte, and the file is gone once the record is spooled."""
+    collector = procs.collector()
+    sidecar = procs.sidecar(
+        "--collector", f"127.0.0.1:{collector.port}", "--job", "faults", "--rollout-id", "r-big",
+        engine=procs.engine("--max-model-len", "1000000"),
+    )  # fmt: skip
+    body = json.dumps(
+        {"model": "p", "messages": [{"role": "user", "content": "word " * 250_000}]}
+    ).encode()
+    answer = httpx.post(
+        sidecar.url + CHAT, content=body, headers={"content-type": "application/json"}, timeout=120
+    )
+    assert answer.status_code == 200, answer.text[:300]
+    done = finish(sidecar, wait=60)
+    assert done["acknowledged"], done
+    _, calls, _ = stored(tmp_path / "store.db", "r-big")
+    assert len(calls) == 1 and calls[0].token_exact and not calls[0].error, calls
+    assert calls[0].request_json == body
+    bodies = tmp_path / "spool" / "bodies"
+    assert bodies.is_dir() and not list(bodies.iterdir())  # it was stashed, and is gone

@@ -16,8 +16,10 @@ import importlib
 import logging
 import os
 import queue
+import shutil
 import threading
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -29,6 +31,11 @@ if TYPE_CHECKING:  # imported only with a collector, once the proxy serves: gRPC
     from openforge_sidecar.recording import exporter as exporting
 
 log = logging.getLogger("openforge.sidecar")
+
+#: A request body larger than this waits for its record in a file (:meth:`Recorder.stash`)...
+STASH_BYTES = 1024 * 1024
+#: ...in this folder of the spool's directory.
+STASH_DIRECTORY = "bodies"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -50,11 +57,18 @@ class Writer:
 
     Keeps the event loop free of disk waits; the spool tells its listeners
     (the exporter) after each batch is durable. ``put`` returns a ticket;
-    ``wait`` blocks until every record up to that ticket is durable.
+    ``wait`` blocks until every record up to that ticket is durable, or was
+    given up: a batch the spool refuses is appended again a record at a time,
+    and a record it still refuses (over the size limit, a stashed body gone,
+    the disk full) goes to ``on_failed``, so that one record never stops
+    the writer, and with it every record after it.
     """
 
-    def __init__(self, store: spool.Spool) -> None:
+    def __init__(
+        self, store: spool.Spool, *, on_failed: Callable[[spool.Entry, Exception], None]
+    ) -> None:
         self._spool = store
+        self._on_failed = on_failed
         self._queue: queue.Queue[spool.Entry | None] = queue.Queue()
         self._durable = threading.Condition()
         self._queued = 0
@@ -86,12 +100,31 @@ class Writer:
             stop = None in batch
             found = [r for r in batch if r is not None]
             if found:
-                self._spool.append(found)
+                self._append(found)
                 with self._durable:
                     self._written += len(found)
                     self._durable.notify_all()
             # not kept while waiting for the next record: a large call's would stay resident
             del batch, found
+
+    def _append(self, entries: list[spool.Entry]) -> None:
+        try:
+            self._spool.append(entries)
+        except (OSError, spool.SpoolError) as exc:
+            if len(entries) > 1:  # the spool wrote none of them: find the one at fault
+                for entry in entries:
+                    self._append([entry])
+                return
+            _release(entries)
+            self._on_failed(entries[0], exc)
+            return
+        _release(entries)
+
+
+def _release(entries: list[spool.Entry]) -> None:
+    for entry in entries:
+        if isinstance(entry, records.CallRecord):
+            entry.release()
 
 
 class Recorder:
@@ -115,7 +148,9 @@ class Recorder:
         self._journal: int | None = os.open(
             directory / resuming.INFLIGHT_JOURNAL, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600
         )
-        self._writer = Writer(self.spool)
+        shutil.rmtree(directory / STASH_DIRECTORY, ignore_errors=True)  # an earlier sidecar's
+        self._losing = threading.Lock()  # loss reports come from the writer's thread too
+        self._writer = Writer(self.spool, on_failed=self._not_spooled)
         self._exporter: exporting.Exporter | None = None
         self._exporter_task: asyncio.Task[None] | None = None
         for index in found.vanished_calls:
@@ -149,6 +184,20 @@ class Recorder:
         self._next_call += 1
         return index
 
+    def stash(self, index: int, body: bytes) -> records.Body:
+        """``body``, the request of call ``index``, as its record will take it: a body
+        over :data:`STASH_BYTES` is written to a file beside the spool and read back, a
+        piece at a time, when the record is spooled; until then the call is answered
+        without it in memory. Not fsync'd: a sidecar that dies before the record is
+        spooled reports the call lost (see :meth:`journal`), and its successor deletes
+        the file."""
+        if len(body) <= STASH_BYTES:
+            return body
+        path = self.directory / STASH_DIRECTORY / f"{index}.body"
+        path.parent.mkdir(exist_ok=True)
+        path.write_bytes(body)
+        return records.Stashed(path, len(body))
+
     def journal(self, index: int) -> None:
         """Note call ``index`` in the in-flight journal, before it is answered.
 
@@ -170,18 +219,27 @@ class Recorder:
 
     def lose(self, reason: str, *, whole: bool, call_index: int = 0) -> None:
         """Report a call (or the whole rollout) lost, with why."""
-        self._put(
-            records.lost(
-                job=self.identity.job,
-                rollout_id=self.identity.rollout_id,
-                index=self._next_lost,
-                reason=reason,
-                call_index=call_index,
-                whole=whole,
+        with self._losing:
+            self._put(
+                records.lost(
+                    job=self.identity.job,
+                    rollout_id=self.identity.rollout_id,
+                    index=self._next_lost,
+                    reason=reason,
+                    call_index=call_index,
+                    whole=whole,
+                )
             )
-        )
-        self._next_lost += 1
+            self._next_lost += 1
         self.stats["lost_reported"] += 1
+
+    def _not_spooled(self, entry: spool.Entry, exc: Exception) -> None:
+        """A record the spool refused (in the writer's thread): a call's is reported lost."""
+        self.stats["spool_failed"] += 1
+        log.error("spooling %s failed: %s", entry.idempotency_key, exc)
+        if isinstance(entry, records.CallRecord):
+            index = int(entry.record.call.call_index)
+            self.lose(f"spooling call {index} failed: {exc}", whole=False, call_index=index)
 
     def finish(
         self, *, exit_code: int, reward: float | None, grader_output: str, status: str

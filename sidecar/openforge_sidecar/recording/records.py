@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from openforge.trajectory.v1 import trajectory_pb2 as pb
@@ -78,6 +79,39 @@ def lost(
     )
 
 
+@dataclass(frozen=True, slots=True)
+class Stashed:
+    """A large body kept in a file beside the spool while its call is answered, not in
+    memory (see ``Recorder.stash``); the file goes once the spool has taken the record."""
+
+    path: Path
+    size: int
+
+    def __len__(self) -> int:
+        return self.size
+
+    def pieces(self) -> Iterator[bytes]:
+        """The body, a megabyte at a time; OSError when the file is not the body."""
+        read = 0
+        with self.path.open("rb") as handle:
+            while piece := handle.read(_PIECE_BYTES):
+                read += len(piece)
+                yield piece
+        if read != self.size:
+            raise OSError(f"{self.path} holds {read} bytes, not the body's {self.size}")
+
+    def read(self) -> bytes:
+        return b"".join(self.pieces())
+
+    def discard(self) -> None:
+        self.path.unlink(missing_ok=True)
+
+
+#: A request body as a record takes it: in memory, or stashed in a file.
+Body = bytes | Stashed
+_PIECE_BYTES = 1024 * 1024
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Call:
     """What the capture addon knows of a finished call: a ``ModelCall``'s values, held
@@ -88,7 +122,7 @@ class Call:
     token_mode: bool = True
     stream: bool = False
     model: str = ""
-    request_json: bytes = b""
+    request_json: Body = b""
     response_json: bytes = b""
     http_status: int = 200
     request_headers: Mapping[str, str] = field(default_factory=dict)
@@ -115,7 +149,7 @@ class CallRecord:
     the record :meth:`whole` builds."""
 
     record: pb.Record  # everything else
-    request_json: bytes
+    request_json: Body
     prompt_ids: Sequence[int]
 
     @property
@@ -126,7 +160,8 @@ class CallRecord:
         """The record as one message (tests, and readers that want one)."""
         record = pb.Record()
         record.CopyFrom(self.record)
-        record.call.request_json = self.request_json
+        request = self.request_json
+        record.call.request_json = request.read() if isinstance(request, Stashed) else request
         _fill(record.call.prompt_token_ids, self.prompt_ids)
         return record
 
@@ -160,13 +195,21 @@ class CallRecord:
             yield head
             yield opening
             yield small
-            if self.request_json:
+            if isinstance(self.request_json, Stashed):
+                yield request
+                yield from self.request_json.pieces()
+            elif self.request_json:
                 yield request
                 yield memoryview(self.request_json)
             for start in chunks:
                 yield self._chunk(start).SerializeToString()
 
         return total, pieces()
+
+    def release(self) -> None:
+        """The spool took the record, or refused it: a stashed body is not needed again."""
+        if isinstance(self.request_json, Stashed):
+            self.request_json.discard()
 
     def _chunk(self, start: int) -> pb.ModelCall:
         chunk = pb.ModelCall()

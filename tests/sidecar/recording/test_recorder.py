@@ -1,0 +1,85 @@
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from openforge.wire import conversation
+from openforge_sidecar.recording import recorder, records, spool
+
+
+def a_recorder(directory: Path) -> recorder.Recorder:
+    return recorder.Recorder(
+        directory, identity=recorder.Identity(job="job", rollout_id="r1"), stats=Counter()
+    )
+
+
+def test_a_large_body_waits_in_a_file_until_its_record_is_spooled(tmp_path: Path) -> None:
+    recording = a_recorder(tmp_path)
+    small = b'{"small":1}'
+    large = b'{"x":"' + b"y" * recorder.STASH_BYTES + b'"}'
+    assert recording.stash(0, small) is small
+    stashed = recording.stash(1, large)
+    assert isinstance(stashed, records.Stashed) and len(stashed) == len(large)
+    assert stashed.path.read_bytes() == large
+    recording.call(
+        records.Call(
+            call_index=1, api=conversation.WireApi.OPENAI_CHAT, request_json=stashed,
+            prompt_ids=[1, 2, 3], completion_ids=[4],
+        )
+    )  # fmt: skip
+    asyncio.run(recording.close(flush_timeout=0))
+    assert not stashed.path.exists()
+    spooled = list(spool.Spool(tmp_path).records_after(0))
+    assert [r.WhichOneof("body") for r in spooled] == ["started", "call"]
+    assert spooled[1].call.request_json == large
+    assert list(spooled[1].call.prompt_token_ids) == [1, 2, 3]
+
+
+def test_a_body_an_earlier_sidecar_left_stashed_is_deleted(tmp_path: Path) -> None:
+    first = a_recorder(tmp_path)
+    left = first.stash(0, b"z" * (recorder.STASH_BYTES + 1))
+    first.journal(0)
+    assert isinstance(left, records.Stashed) and left.path.exists()
+    # the sidecar dies before the call's record is spooled; the next one starts
+    again = a_recorder(tmp_path)
+    assert not left.path.exists()
+    asyncio.run(again.close(flush_timeout=0))
+    lost = [r.lost for r in spool.Spool(tmp_path).records_after(0) if r.HasField("lost")]
+    assert [(x.call_index, x.whole_rollout) for x in lost] == [(0, False)]
+    asyncio.run(first.close(flush_timeout=0))
+
+
+def test_a_record_the_spool_refuses_is_reported_lost_and_the_rest_are_spooled(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Refused in a batch, the record stopped the writer's thread: nothing after it was
+    ever spooled, and the rollout's finish waited for ever."""
+    monkeypatch.setattr(spool, "MAX_RECORD_BYTES", 10_000)
+    monkeypatch.setattr(recorder, "STASH_BYTES", 100)
+    recording = a_recorder(tmp_path)
+    changed = recording.stash(2, b"q" * 200)
+    assert isinstance(changed, records.Stashed)
+    changed.path.write_bytes(b"short")  # its file changed before the record was written
+    for index, prompt, body in ((0, 1, b"{}"), (1, 50_000, b"{}"), (2, 1, changed), (3, 1, b"{}")):
+        recording.call(
+            records.Call(call_index=index, api=conversation.WireApi.OPENAI_CHAT,
+                         request_json=body, prompt_ids=[7] * prompt)
+        )  # fmt: skip
+    ticket = recording.finish(exit_code=0, reward=1.0, grader_output="", status="complete")
+    assert ticket is not None and recording.wait(ticket)
+    asyncio.run(recording.close(flush_timeout=0))
+    spooled = list(spool.Spool(tmp_path).records_after(0))
+    calls = [r.call.call_index for r in spooled if r.HasField("call")]
+    lost = {r.lost.call_index: r.lost.reason for r in spooled if r.HasField("lost")}
+    assert calls == [0, 3] and sorted(lost) == [1, 2]
+    assert "over the 10000-byte limit" in lost[1] and "holds 5 bytes" in lost[2]
+    assert any(r.HasField("finished") for r in spooled) and recording.stats["spool_failed"] == 2
+
+
+def test_a_stashed_body_whose_file_changed_is_not_spooled_as_another(tmp_path: Path) -> None:
+    body = tmp_path / "body"
+    body.write_bytes(b"12345")
+    with pytest.raises(OSError, match="holds 5 bytes, not the body's 6"):
+        b"".join(records.Stashed(body, 6).pieces())
