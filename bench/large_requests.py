@@ -11,9 +11,13 @@ seconds after the answer (VmRSS), and the peak's excess over idle as a
 multiple of the body. Sizes run in turn, the sidecars interleaved within each.
 Issue 14's target: peak <= 3x the body over idle, back to idle + 10 MB. With
 ``--stream`` the call is streamed (the engine's echo of the prompt then comes in its
-first event, which the sidecar reads as the stream arrives).
+first event, which the sidecar reads as the stream arrives). Each sidecar exports to a
+collector of its own, as in a rollout, and "after" is read once the collector has the
+call (the record is sent before it is dropped); ``--no-collector`` leaves it out, as
+this bench did before 2026-12-05.
 
-    python bench/large_requests.py [--sizes 1 10 30] [--stream] [--compare PATH] [--json]
+    python bench/large_requests.py [--sizes 1 10 30] [--stream] [--no-collector]
+        [--compare PATH] [--json]
 """
 
 from __future__ import annotations
@@ -41,7 +45,9 @@ def body_of(size_mb: float, *, stream: bool = False) -> bytes:
     return json.dumps(body).encode()
 
 
-def one(tree: Path | None, size_mb: float, workdir: Path, *, stream: bool) -> dict[str, Any]:
+def one(
+    tree: Path | None, size_mb: float, workdir: Path, *, stream: bool, export: bool
+) -> dict[str, Any]:
     with servers.Servers(workdir) as procs:
         port = servers.free_port()
         argv = [
@@ -54,7 +60,12 @@ def one(tree: Path | None, size_mb: float, workdir: Path, *, stream: bool) -> di
             "1000000000",
         ]
         engine = procs.start("engine", argv, port)
-        sidecar = procs.sidecar(engine) if tree is None else procs.sidecar_of(tree, engine, "other")
+        collector = procs.collector() if export else None
+        sidecar = (
+            procs.sidecar(engine, collector=collector)
+            if tree is None
+            else procs.sidecar_of(tree, engine, "other", collector=collector)
+        )
         warm = {"model": "policy", "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]}
         httpx.post(sidecar.url + "/v1/chat/completions", json=warm, timeout=120, trust_env=False)
         time.sleep(1)
@@ -71,6 +82,8 @@ def one(tree: Path | None, size_mb: float, workdir: Path, *, stream: bool) -> di
         took = time.monotonic() - start
         if answer.status_code != 200 or (stream and b"data: [DONE]" not in answer.content):
             raise RuntimeError(f"{answer.status_code}: {answer.text[:300]}")
+        if collector is not None:
+            exported(sidecar)
         time.sleep(2)
         after = servers.memory_kib(sidecar.process.pid)
     body_mb = len(body) / MB
@@ -86,6 +99,17 @@ def one(tree: Path | None, size_mb: float, workdir: Path, *, stream: bool) -> di
     }
 
 
+def exported(sidecar: servers.Server, timeout: float = 300) -> None:
+    """Wait until the collector has acknowledged every record the sidecar spooled."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        stats = httpx.get(sidecar.url + "/openforge/v1/stats", timeout=30, trust_env=False).json()
+        if stats.get("exporter", {}).get("unacked") == 0 and stats["exporter"].get("acked"):
+            return
+        time.sleep(0.2)
+    raise RuntimeError(f"the collector did not acknowledge the call in {timeout} s")
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
@@ -95,6 +119,9 @@ def main(argv: list[str]) -> int:
         "--compare", type=Path, action="append", default=[], help="another checkout's sidecar too"
     )
     parser.add_argument("--stream", action="store_true", help="stream the call's answer")
+    parser.add_argument(
+        "--no-collector", action="store_true", help="spool only: export to no collector"
+    )
     parser.add_argument("--json", action="store_true", help="print the results as JSON only")
     args = parser.parse_args(argv)
     trees: list[tuple[str, Path | None]] = [("sidecar", None)] + [
@@ -107,7 +134,7 @@ def main(argv: list[str]) -> int:
                 workdir = Path(scratch) / f"{name.replace('/', '_')}-{size}"
                 workdir.mkdir()
                 results.setdefault(name, {})[f"{size:g} MB"] = one(
-                    tree, size, workdir, stream=args.stream
+                    tree, size, workdir, stream=args.stream, export=not args.no_collector
                 )
     if args.json:
         print(json.dumps(results, indent=1))

@@ -123,7 +123,16 @@ class Servers:
         ]
         return self.start("engine", argv, port)
 
-    def sidecar(self, engine: Server) -> Server:
+    def collector(self, tag: str = "") -> Server:
+        """``openforge collector`` with a fresh store, as a trainer runs it."""
+        port = free_port()
+        argv = [
+            sys.executable, "-m", "openforge.cli", "collector",
+            "--store", str(self.workdir / f"store{tag}.db"), "--listen", f"127.0.0.1:{port}",
+        ]  # fmt: skip
+        return self.start(f"collector{tag}", argv, port)
+
+    def sidecar(self, engine: Server, *, collector: Server | None = None) -> Server:
         port = free_port()
         spool = self.workdir / "spool"
         argv = [
@@ -137,10 +146,13 @@ class Servers:
             engine.url,
             "--spool",
             str(spool),
+            *_exporting(collector),
         ]
         return self.start("sidecar", argv, port)
 
-    def sidecar_of(self, tree: Path, engine: Server, tag: str) -> Server:
+    def sidecar_of(
+        self, tree: Path, engine: Server, tag: str, *, collector: Server | None = None
+    ) -> Server:
         """``openforge sidecar`` of the checkout at ``tree`` (its ``sidecar/`` and
         shared package's folder first on ``sys.path``: ``common/``, or ``proto/`` in a
         checkout older than that folder), e.g. ``git worktree add /tmp/old <commit>``."""
@@ -157,6 +169,7 @@ class Servers:
             engine.url,
             "--spool",
             str(self.workdir / f"spool-{tag}"),
+            *_exporting(collector),
         ]
         return self.start(f"sidecar-{tag}", [sys.executable, "-c", main, *flags], port)
 
@@ -190,6 +203,10 @@ class Servers:
             "--set", "termlog_verbosity=warn",
         ]  # fmt: skip
         return self.start("mitmdump", argv, port)
+
+
+def _exporting(collector: Server | None) -> list[str]:
+    return ["--collector", f"127.0.0.1:{collector.port}"] if collector is not None else []
 
 
 def memory_kib(pid: int) -> dict[str, int]:

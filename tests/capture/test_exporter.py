@@ -392,3 +392,28 @@ def test_ack_mark_moves_only_over_contiguous_acks(tmp_path: Path) -> None:
             assert (stats["acked"], stats["duplicates"], stats["refused"]) == (5, 1, 1)
 
     asyncio.run(main())
+
+
+def test_frames_are_sent_as_the_spool_holds_them_in_batches_of_bounded_size(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Parsed and serialized again, a large call's record was held three times while it
+    was sent, and a batch of them all at once."""
+    monkeypatch.setattr(exporter, "BATCH_BYTES", 300)
+    big = trajectory_pb2.Record(
+        idempotency_key="r1/call/9", job="job", rollout_id="r1",
+        call=trajectory_pb2.ModelCall(call_index=9, request_json=b"x" * 1000),
+    )  # fmt: skip
+    written: list[bytes] = []
+
+    class Call:
+        async def write(self, payload: bytes) -> None:
+            written.append(payload)
+
+    with spool.Spool(tmp_path) as s:
+        s.append([*records("r1", 3), big, *records("r1", 2, start=3)])
+        e = exporter.Exporter(s, "127.0.0.1:1", batch_size=100)
+        batches = [[sequence for sequence, _ in e._unacked(after, 100)] for after in (0, 3, 4)]
+        assert batches == [[1, 2, 3, 4], [4], [5, 6]]  # a batch ends with its 300th byte
+        assert asyncio.run(e._write(Call(), list(s.frames_after(0)))) == 6
+        assert written == [payload for _, payload in s.frames_after(0)]

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
 import logging
 import random
 from typing import Any
@@ -33,11 +32,26 @@ import grpc
 from openforge.trajectory import channel
 from openforge.trajectory.v1 import trajectory_pb2, trajectory_pb2_grpc
 
+from openforge_sidecar.recording import records
 from openforge_sidecar.recording import spool as spool_module
 
 log = logging.getLogger(__name__)
 
 Record = Any  # trajectory_pb2.Record
+
+
+#: A batch read from the spool stops at this many bytes of records.
+BATCH_BYTES = 8 * 1024 * 1024
+_PUSH = "/{}/Push".format(trajectory_pb2.DESCRIPTOR.services_by_name["TrajectoryService"].full_name)
+
+
+def _as_is(payload: bytes) -> bytes:
+    """A Push message's serializer: the spool's frame is the record's serialization."""
+    return payload
+
+
+def _ack(data: bytes) -> Any:
+    return trajectory_pb2.Ack.FromString(data)
 
 
 class _StreamEnded(Exception):
@@ -211,7 +225,14 @@ class Exporter:
         ) as grpc_channel:
             stub = trajectory_pb2_grpc.TrajectoryServiceStub(grpc_channel)
             await self._skip_held(stub)
-            call = await self._open(stub)
+            # the spool's frames are serialized records: sent as they are, not parsed and
+            # serialized again (a large call's record would be held three times)
+            push = grpc_channel.stream_stream(
+                _PUSH,
+                request_serializer=_as_is,
+                response_deserializer=trajectory_pb2.Ack.FromString,
+            )
+            call = await self._open(push)
             self._in_flight = 0
             self._window_open.set()
             tasks = [
@@ -229,7 +250,7 @@ class Exporter:
                 task.result()
             raise _StreamEnded("the collector ended the Push stream")
 
-    async def _open(self, stub: Any) -> Any:
+    async def _open(self, push: Any) -> Any:
         """Open the Push stream and wait for the collector to accept it.
 
         The collector sends its initial metadata once the token is checked.
@@ -237,7 +258,7 @@ class Exporter:
         collector's refusal makes grpc report INTERNAL instead of the real
         status (grpc/grpc#36066).
         """
-        call = stub.Push(metadata=self._metadata)
+        call = push(metadata=self._metadata)
         await call.initial_metadata()
         if call.done():
             raise _Refused(await call.code(), await call.details())
@@ -245,8 +266,8 @@ class Exporter:
 
     async def _skip_held(self, stub: Any) -> None:
         """Treat as acked what the collector already holds (acks lost in a crash)."""
-        pending = await asyncio.to_thread(self._unacked, self._contiguous)
-        rollouts = sorted({record.rollout_id for record in pending})
+        pending = await asyncio.to_thread(self._pending, self._contiguous)
+        rollouts = sorted({rollout_id for _, rollout_id in pending})
         watermarks: dict[str, int] = {}
         for rollout_id in rollouts:
             reply = await stub.GetWatermark(
@@ -255,34 +276,58 @@ class Exporter:
                 timeout=self.rpc_timeout_s,
             )
             watermarks[rollout_id] = int(reply.contiguous_sequence)
-        for record in pending:
-            sequence = int(record.sequence)
-            if sequence <= watermarks.get(record.rollout_id, 0) and sequence not in self._done:
+        for sequence, rollout_id in pending:
+            if sequence <= watermarks.get(rollout_id, 0) and sequence not in self._done:
                 self._done.add(sequence)
                 self._stats["skipped"] += 1
         self._advance()
 
-    def _unacked(self, after: int, limit: int | None = None) -> list[Record]:
-        return list(itertools.islice(self.spool.records_after(after), limit))
+    def _pending(self, after: int) -> list[tuple[int, str]]:
+        """The sequence and rollout of every record after ``after``, read one at a time."""
+        return [
+            (sequence, records.rollout_of(payload))
+            for sequence, payload in self.spool.frames_after(after)
+        ]
+
+    def _unacked(self, after: int, limit: int) -> list[tuple[int, bytes]]:
+        """Up to ``limit`` frames after ``after``, and no more once they are
+        :data:`BATCH_BYTES` in all (always at least one)."""
+        frames: list[tuple[int, bytes]] = []
+        size = 0
+        for frame in self.spool.frames_after(after):
+            frames.append(frame)
+            size += len(frame[1])
+            if len(frames) >= limit or size >= BATCH_BYTES:
+                break
+        return frames
 
     async def _send(self, call: Any) -> None:
         cursor = self._contiguous
         while True:
             self._wake.clear()
-            batch = await asyncio.to_thread(self._unacked, cursor, self.batch_size)
-            if not batch:
+            frames = await asyncio.to_thread(self._unacked, cursor, self.batch_size)
+            if not frames:
                 await self._wake.wait()
                 continue
-            for record in batch:
-                cursor = int(record.sequence)
-                if cursor in self._done:
-                    continue
-                while self._in_flight >= self.window:
-                    self._window_open.clear()
-                    await self._window_open.wait()
-                await call.write(record)
-                self._in_flight += 1
-                self._stats["sent"] += 1
+            cursor = await self._write(call, frames)
+            del frames  # not held while the next ones are read
+
+    async def _write(self, call: Any, frames: list[tuple[int, bytes]]) -> int:
+        """Send ``frames`` not acknowledged yet, each let go of once it is written; the
+        sequence of the last."""
+        cursor = 0
+        frames.reverse()
+        while frames:
+            cursor, payload = frames.pop()
+            if cursor in self._done:
+                continue
+            while self._in_flight >= self.window:
+                self._window_open.clear()
+                await self._window_open.wait()
+            await call.write(payload)
+            self._in_flight += 1
+            self._stats["sent"] += 1
+        return cursor
 
     async def _receive(self, call: Any) -> None:
         while True:

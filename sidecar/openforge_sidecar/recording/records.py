@@ -273,6 +273,48 @@ def _fill(target: Any, ids: Sequence[int]) -> None:
         target[start : start + _IDS_PER_EXTEND] = ids[start : start + _IDS_PER_EXTEND]
 
 
+def rollout_of(payload: bytes) -> str:
+    """The ``rollout_id`` of a serialized record, read without parsing the rest: parsed,
+    a large call's record is a copy of its request and its prompt's IDs.
+
+    ValueError when the bytes are not a record's wire format."""
+    view = memoryview(payload)
+    position = 0
+    found = ""
+    while position < len(view):
+        key, position = _read_varint(view, position)
+        number, kind = key >> 3, key & 7
+        if kind == 0:
+            _, position = _read_varint(view, position)
+        elif kind == 1:
+            position += 8
+        elif kind == 5:
+            position += 4
+        elif kind == 2:
+            length, position = _read_varint(view, position)
+            if number == _ROLLOUT_ID:
+                found = bytes(view[position : position + length]).decode()  # the last one wins
+            position += length
+        else:
+            raise ValueError(f"wire type {kind} at byte {position}")
+    if position != len(view):
+        raise ValueError(f"a field runs past the record's end ({position} of {len(view)} bytes)")
+    return found
+
+
+def _read_varint(view: memoryview, position: int) -> tuple[int, int]:
+    value = shift = 0
+    while True:
+        if position >= len(view) or shift > 63:
+            raise ValueError(f"a varint is cut short or too long at byte {position}")
+        byte = view[position]
+        position += 1
+        value |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            return value, position
+        shift += 7
+
+
 def _varint(value: int) -> bytes:
     out = bytearray()
     while value >= 0x80:
@@ -288,6 +330,7 @@ def _key(field_number: int) -> bytes:
 
 
 _CALL = pb.Record.DESCRIPTOR.fields_by_name["call"].number
+_ROLLOUT_ID = pb.Record.DESCRIPTOR.fields_by_name["rollout_id"].number
 _REQUEST_JSON = pb.ModelCall.DESCRIPTOR.fields_by_name["request_json"].number
 #: Token IDs are copied into a message this many at a time.
 _IDS_PER_EXTEND = 64 * 1024

@@ -236,24 +236,33 @@ class Spool:
 
         Sees what was appended before the call; later appends need a new call.
         """
+        for _, payload in self.frames_after(sequence):
+            record = trajectory_pb2.Record()
+            record.ParseFromString(payload)
+            yield record
+
+    def frames_after(self, sequence: int) -> Iterator[tuple[int, bytes]]:
+        """:meth:`records_after` as each record's sequence and serialized bytes, not
+        parsed: the exporter sends them as they are."""
         with self._lock:
             snapshot = [
                 (
                     s.path,
                     s.offsets[max(0, sequence + 1 - s.first)],
+                    max(sequence + 1, s.first),
                     s.last - max(sequence, s.first - 1),
                 )
                 for s in self._segments
                 if s.offsets and s.last > sequence
             ]
-        for path, start, count in snapshot:
+        for path, start, first, count in snapshot:
             try:
                 handle = open(path, "rb")  # noqa: SIM115 (closed below)
             except FileNotFoundError:
                 continue  # compacted: everything in it was acked
             with handle:
                 handle.seek(start)
-                yield from _read_frames(handle, count)
+                yield from _read_frames(handle, first, count=count)
 
     @property
     def last_sequence(self) -> int:
@@ -440,13 +449,12 @@ def _count_frame_headers(data: bytes, offset: int) -> int:
     return max(frames, 1)
 
 
-def _read_frames(handle: BinaryIO, count: int) -> Iterator[Record]:
-    """Decode ``count`` frames already validated (at recovery or append)."""
-    for _ in range(count):
+def _read_frames(handle: BinaryIO, first: int, *, count: int) -> Iterator[tuple[int, bytes]]:
+    """The sequences and payloads of ``count`` frames already validated (at recovery or
+    append), the first of them ``first``."""
+    for index in range(count):
         length, _crc = _HEADER.unpack(handle.read(_HEADER.size))
-        record = trajectory_pb2.Record()
-        record.ParseFromString(handle.read(length))
-        yield record
+        yield first + index, handle.read(length)
 
 
 def _serialized(record: Entry, sequence: int) -> tuple[int, Iterable[bytes | memoryview]]:

@@ -71,3 +71,19 @@ def test_spooling_a_large_call_copies_neither_its_request_nor_its_prompt(tmp_pat
         finally:
             tracemalloc.stop()
     assert peak < 4 * 1024 * 1024
+
+
+def test_the_rollout_of_a_serialized_record_is_read_without_parsing_it() -> None:
+    started = records.started(
+        job="job", rollout_id="r-7", task_id="t", sample_index=0, attempt=0, harness="h",
+        policy_version=0, labels={"a": "b"},
+    )  # fmt: skip
+    assert records.rollout_of(started.SerializeToString()) == "r-7"
+    _, pieces = a_call(prompt=70_000, request=b"x" * 1000).serialized(3)
+    assert records.rollout_of(b"".join(pieces)) == "r1"
+    assert records.rollout_of(pb.Record(sequence=5).SerializeToString()) == ""
+    whole = started.SerializeToString()
+    with pytest.raises(ValueError, match="runs past the record's end"):
+        records.rollout_of(whole[:-1])
+    with pytest.raises(ValueError, match="wire type 7"):
+        records.rollout_of(b"\x0f")

@@ -173,3 +173,14 @@ def test_corrupt_ack_mark_is_an_error_naming_the_file(tmp_path: Path) -> None:
     (tmp_path / "acked").write_text("twelve\n")
     with pytest.raises(spool.SpoolError, match="acked: ack mark 'twelve'"):
         spool.Spool(tmp_path)
+
+
+def test_frames_are_the_records_serialized_with_their_sequences(tmp_path: Path) -> None:
+    with spool.Spool(tmp_path, max_segment_bytes=64) as s:
+        for n in range(5):
+            s.append([call_record(n)])
+        frames = list(s.frames_after(2))
+        assert [sequence for sequence, _ in frames] == [3, 4, 5]
+        parsed = [trajectory_pb2.Record.FromString(payload) for _, payload in frames]
+        assert parsed == list(s.records_after(2))
+        assert [r.sequence for r in parsed] == [3, 4, 5]
