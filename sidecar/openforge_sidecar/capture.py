@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import ctypes
+import dataclasses
 import functools
 import gc
 import json
@@ -345,13 +346,13 @@ class Capture:
             started=started,
             raw_headers=flow.request.headers.fields,
         )
-        del body
+        del body, request  # the call has them, as long as it needs them
         if ctx.options.openforge_mode == "tokens":
             # parsed, and stashed for the record if large: the engine gets a body of its own
             flow.request.raw_content = b""
         flow.metadata["openforge"] = call
         self.stats["calls"] += 1
-        self.stats["streamed" if request.stream else "unstreamed"] += 1
+        self.stats["streamed" if call.request.stream else "unstreamed"] += 1
         if ctx.options.openforge_mode == "tokens":
             if not await self._to_engine(flow, call):
                 return  # answered with an error, and spooled
@@ -496,6 +497,11 @@ class Capture:
             return False
         assert self._history is not None
         call.plan = self._history.plan(call.request)
+        if isinstance(call.request_json, records.Stashed):
+            # A large call's messages are let go of once planned: the history keeps their
+            # keys (so it does not render them ahead for the next call), and nothing
+            # after needs them.
+            call.request = dataclasses.replace(call.request, messages=())
         body = engine.completion_body(
             model=ctx.options.openforge_engine_model or self._engine_model,
             prompt_ids=call.plan.prompt_ids,

@@ -66,18 +66,37 @@ class Plan:
     segment_reason: str  # "" when the call extends an earlier one
     prefix_token_count: int
     ticket: int = 0  # which call of the history planned it (see TokenHistory.finished)
+    keys: tuple[_Key, ...] = ()  # the request's messages, as the history keeps them
+
+
+@dataclass(frozen=True, slots=True)
+class _Key:
+    """What the history keeps of a message: enough to tell whether a later request
+    repeats it (:func:`_same`), not its text, which a large conversation's head would
+    otherwise keep resident between calls (a 30 MB prompt's, 30 MB).
+
+    Hashes, not digests: Python's string hash is SipHash, keyed at random per
+    process, so no harness can make two different messages collide on purpose.
+    """
+
+    role: str
+    exact: int  # equal messages, equal values (:func:`_exact`)
+    norm: int  # the hash of :func:`_norm_message`
 
 
 @dataclass(slots=True)
 class _Head:
     """The end of one conversation: everything the next call may extend."""
 
-    messages: tuple[conversation.Message, ...]  # request messages + our reply
+    keys: tuple[_Key, ...]  # request messages + our reply
     tools: tuple[conversation.Tool, ...]
     token_ids: array[int]  # prompt + completion, exactly as the engine saw them
     stopped: bool  # the completion ended with a stop token
     segment_index: int
-    rendered: str | None = None  # the template's text of messages and tools (see prerender)
+    # The messages, only until they are rendered ahead (see prerender), and only for a
+    # reply that calls tools; then the template's text of them and the tools.
+    messages: tuple[conversation.Message, ...] | None = None
+    rendered: str | None = None
 
 
 def _norm_message(message: conversation.Message) -> tuple[object, ...]:
@@ -103,38 +122,39 @@ def _norm_message(message: conversation.Message) -> tuple[object, ...]:
     return (message.role, message.text.strip(), calls, results, images)
 
 
-def _same(a: conversation.Message, b: conversation.Message) -> bool:
-    """Whether ``a`` counts as ``b`` unchanged (:func:`_norm_message`).
-
-    Equal messages normalize alike, so only unequal ones are normalized: a
-    harness resends most of its history as is, and normalizing parses and
-    re-serializes every tool call's arguments.
-    """
-    return a == b or _norm_message(a) == _norm_message(b)
+def _exact(message: conversation.Message) -> int:
+    """A hash equal for equal messages; each part's type counts (dataclasses hash their
+    fields alone: an image's URL and a reasoning text would hash alike)."""
+    return hash((message.role, tuple((type(part), part) for part in message.parts)))
 
 
-def _all_same(
-    messages: Sequence[conversation.Message], known: Sequence[conversation.Message]
-) -> bool:
-    return len(messages) == len(known) and all(map(_same, messages, known))
+def _key(message: conversation.Message) -> _Key:
+    return _Key(message.role, _exact(message), hash(_norm_message(message)))
 
 
-def _opening(messages: Sequence[conversation.Message]) -> conversation.Message | None:
+def _same(a: _Key, b: _Key) -> bool:
+    """Whether ``a`` counts as ``b`` unchanged (:func:`_norm_message`)."""
+    return a.exact == b.exact or a.norm == b.norm
+
+
+def _all_same(keys: Sequence[_Key], known: Sequence[_Key]) -> bool:
+    return len(keys) == len(known) and all(map(_same, keys, known))
+
+
+def _opening(keys: Sequence[_Key]) -> _Key | None:
     """A conversation's first turn after its system prompt (its task), if any."""
-    return next((m for m in messages if m.role not in ("system", "developer")), None)
+    return next((k for k in keys if k.role not in ("system", "developer")), None)
 
 
-def _related(
-    messages: Sequence[conversation.Message], known: Sequence[conversation.Message]
-) -> bool:
-    """Whether ``messages`` may be the conversation ``known`` rewritten: they share the
+def _related(keys: Sequence[_Key], known: Sequence[_Key]) -> bool:
+    """Whether ``keys`` may be the conversation ``known`` rewritten: they share the
     system prompt or the opening turn. A side call (a title, a summary) or a
     sub-agent shares neither, so it starts a conversation of its own."""
-    if not messages or not known:
+    if not keys or not known:
         return False
-    if _same(messages[0], known[0]):
+    if _same(keys[0], known[0]):
         return True
-    opening, known_opening = _opening(messages), _opening(known)
+    opening, known_opening = _opening(keys), _opening(known)
     return opening is not None and known_opening is not None and _same(opening, known_opening)
 
 
@@ -153,7 +173,7 @@ class TokenHistory:
         self.merged = 0
         self.conversations = 0  # calls that started a conversation (first, new_conversation)
         self._prerender = True  # the harness sent the last head back exactly as we kept it
-        self._answering: dict[int, tuple[conversation.Message, ...]] = {}  # ticket -> messages
+        self._answering: dict[int, tuple[_Key, ...]] = {}  # ticket -> its messages' keys
 
     @property
     def merge_rate(self) -> float:
@@ -165,20 +185,40 @@ class TokenHistory:
         """The prompt of a call; the call is being answered until :meth:`finished`."""
         self.calls += 1
         messages = request.messages
-        found = self._plan(messages, request.tools)  # before this call counts as answering
-        self._answering[self.calls] = messages
-        return dataclasses.replace(found, ticket=self.calls)
+        keys = self._keys(messages)
+        found = self._plan(
+            messages, keys=keys, tools=request.tools
+        )  # before this call counts as answering
+        self._answering[self.calls] = keys
+        return dataclasses.replace(found, ticket=self.calls, keys=keys)
 
     def finished(self, plan: Plan) -> None:
         """The call ``plan`` was made for is no longer being answered (answered or not)."""
         self._answering.pop(plan.ticket, None)
 
+    def _keys(self, messages: Sequence[conversation.Message]) -> tuple[_Key, ...]:
+        """The messages' keys; a message a head or a call being answered has is not
+        normalized again (a harness resends its history on every call)."""
+        known = {key.exact: key for head in self._heads for key in head.keys}
+        for keys in self._answering.values():
+            known.update((key.exact, key) for key in keys)
+        out: list[_Key] = []
+        for message in messages:
+            exact = _exact(message)
+            found = known.get(exact)
+            out.append(found if found is not None else _key(message))
+        return tuple(out)
+
     def _plan(
-        self, messages: tuple[conversation.Message, ...], tools: tuple[conversation.Tool, ...]
+        self,
+        messages: tuple[conversation.Message, ...],
+        *,
+        keys: tuple[_Key, ...],
+        tools: tuple[conversation.Tool, ...],
     ) -> Plan:
-        head, reason = self._find_head(messages, tools)
+        head, reason = self._find_head(keys, tools)
         if head is not None:
-            delta = self._delta_text(head, messages, tools=tools)
+            delta = self._delta_text(head, messages, keys=keys, tools=tools)
             if delta is not None:
                 self.merged += 1
                 prefix = head.token_ids
@@ -189,7 +229,7 @@ class TokenHistory:
                     len(prefix),
                 )
             reason = "template_not_prefix_stable"
-        elif self._concurrent(messages):
+        elif self._concurrent(keys):
             reason = "concurrent"
         if reason in (self._first_reason, "new_conversation"):
             self.conversations += 1
@@ -198,15 +238,15 @@ class TokenHistory:
         text = self._renderer.render(messages, tools, add_generation_prompt=True)
         return Plan(self._renderer.encode_ids(text), segment, reason, 0)
 
-    def _concurrent(self, messages: tuple[conversation.Message, ...]) -> bool:
+    def _concurrent(self, keys: tuple[_Key, ...]) -> bool:
         """Whether a call being answered has the same messages, or the same before its last
         one and more than a system prompt."""
         for asked in self._answering.values():
             lead = asked[:-1]
-            if _all_same(messages, asked) or (
-                any(m.role != "system" for m in lead)
-                and len(messages) > len(lead)
-                and _all_same(messages[: len(lead)], lead)
+            if _all_same(keys, asked) or (
+                any(k.role != "system" for k in lead)
+                and len(keys) > len(lead)
+                and _all_same(keys[: len(lead)], lead)
             ):
                 return True
         return False
@@ -220,15 +260,19 @@ class TokenHistory:
         completion_ids: Sequence[int],
     ) -> None:
         """Remember the conversation this call ended, for the next call to extend (the call
-        is answered: no longer being answered, see :meth:`finished`)."""
+        is answered: no longer being answered, see :meth:`finished`). The head keeps the
+        keys of the messages (``plan.keys``), and the messages themselves only when the
+        reply calls tools and ``request`` still has them, to be rendered ahead."""
         self.finished(plan)
         stopped = bool(completion_ids) and completion_ids[-1] in self._renderer.stop_token_ids
+        ahead = bool(reply.tool_calls) and len(request.messages) == len(plan.keys)
         head = _Head(
-            (*request.messages, reply),
+            (*plan.keys, _key(reply)),
             request.tools,
             plan.prompt_ids + token_array(completion_ids),
             stopped,
             plan.segment_index,
+            messages=(*request.messages, reply) if ahead else None,
         )
         self._heads = [h for h in self._heads if h.segment_index != plan.segment_index]
         self._heads.append(head)
@@ -251,34 +295,33 @@ class TokenHistory:
         often the rollout. Never raises: a head that does not render here is
         rendered (and its error reported) when a call continues it.
         """
-        if not self._prerender or not self._heads or self._heads[-1].rendered is not None:
+        if not self._heads:
             return
         head = self._heads[-1]
-        if not head.messages[-1].tool_calls:
+        messages, head.messages = head.messages, None  # rendered or not, not kept
+        if not self._prerender or head.rendered is not None or messages is None:
             return
         try:
-            head.rendered = self._renderer.render(
-                head.messages, head.tools, add_generation_prompt=False
-            )
+            head.rendered = self._renderer.render(messages, head.tools, add_generation_prompt=False)
         except Exception:  # the plan renders it again and reports the error there
             head.rendered = None
 
     def _find_head(
-        self, messages: tuple[conversation.Message, ...], tools: tuple[conversation.Tool, ...]
+        self, keys: tuple[_Key, ...], tools: tuple[conversation.Tool, ...]
     ) -> tuple[_Head | None, str]:
         if not self._heads:
             return None, self._first_reason
-        if not any(_related(messages, head.messages) for head in self._heads):
+        if not any(_related(keys, head.keys) for head in self._heads):
             return None, "new_conversation"
         reason = "history_rewritten"
         for head in reversed(self._heads):
-            known = len(head.messages)
-            if len(messages) <= known:
-                if len(messages) == known - 1 and _all_same(messages, head.messages[:-1]):
+            known = len(head.keys)
+            if len(keys) <= known:
+                if len(keys) == known - 1 and _all_same(keys, head.keys[:-1]):
                     reason = "retry"
                 continue
-            if not _all_same(messages[:known], head.messages):
-                if messages and head.messages and not _same(messages[0], head.messages[0]):
+            if not _all_same(keys[:known], head.keys):
+                if keys and head.keys and not _same(keys[0], head.keys[0]):
                     reason = "system_changed" if reason == "history_rewritten" else reason
                 continue
             if head.tools != tools:
@@ -292,6 +335,7 @@ class TokenHistory:
         head: _Head,
         messages: tuple[conversation.Message, ...],
         *,
+        keys: tuple[_Key, ...],
         tools: tuple[conversation.Tool, ...],
     ) -> str | None:
         """The text the new turns add after the head's tokens, or None.
@@ -315,9 +359,11 @@ class TokenHistory:
             # (ids, dropped reasoning) cancel out of the delta. When that view
             # is exactly the head, it is also our rendering: worth making
             # ahead of the next call again.
-            known = messages[: len(head.messages)]
-            self._prerender = before is None and known == head.messages
-            before = render(known, tools, add_generation_prompt=False)
+            count = len(head.keys)
+            self._prerender = before is None and all(
+                a.exact == b.exact for a, b in zip(keys[:count], head.keys, strict=True)
+            )
+            before = render(messages[:count], tools, add_generation_prompt=False)
             if not after.startswith(before):
                 return None
         eos = self._renderer.eos_token

@@ -112,8 +112,11 @@ def test_a_call_beside_one_still_answered_in_the_same_conversation_is_concurrent
 
 
 def _reference_find_head(
-    heads: list[history._Head], messages: tuple[cv.Message, ...], tools: tuple[cv.Tool, ...]
+    heads: list[tuple[history._Head, tuple[cv.Message, ...]]],
+    messages: tuple[cv.Message, ...],
+    tools: tuple[cv.Tool, ...],
 ) -> tuple[history._Head | None, str]:
+    """The head search on the messages themselves: each head with the messages it ended."""
     norm = history._norm_message
     if not heads:
         return None, "first"
@@ -130,17 +133,17 @@ def _reference_find_head(
             mine is not None and theirs is not None and norm(mine) == norm(theirs)
         )
 
-    if not any(related(head.messages) for head in heads):
+    if not any(related(conv) for _, conv in heads):
         return None, "new_conversation"
     reason = "history_rewritten"
-    for head in reversed(heads):
-        known = len(head.messages)
+    for head, conv in reversed(heads):
+        known = len(conv)
         if len(messages) <= known:
-            if len(messages) == known - 1 and normalized == [norm(m) for m in head.messages[:-1]]:
+            if len(messages) == known - 1 and normalized == [norm(m) for m in conv[:-1]]:
                 reason = "retry"
             continue
-        if normalized[:known] != [norm(m) for m in head.messages]:
-            if messages and head.messages and normalized[0] != norm(head.messages[0]):
+        if normalized[:known] != [norm(m) for m in conv]:
+            if messages and conv and normalized[0] != norm(conv[0]):
                 reason = "system_changed" if reason == "history_rewritten" else reason
             continue
         if head.tools != tools:
@@ -180,20 +183,54 @@ def test_the_head_search_decides_as_the_normalized_comparison_did(
     with_tools: bool,
 ) -> None:
     tokens = history.TokenHistory(tiny())
-    tokens._heads = [
-        history._Head(conv, (SHELL,) if tooled else (), [], False, index)
+    kept = [
+        (history._Head(keys(conv), (SHELL,) if tooled else (), array("i"), False, index), conv)
         for index, (conv, tooled) in enumerate(heads)
     ]
+    tokens._heads = [head for head, _ in kept]
     tools = (SHELL,) if with_tools else ()
-    assert tokens._find_head(messages, tools) == _reference_find_head(
-        tokens._heads, messages, tools
+    assert tokens._find_head(tokens._keys(messages), tools) == _reference_find_head(
+        kept, messages, tools
     )
 
 
+def keys(messages: tuple[cv.Message, ...]) -> tuple[history._Key, ...]:
+    return tuple(map(history._key, messages))
+
+
+def same(a: cv.Message, b: cv.Message) -> bool:
+    return history._same(history._key(a), history._key(b))
+
+
 def test_normalizing_compares_arguments_as_json() -> None:
-    assert history._same(call("a", '{"x": 1, "y": 2}'), call("b", '{"y":2,"x":1}'))
-    assert not history._same(call("a", '{"x": 1}'), call("a", '{"x": 1.0}'))
+    assert same(call("a", '{"x": 1, "y": 2}'), call("b", '{"y":2,"x":1}'))
+    assert not same(call("a", '{"x": 1}'), call("a", '{"x": 1.0}'))
     assert json.loads('{"x": 1}') == json.loads('{"x": 1.0}')  # why not parsed equality
+
+
+def test_parts_of_another_kind_with_the_same_fields_are_not_the_same() -> None:
+    """Dataclasses hash their fields alone: an image and a reasoning part with one text
+    hash alike; the key tells them apart."""
+    image = cv.Message("assistant", (cv.ImagePart("https://x/a.png"),))
+    thought = cv.Message("assistant", (cv.ReasoningPart("https://x/a.png"),))
+    assert hash(image.parts[0]) == hash(thought.parts[0])
+    assert history._key(image).exact != history._key(thought).exact
+
+
+def test_a_head_keeps_no_message_text_but_one_to_render_ahead_until_it_is_rendered() -> None:
+    tokens, _ = first_call()
+    head = tokens._heads[-1]
+    assert head.messages == (*BASE, REPLY) and head.rendered is None  # a reply calling tools
+    tokens.prerender()
+    assert head.messages is None and head.rendered is not None
+    # a request whose messages were let go of after planning (a large call) keeps none
+    planned = tokens.plan(request(*BASE, REPLY, result("call_1", "a.txt")))
+    tokens.record(request(), planned, reply=REPLY, completion_ids=[9])
+    assert tokens._heads[-1].messages is None and len(tokens._heads[-1].keys) == 5
+    tokens.prerender()
+    assert tokens._heads[-1].rendered is None
+    again = tokens.plan(request(*BASE, REPLY, result("call_1", "a.txt"), REPLY, result("c", "b")))
+    assert again.segment_reason == "" and again.prefix_token_count == len(planned.prompt_ids) + 1
 
 
 class CountingRenderer:
@@ -246,7 +283,9 @@ def test_rewrites_the_template_does_not_show_still_use_the_prerendered_head() ->
     renders, planned, tokens = continued(echo)
     assert renders == 1 and planned.segment_reason == ""
     assert planned == unprerendered(echo)
-    tokens.record(request(*BASE), planned, reply=REPLY, completion_ids=[9])
+    tokens.record(
+        request(*BASE, echo, result("x", "a.txt")), planned, reply=REPLY, completion_ids=[9]
+    )
     tokens.prerender()
     assert tokens._heads[-1].rendered is not None  # still worth it for this harness
 
@@ -258,12 +297,12 @@ def test_a_rewrite_the_template_shows_renders_both_and_stops_prerendering_until_
     renders, planned, tokens = continued(REPLY, reply=thinking)  # the harness drops the reasoning
     assert renders == 2 and planned.segment_reason == ""
     assert planned == unprerendered(REPLY, reply=thinking)
-    tokens.record(request(*BASE), planned, reply=thinking, completion_ids=[9])
+    asked = (*BASE, REPLY, result("x", "a.txt"))
+    tokens.record(request(*asked), planned, reply=thinking, completion_ids=[9])
     tokens.prerender()
     assert tokens._heads[-1].rendered is None  # not worth it for this harness
-    head = tokens._heads[-1]
-    tokens.plan(request(*head.messages, result("y", "b.txt")))  # an exact echo
-    tokens.record(request(*head.messages), planned, reply=REPLY, completion_ids=[9])
+    echoed = (*asked, thinking, result("y", "b.txt"))  # an exact echo of the head
+    tokens.record(request(*echoed), tokens.plan(request(*echoed)), reply=REPLY, completion_ids=[9])
     tokens.prerender()
     assert tokens._heads[-1].rendered is not None
 
