@@ -336,25 +336,35 @@ class Capture:
             self._record_rejected(flow, codec, body=body if len(body) <= limit else b"", exc=exc)
             return
         index = self._recording().claim_call_index()
+        tokens = ctx.options.openforge_mode == "tokens"
+        redacted = redact.body(body, request.extra)
         call = _Call(
             index=index,
             codec=codec,
             request=request,
-            request_json=self._recording().stash(index, redact.body(body, request.extra)),
+            # a large body waits in a file; in passthrough mitmproxy keeps its own copy
+            request_json=self._recording().stash(index, redacted) if tokens else redacted,
             headers={},
             received_ns=received_ns,
             started=started,
             raw_headers=flow.request.headers.fields,
         )
-        del body, request  # the call has them, as long as it needs them
-        if ctx.options.openforge_mode == "tokens":
-            # parsed, and stashed for the record if large: the engine gets a body of its own
-            flow.request.raw_content = b""
+        del body, request, redacted  # the call has them, as long as it needs them
         flow.metadata["openforge"] = call
         self.stats["calls"] += 1
         self.stats["streamed" if call.request.stream else "unstreamed"] += 1
-        if ctx.options.openforge_mode == "tokens":
-            if not await self._to_engine(flow, call):
+        if tokens:
+            flow.request.raw_content = b""  # parsed: the engine gets a body of its own
+            try:
+                rewritten = await self._to_engine(flow, call)
+            except Exception as exc:  # else mitmproxy would send the request on unrewritten
+                self.stats["rewrite_failed"] += 1
+                log.exception("rewriting call %d for the engine failed", index)
+                self._fail(
+                    flow, call, status=500, message=f"the sidecar could not rewrite it: {exc!r}"
+                )
+                return
+            if not rewritten:
                 return  # answered with an error, and spooled
             call.deadline = upstream.Deadline(flow)
             call.deadline.start()
@@ -721,6 +731,8 @@ class Capture:
         except Exception as exc:  # a callback's exception would only reach asyncio's handler
             self.stats["spool_failed"] += 1
             log.exception("spooling call %d failed", call.index)
+            if isinstance(call.request_json, records.Stashed):  # still the call's: not queued
+                call.request_json.discard()
             # Never silently: the call is reported lost, with why.
             try:
                 self._recording().lose(

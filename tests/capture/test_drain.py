@@ -67,9 +67,13 @@ def test_a_killed_sidecar_s_spool_is_delivered_once_and_its_rollout_closed(
 ) -> None:
     directory = tmp_path / "spool"
     killed_sidecar_spool(directory, begun=3, spooled=2)
+    stashed = directory / records.STASH_DIRECTORY / "2.body"  # call 2's request, left behind
+    stashed.parent.mkdir()
+    stashed.write_bytes(b"{}")
     port = procs.collector().port
     code, [report] = drain(directory, port=port)
     assert code == 0, report
+    assert not stashed.parent.exists()
     assert report | {"spool": ""} == {
         "spool": "",
         "rollout_id": ROLLOUT,

@@ -23,6 +23,7 @@ nothing unacknowledged and a finish is left as it is, without a connection.
 from __future__ import annotations
 
 import asyncio
+import shutil
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -66,6 +67,8 @@ def drain(
     """Close (with ``close``) and deliver the spool in ``directory``."""
     if not (directory.is_dir() and any(directory.iterdir())):
         return Drained(str(directory), "", False, 0, 0, 0, "no spool")
+    # a dead sidecar's stashed request bodies: their calls are reported lost below
+    shutil.rmtree(directory / records.STASH_DIRECTORY, ignore_errors=True)
     with spool.Spool(directory) as store:
         found = resume.resume(store, directory / resume.INFLIGHT_JOURNAL)
         added = _closing(found, reason=reason, status=status) if close and found.rollout_id else []

@@ -24,6 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from openforge.trajectory.v1 import trajectory_pb2 as pb
+
 from openforge_sidecar.recording import records, spool
 from openforge_sidecar.recording import resume as resuming
 
@@ -32,10 +34,8 @@ if TYPE_CHECKING:  # imported only with a collector, once the proxy serves: gRPC
 
 log = logging.getLogger("openforge.sidecar")
 
-#: A request body larger than this waits for its record in a file (:meth:`Recorder.stash`)...
+#: A request body larger than this waits for its record in a file (:meth:`Recorder.stash`).
 STASH_BYTES = 1024 * 1024
-#: ...in this folder of the spool's directory.
-STASH_DIRECTORY = "bodies"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -59,13 +59,17 @@ class Writer:
     (the exporter) after each batch is durable. ``put`` returns a ticket;
     ``wait`` blocks until every record up to that ticket is durable, or was
     given up: a batch the spool refuses is appended again a record at a time,
-    and a record it still refuses (over the size limit, a stashed body gone,
-    the disk full) goes to ``on_failed``, so that one record never stops
-    the writer, and with it every record after it.
+    and a record it still refuses (over the size limit, a stashed body
+    changed, an ID out of range, the disk full) goes to ``on_failed``, whose
+    answer (a loss report) is appended in its place, at once. One record
+    never stops the writer, and with it every record after it.
     """
 
     def __init__(
-        self, store: spool.Spool, *, on_failed: Callable[[spool.Entry, Exception], None]
+        self,
+        store: spool.Spool,
+        *,
+        on_failed: Callable[[spool.Entry, Exception], spool.Entry | None],
     ) -> None:
         self._spool = store
         self._on_failed = on_failed
@@ -110,13 +114,18 @@ class Writer:
     def _append(self, entries: list[spool.Entry]) -> None:
         try:
             self._spool.append(entries)
-        except (OSError, spool.SpoolError) as exc:
+        except Exception as exc:  # a bad record must not end the thread
             if len(entries) > 1:  # the spool wrote none of them: find the one at fault
                 for entry in entries:
                     self._append([entry])
                 return
             _release(entries)
-            self._on_failed(entries[0], exc)
+            instead = self._on_failed(entries[0], exc)
+            if instead is not None:
+                try:
+                    self._spool.append([instead])
+                except Exception:  # the disk itself: a restart or the drain reports it
+                    log.exception("spooling %s failed too", instead.idempotency_key)
             return
         _release(entries)
 
@@ -148,7 +157,9 @@ class Recorder:
         self._journal: int | None = os.open(
             directory / resuming.INFLIGHT_JOURNAL, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600
         )
-        shutil.rmtree(directory / STASH_DIRECTORY, ignore_errors=True)  # an earlier sidecar's
+        shutil.rmtree(
+            directory / records.STASH_DIRECTORY, ignore_errors=True
+        )  # an earlier sidecar's
         self._losing = threading.Lock()  # loss reports come from the writer's thread too
         self._writer = Writer(self.spool, on_failed=self._not_spooled)
         self._exporter: exporting.Exporter | None = None
@@ -189,13 +200,18 @@ class Recorder:
         over :data:`STASH_BYTES` is written to a file beside the spool and read back, a
         piece at a time, when the record is spooled; until then the call is answered
         without it in memory. Not fsync'd: a sidecar that dies before the record is
-        spooled reports the call lost (see :meth:`journal`), and its successor deletes
-        the file."""
+        spooled reports the call lost (see :meth:`journal`), and its successor (or the
+        drain) deletes the file. A body that cannot be written stays in memory."""
         if len(body) <= STASH_BYTES:
             return body
-        path = self.directory / STASH_DIRECTORY / f"{index}.body"
-        path.parent.mkdir(exist_ok=True)
-        path.write_bytes(body)
+        path = self.directory / records.STASH_DIRECTORY / f"{index}.body"
+        try:
+            path.parent.mkdir(exist_ok=True)
+            path.write_bytes(body)
+        except OSError as exc:
+            log.warning("call %d: its body stays in memory (%s)", index, exc)
+            path.unlink(missing_ok=True)
+            return body
         return records.Stashed(path, len(body))
 
     def journal(self, index: int) -> None:
@@ -219,27 +235,33 @@ class Recorder:
 
     def lose(self, reason: str, *, whole: bool, call_index: int = 0) -> None:
         """Report a call (or the whole rollout) lost, with why."""
+        self._put(self._lost(reason, whole=whole, call_index=call_index))
+
+    def _lost(self, reason: str, *, whole: bool, call_index: int) -> pb.Record:
+        """A loss report with the next index (the writer's thread makes them too)."""
         with self._losing:
-            self._put(
-                records.lost(
-                    job=self.identity.job,
-                    rollout_id=self.identity.rollout_id,
-                    index=self._next_lost,
-                    reason=reason,
-                    call_index=call_index,
-                    whole=whole,
-                )
+            record = records.lost(
+                job=self.identity.job,
+                rollout_id=self.identity.rollout_id,
+                index=self._next_lost,
+                reason=reason,
+                call_index=call_index,
+                whole=whole,
             )
             self._next_lost += 1
-        self.stats["lost_reported"] += 1
+            self.stats["lost_reported"] += 1
+        return record
 
-    def _not_spooled(self, entry: spool.Entry, exc: Exception) -> None:
-        """A record the spool refused (in the writer's thread): a call's is reported lost."""
-        self.stats["spool_failed"] += 1
+    def _not_spooled(self, entry: spool.Entry, exc: Exception) -> pb.Record | None:
+        """A record the spool refused (in the writer's thread): a call's loss report, to be
+        spooled in its place."""
         log.error("spooling %s failed: %s", entry.idempotency_key, exc)
-        if isinstance(entry, records.CallRecord):
-            index = int(entry.record.call.call_index)
-            self.lose(f"spooling call {index} failed: {exc}", whole=False, call_index=index)
+        with self._losing:
+            self.stats["spool_failed"] += 1
+        if not isinstance(entry, records.CallRecord):
+            return None
+        index = int(entry.record.call.call_index)
+        return self._lost(f"spooling call {index} failed: {exc}", whole=False, call_index=index)
 
     def finish(
         self, *, exit_code: int, reward: float | None, grader_output: str, status: str

@@ -107,8 +107,10 @@ class Stashed:
         self.path.unlink(missing_ok=True)
 
 
-#: A request body as a record takes it: in memory, or stashed in a file.
+#: A request body as a record takes it: in memory, or stashed in a file...
 Body = bytes | Stashed
+#: ...in this folder of the spool's directory.
+STASH_DIRECTORY = "bodies"
 _PIECE_BYTES = 1024 * 1024
 
 

@@ -193,7 +193,7 @@ class Spool:
                 size += _HEADER.size + length
             writer.flush()
             os.fsync(writer.fileno())
-        except (OSError, SpoolError):
+        except Exception:
             # Disk full or failing, or a bad record: leave no half batch behind.
             with contextlib.suppress(OSError):
                 writer.truncate(segment.size)

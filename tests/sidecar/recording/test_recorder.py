@@ -51,7 +51,7 @@ def test_a_body_an_earlier_sidecar_left_stashed_is_deleted(tmp_path: Path) -> No
     asyncio.run(first.close(flush_timeout=0))
 
 
-def test_a_record_the_spool_refuses_is_reported_lost_and_the_rest_are_spooled(
+def test_a_record_the_spool_refuses_is_reported_lost_in_its_place_and_the_rest_are_spooled(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Refused in a batch, the record stopped the writer's thread: nothing after it was
@@ -62,20 +62,42 @@ def test_a_record_the_spool_refuses_is_reported_lost_and_the_rest_are_spooled(
     changed = recording.stash(2, b"q" * 200)
     assert isinstance(changed, records.Stashed)
     changed.path.write_bytes(b"short")  # its file changed before the record was written
-    for index, prompt, body in ((0, 1, b"{}"), (1, 50_000, b"{}"), (2, 1, changed), (3, 1, b"{}")):
+    calls = (
+        (0, [1], b"{}"),
+        (1, [7] * 50_000, b"{}"),  # over the size limit
+        (2, [1], changed),
+        (3, [-1], b"{}"),  # no token ID (a passthrough upstream's)
+        (4, [1], b"{}"),
+    )
+    for index, prompt, body in calls:
         recording.call(
             records.Call(call_index=index, api=conversation.WireApi.OPENAI_CHAT,
-                         request_json=body, prompt_ids=[7] * prompt)
+                         request_json=body, prompt_ids=prompt)
         )  # fmt: skip
     ticket = recording.finish(exit_code=0, reward=1.0, grader_output="", status="complete")
     assert ticket is not None and recording.wait(ticket)
     asyncio.run(recording.close(flush_timeout=0))
     spooled = list(spool.Spool(tmp_path).records_after(0))
-    calls = [r.call.call_index for r in spooled if r.HasField("call")]
-    lost = {r.lost.call_index: r.lost.reason for r in spooled if r.HasField("lost")}
-    assert calls == [0, 3] and sorted(lost) == [1, 2]
-    assert "over the 10000-byte limit" in lost[1] and "holds 5 bytes" in lost[2]
-    assert any(r.HasField("finished") for r in spooled) and recording.stats["spool_failed"] == 2
+    kinds = [(r.WhichOneof("body"), r.call.call_index or r.lost.call_index) for r in spooled]
+    assert kinds == [
+        ("started", 0), ("call", 0), ("lost", 1), ("lost", 2), ("lost", 3), ("call", 4),
+        ("finished", 0),
+    ]  # fmt: skip
+    reasons = [r.lost.reason for r in spooled if r.HasField("lost")]
+    assert "over the 10000-byte limit" in reasons[0] and "holds 5 bytes" in reasons[1]
+    assert "out of range" in reasons[2]
+    assert recording.stats["spool_failed"] == 3 and recording.stats["lost_reported"] == 3
+
+
+def test_a_refused_record_in_the_last_batch_is_still_reported_lost(tmp_path: Path) -> None:
+    """Queued behind the writer's stop, the loss report was never written."""
+    recording = a_recorder(tmp_path)
+    recording.call(
+        records.Call(call_index=0, api=conversation.WireApi.OPENAI_CHAT, prompt_ids=[-5])
+    )
+    asyncio.run(recording.close(flush_timeout=0))  # the stop may come in the same batch
+    lost = [r.lost for r in spool.Spool(tmp_path).records_after(0) if r.HasField("lost")]
+    assert [x.call_index for x in lost] == [0]
 
 
 def test_a_stashed_body_whose_file_changed_is_not_spooled_as_another(tmp_path: Path) -> None:

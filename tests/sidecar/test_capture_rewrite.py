@@ -1,0 +1,87 @@
+"""A call the sidecar fails to rewrite for the engine is answered with the API's error and
+recorded, never sent on as it came (mitmproxy forwards a request whose hook raised)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+import tiny_policy
+from mitmproxy.test import taddons, tflow, tutils
+from openforge_sidecar import capture
+from openforge_sidecar.policy import engine as engine_module
+from openforge_sidecar.recording import spool
+
+
+class _Models(BaseHTTPRequestHandler):
+    def do_GET(self) -> None:
+        body = json.dumps({"data": [{"id": "policy-x"}]}).encode()
+        self.send_response(200)
+        self.send_header("content-type", "application/json")
+        self.send_header("content-length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def engine() -> Iterator[str]:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Models)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        thread.join()
+
+
+@pytest.mark.parametrize("size", [100, 2 * 1024 * 1024])  # kept in memory, and stashed
+def test_a_request_the_sidecar_cannot_rewrite_is_refused_and_recorded(
+    engine: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, size: int
+) -> None:
+    def broken(**_: object) -> bytes:
+        raise RuntimeError("no body today")
+
+    monkeypatch.setattr(engine_module, "completion_body", broken)
+    body = json.dumps(
+        {"model": "m", "messages": [{"role": "user", "content": "x" * size}]}
+    ).encode()
+
+    async def main() -> None:
+        addon = capture.Capture()
+        with taddons.context(addon) as tctx:
+            tctx.configure(
+                addon,
+                openforge_engine=engine,
+                openforge_tokenizer=str(tiny_policy.DIR),
+                openforge_spool=str(tmp_path / "spool"),
+            )
+            await addon.running()
+            flow = tflow.tflow(
+                req=tutils.treq(
+                    method=b"POST", path=b"/v1/chat/completions", content=body,
+                    headers=((b"content-type", b"application/json"),),
+                )
+            )  # fmt: skip
+            await addon.request(flow)
+            assert flow.response is not None and flow.response.status_code == 500
+            error = json.loads(flow.response.content or b"")["error"]
+            assert (
+                "could not rewrite it" in error["message"] and "no body today" in error["message"]
+            )
+            assert addon.stats["rewrite_failed"] == 1
+            await addon.done()
+
+    asyncio.run(main())
+    calls = [r.call for r in spool.Spool(tmp_path / "spool").records_after(0) if r.HasField("call")]
+    assert len(calls) == 1 and calls[0].http_status == 500 and "no body today" in calls[0].error
+    assert calls[0].request_json == body
+    assert not list((tmp_path / "spool" / "bodies").glob("*"))
