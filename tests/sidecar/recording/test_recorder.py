@@ -42,13 +42,15 @@ def test_a_body_an_earlier_sidecar_left_stashed_is_deleted(tmp_path: Path) -> No
     left = first.stash(0, b"z" * (recorder.STASH_BYTES + 1))
     first.journal(0)
     assert isinstance(left, records.Stashed) and left.path.exists()
-    # the sidecar dies before the call's record is spooled; the next one starts
+    # the sidecar dies before the call's record is spooled (its started record written,
+    # its writer stopped: two writers on one spool would tear it); the next one starts
+    asyncio.run(first.close(flush_timeout=0))
+    assert left.path.exists()
     again = a_recorder(tmp_path)
     assert not left.path.exists()
     asyncio.run(again.close(flush_timeout=0))
     lost = [r.lost for r in spool.Spool(tmp_path).records_after(0) if r.HasField("lost")]
     assert [(x.call_index, x.whole_rollout) for x in lost] == [(0, False)]
-    asyncio.run(first.close(flush_timeout=0))
 
 
 def test_a_record_the_spool_refuses_is_reported_lost_in_its_place_and_the_rest_are_spooled(
