@@ -40,7 +40,7 @@ from openforge.wire.codecs import Codec
 from openforge.wire.codecs.errors import CodecError
 
 from openforge_sidecar import relay, tee, upstream
-from openforge_sidecar.policy import engine, history, signatures, template
+from openforge_sidecar.policy import engine, history, signatures, stored, template
 from openforge_sidecar.recording import recorder, records, redact
 
 log = logging.getLogger("openforge.sidecar")
@@ -506,15 +506,17 @@ class Capture:
             self._fail(flow, call, status=503, message=f"policy tokenizer unavailable: {exc}")
             return False
         assert self._history is not None
-        call.plan = self._history.plan(call.request)
-        if isinstance(call.request_json, records.Stashed):
+        plan = call.plan = self._history.plan(call.request)
+        large = isinstance(call.request_json, records.Stashed)
+        if large:
             # A large call's messages are let go of once planned: the history keeps their
             # keys (so it does not render them ahead for the next call), and nothing
             # after needs them.
             call.request = dataclasses.replace(call.request, messages=())
+        prompt = stored.loaded(plan.prompt_ids)  # just planned: in memory
         body = engine.completion_body(
             model=ctx.options.openforge_engine_model or self._engine_model,
-            prompt_ids=call.plan.prompt_ids,
+            prompt_ids=prompt,
             sampling=call.request.sampling,
             stop_token_ids=tokenizer.stop_token_ids,
             max_model_len=self._max_model_len,
@@ -530,6 +532,11 @@ class Capture:
         flow.request.method = "POST"
         flow.request.headers.fields = headers
         flow.request.content = body
+        if large:
+            # and its prompt's IDs wait in a file until the call ends (see stash_ids)
+            call.plan = dataclasses.replace(
+                plan, prompt_ids=self._recording().stash_ids(call.index, prompt)
+            )
         return True
 
     def _relay(self, call: _Call, tokenizer: template.PolicyTokenizer) -> relay.Relay:
@@ -621,7 +628,7 @@ class Capture:
             if (
                 result.engine_prompt_ids is not None
                 and call.plan is not None
-                and result.engine_prompt_ids != call.plan.prompt_ids
+                and not stored.same(result.engine_prompt_ids, call.plan.prompt_ids)
             ):
                 call.notes.append("engine echoed different prompt_token_ids")
                 self.stats["prompt_mismatch"] += 1
@@ -733,6 +740,8 @@ class Capture:
             log.exception("spooling call %d failed", call.index)
             if isinstance(call.request_json, records.Stashed):  # still the call's: not queued
                 call.request_json.discard()
+                if call.plan is not None and isinstance(call.plan.prompt_ids, stored.StoredIds):
+                    call.plan.prompt_ids.discard()
             # Never silently: the call is reported lost, with why.
             try:
                 self._recording().lose(
@@ -859,7 +868,11 @@ class Capture:
                 )
                 restarted = self._recorder is not None and self._recorder.restarted
                 reason = "sidecar_restarted" if restarted else "first"
-                self._history = history.TokenHistory(tokenizer, first_reason=reason)
+                self._history = history.TokenHistory(
+                    tokenizer,
+                    first_reason=reason,
+                    spill=Path(opts.openforge_spool) / records.STASH_DIRECTORY / "heads",
+                )
                 self._tokenizer = tokenizer
                 return_freed_memory()
             return self._tokenizer

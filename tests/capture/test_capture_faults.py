@@ -434,16 +434,17 @@ def test_a_large_request_waits_for_its_record_in_a_file_and_is_stored_as_it_came
         engine=procs.engine("--max-model-len", "1000000"),
     )  # fmt: skip
     body = json.dumps(
-        {"model": "p", "messages": [{"role": "user", "content": "word " * 250_000}]}
+        {"model": "p", "messages": [{"role": "user", "content": "word " * 300_000}]}
     ).encode()
     answer = httpx.post(
         sidecar.url + CHAT, content=body, headers={"content-type": "application/json"}, timeout=120
     )
     assert answer.status_code == 200, answer.text[:300]
     done = finish(sidecar, wait=60)
-    assert done["acknowledged"], done
+    assert done["acknowledged"] and not done["counters"].get("prompt_mismatch"), done
     _, calls, _ = stored(tmp_path / "store.db", "r-big")
     assert len(calls) == 1 and calls[0].token_exact and not calls[0].error, calls
     assert calls[0].request_json == body
-    bodies = tmp_path / "spool" / "bodies"
-    assert bodies.is_dir() and not list(bodies.iterdir())  # it was stashed, and is gone
+    assert len(calls[0].prompt_token_ids) * 4 > 1024 * 1024  # its IDs were stashed too
+    bodies = tmp_path / "spool" / "stash"
+    assert bodies.is_dir() and not list(bodies.rglob("*.*"))  # it was stashed, and is gone

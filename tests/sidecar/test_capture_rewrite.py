@@ -84,4 +84,4 @@ def test_a_request_the_sidecar_cannot_rewrite_is_refused_and_recorded(
     calls = [r.call for r in spool.Spool(tmp_path / "spool").records_after(0) if r.HasField("call")]
     assert len(calls) == 1 and calls[0].http_status == 500 and "no body today" in calls[0].error
     assert calls[0].request_json == body
-    assert not list((tmp_path / "spool" / "bodies").glob("*"))
+    assert not list((tmp_path / "spool" / "stash").glob("*.*"))

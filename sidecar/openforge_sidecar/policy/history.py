@@ -22,14 +22,22 @@ out from one context) starts a segment marked ``concurrent``.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
+import logging
+import shutil
 from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Protocol
 
 from openforge.wire import conversation
+
+from openforge_sidecar.policy import stored
+
+log = logging.getLogger(__name__)
 
 
 class Renderer(Protocol):
@@ -49,6 +57,10 @@ class Renderer(Protocol):
     def encode_ids(self, text: str) -> array[int]: ...
 
 
+#: A head with more IDs than this keeps them in a file between calls (4 MB).
+SPILL_TOKENS = 1024 * 1024
+
+
 def token_array(ids: Sequence[int]) -> array[int]:
     """Token IDs as a machine-int array: 4 bytes each instead of a list's 8-byte
     pointer to a 28-byte int object (IDs above 256 are objects of their own).
@@ -61,7 +73,7 @@ def token_array(ids: Sequence[int]) -> array[int]:
 class Plan:
     """The prompt for one call and how it relates to the calls before it."""
 
-    prompt_ids: array[int]
+    prompt_ids: stored.Ids  # in a file once the engine has them, for a large call
     segment_index: int
     segment_reason: str  # "" when the call extends an earlier one
     prefix_token_count: int
@@ -90,7 +102,7 @@ class _Head:
 
     keys: tuple[_Key, ...]  # request messages + our reply
     tools: tuple[conversation.Tool, ...]
-    token_ids: array[int]  # prompt + completion, exactly as the engine saw them
+    token_ids: stored.Ids  # prompt + completion, exactly as the engine saw them
     stopped: bool  # the completion ended with a stop token
     segment_index: int
     # The messages, only until they are rendered ahead (see prerender), and only for a
@@ -162,9 +174,19 @@ class TokenHistory:
     """Plans each call's prompt tokens and remembers what was generated."""
 
     def __init__(
-        self, renderer: Renderer, *, max_heads: int = 8, first_reason: str = "first"
+        self,
+        renderer: Renderer,
+        *,
+        max_heads: int = 8,
+        first_reason: str = "first",
+        spill: Path | None = None,
     ) -> None:
+        """``spill``: a folder where a head over :data:`SPILL_TOKENS` keeps its IDs between
+        calls (emptied here: an earlier history's heads are not this one's)."""
         self._renderer = renderer
+        self._spill = spill
+        if spill is not None:
+            shutil.rmtree(spill, ignore_errors=True)
         self._heads: list[_Head] = []
         self._max_heads = max_heads
         self._segments = 0
@@ -173,6 +195,7 @@ class TokenHistory:
         self.merged = 0
         self.conversations = 0  # calls that started a conversation (first, new_conversation)
         self._prerender = True  # the harness sent the last head back exactly as we kept it
+        self._spilled = 0  # heads written to files, for their names
         self._answering: dict[int, tuple[_Key, ...]] = {}  # ticket -> its messages' keys
 
     @property
@@ -219,16 +242,16 @@ class TokenHistory:
         head, reason = self._find_head(keys, tools)
         if head is not None:
             delta = self._delta_text(head, messages, keys=keys, tools=tools)
-            if delta is not None:
+            prefix = self._prefix(head) if delta is not None else None
+            if delta is not None and prefix is not None:
                 self.merged += 1
-                prefix = head.token_ids
                 return Plan(
                     prefix + self._renderer.encode_ids(delta),
                     head.segment_index,
                     "",
                     len(prefix),
                 )
-            reason = "template_not_prefix_stable"
+            reason = "template_not_prefix_stable" if delta is None else "history_lost"
         elif self._concurrent(keys):
             reason = "concurrent"
         if reason in (self._first_reason, "new_conversation"):
@@ -269,14 +292,43 @@ class TokenHistory:
         head = _Head(
             (*plan.keys, _key(reply)),
             request.tools,
-            plan.prompt_ids + token_array(completion_ids),
+            self._kept(stored.loaded(plan.prompt_ids) + token_array(completion_ids)),
             stopped,
             plan.segment_index,
             messages=(*request.messages, reply) if ahead else None,
         )
-        self._heads = [h for h in self._heads if h.segment_index != plan.segment_index]
-        self._heads.append(head)
-        del self._heads[: -self._max_heads]
+        heads = [h for h in self._heads if h.segment_index != plan.segment_index]
+        heads.append(head)
+        kept = heads[-self._max_heads :]
+        for gone in self._heads:
+            if isinstance(gone.token_ids, stored.StoredIds) and not any(gone is h for h in kept):
+                gone.token_ids.discard()
+        self._heads = kept
+
+    def _prefix(self, head: _Head) -> array[int] | None:
+        """The head's IDs; None when its file is gone or cut short, and the head with it
+        (the conversation then starts a segment, ``history_lost``, instead of failing
+        every call that continues it)."""
+        try:
+            return stored.loaded(head.token_ids)
+        except OSError as exc:
+            log.error("a conversation's head is lost (%s): its next call starts a segment", exc)
+            self._heads = [h for h in self._heads if h is not head]
+            return None
+
+    def _kept(self, ids: array[int]) -> stored.Ids:
+        """A head's IDs as it keeps them: over :data:`SPILL_TOKENS`, in a file of its own."""
+        if self._spill is None or len(ids) <= SPILL_TOKENS:
+            return ids
+        self._spilled += 1
+        path = self._spill / f"head-{self._spilled}.ids"
+        try:
+            return stored.StoredIds.write(path, ids)
+        except OSError as exc:
+            log.warning("a conversation's head stays in memory (%s)", exc)
+            with contextlib.suppress(OSError):
+                path.unlink(missing_ok=True)
+            return ids
 
     def prerender(self) -> None:
         """Render the newest head now, ahead of the call that will continue it.

@@ -12,12 +12,14 @@ store exactly once or is reported lost, with a reason.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib
 import logging
 import os
 import queue
 import shutil
 import threading
+from array import array
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -26,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from openforge.trajectory.v1 import trajectory_pb2 as pb
 
+from openforge_sidecar.policy import stored
 from openforge_sidecar.recording import records, spool
 from openforge_sidecar.recording import resume as resuming
 
@@ -210,9 +213,25 @@ class Recorder:
             path.write_bytes(body)
         except OSError as exc:
             log.warning("call %d: its body stays in memory (%s)", index, exc)
-            path.unlink(missing_ok=True)
+            with contextlib.suppress(OSError):
+                path.unlink(missing_ok=True)
             return body
         return records.Stashed(path, len(body))
+
+    def stash_ids(self, index: int, ids: array[int]) -> stored.Ids:
+        """The prompt IDs of call ``index``, as its record will take them: over
+        :data:`STASH_BYTES` they wait in a file beside the spool, as a large body does
+        (:meth:`stash`), and are read back a chunk at a time when the record is spooled."""
+        if len(ids) * ids.itemsize <= STASH_BYTES:
+            return ids
+        path = self.directory / records.STASH_DIRECTORY / f"{index}.ids"
+        try:
+            return stored.StoredIds.write(path, ids)
+        except OSError as exc:
+            log.warning("call %d: its prompt's IDs stay in memory (%s)", index, exc)
+            with contextlib.suppress(OSError):
+                path.unlink(missing_ok=True)
+            return ids
 
     def journal(self, index: int) -> None:
         """Note call ``index`` in the in-flight journal, before it is answered.

@@ -11,6 +11,8 @@ from typing import Any
 from openforge.trajectory.v1 import trajectory_pb2 as pb
 from openforge.wire import conversation
 
+from openforge_sidecar.policy import stored
+
 STOPPED_EXIT_CODE = -1
 """The exit code recorded for a rollout closed before it was finished (stopped, or drained)."""
 
@@ -109,8 +111,9 @@ class Stashed:
 
 #: A request body as a record takes it: in memory, or stashed in a file...
 Body = bytes | Stashed
-#: ...in this folder of the spool's directory.
-STASH_DIRECTORY = "bodies"
+#: ...in this folder of the spool's directory (with a large call's prompt IDs, and large
+#: conversation heads' IDs in ``heads/``).
+STASH_DIRECTORY = "stash"
 _PIECE_BYTES = 1024 * 1024
 
 
@@ -128,7 +131,7 @@ class Call:
     response_json: bytes = b""
     http_status: int = 200
     request_headers: Mapping[str, str] = field(default_factory=dict)
-    prompt_ids: Sequence[int] = ()
+    prompt_ids: Sequence[int] | stored.StoredIds = ()
     completion_ids: Sequence[int] = ()
     logprobs: Sequence[float] = ()
     finish_reason: str = ""
@@ -152,7 +155,7 @@ class CallRecord:
 
     record: pb.Record  # everything else
     request_json: Body
-    prompt_ids: Sequence[int]
+    prompt_ids: Sequence[int] | stored.StoredIds
 
     @property
     def idempotency_key(self) -> str:
@@ -164,7 +167,10 @@ class CallRecord:
         record.CopyFrom(self.record)
         request = self.request_json
         record.call.request_json = request.read() if isinstance(request, Stashed) else request
-        _fill(record.call.prompt_token_ids, self.prompt_ids)
+        ids = self.prompt_ids
+        _fill(
+            record.call.prompt_token_ids, ids.load() if isinstance(ids, stored.StoredIds) else ids
+        )
         return record
 
     def serialized(self, sequence: int) -> tuple[int, Iterator[bytes | memoryview]]:
@@ -187,8 +193,7 @@ class CallRecord:
         request = (
             _key(_REQUEST_JSON) + _varint(len(self.request_json)) if self.request_json else b""
         )
-        chunks = range(0, len(self.prompt_ids), _IDS_PER_EXTEND)
-        ids_size = sum(self._chunk(start).ByteSize() for start in chunks)
+        ids_size = sum(chunk.ByteSize() for chunk in self._chunks())
         call_size = len(small) + len(request) + len(self.request_json) + ids_size
         opening = _key(_CALL) + _varint(call_size)
         total = len(head) + len(opening) + call_size
@@ -203,20 +208,33 @@ class CallRecord:
             elif self.request_json:
                 yield request
                 yield memoryview(self.request_json)
-            for start in chunks:
-                yield self._chunk(start).SerializeToString()
+            for chunk in self._chunks():
+                yield chunk.SerializeToString()
 
         return total, pieces()
 
     def release(self) -> None:
-        """The spool took the record, or refused it: a stashed body is not needed again."""
+        """The spool took the record, or refused it: what was stashed is not needed again."""
         if isinstance(self.request_json, Stashed):
             self.request_json.discard()
+        if isinstance(self.prompt_ids, stored.StoredIds):
+            self.prompt_ids.discard()
 
-    def _chunk(self, start: int) -> pb.ModelCall:
-        chunk = pb.ModelCall()
-        chunk.prompt_token_ids.extend(self.prompt_ids[start : start + _IDS_PER_EXTEND])
-        return chunk
+    def _chunks(self) -> Iterator[pb.ModelCall]:
+        """The prompt's IDs, a message of them at a time."""
+        ids = self.prompt_ids
+        pieces = (
+            ids.chunks(_IDS_PER_EXTEND)
+            if isinstance(ids, stored.StoredIds)
+            else (
+                ids[start : start + _IDS_PER_EXTEND]
+                for start in range(0, len(ids), _IDS_PER_EXTEND)
+            )
+        )
+        for piece in pieces:
+            chunk = pb.ModelCall()
+            chunk.prompt_token_ids.extend(piece)
+            yield chunk
 
 
 def call(*, job: str, rollout_id: str, finished: Call) -> CallRecord:

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import json
 from array import array
+from pathlib import Path
 
+import pytest
 import tiny_policy
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from openforge.wire import conversation as cv
-from openforge_sidecar.policy import history
+from openforge_sidecar.policy import history, stored
 
 SHELL = cv.Tool(name="shell", parameters={"type": "object", "properties": {}})
 
@@ -320,3 +322,47 @@ def test_only_a_reply_that_calls_tools_is_rendered_ahead() -> None:
     before = renderer.renders
     tokens.prerender()
     assert renderer.renders == before and tokens._heads[-1].rendered is None
+
+
+def test_a_large_head_keeps_its_ids_in_a_file_until_it_is_replaced_or_dropped(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(history, "SPILL_TOKENS", 5)
+    left = tmp_path / "heads" / "head-9.ids"
+    left.parent.mkdir()
+    left.write_bytes(b"an earlier history's")
+    tokens = history.TokenHistory(tiny(), spill=tmp_path / "heads", max_heads=2)
+    assert not left.exists()
+    first = tokens.plan(request(*BASE))
+    tokens.record(request(*BASE), first, reply=REPLY, completion_ids=[5, *tiny().stop_token_ids])
+    head = tokens._heads[-1]
+    assert isinstance(head.token_ids, stored.StoredIds) and head.token_ids.path.exists()
+    ids = head.token_ids.load()
+    assert ids.tolist() == [*first.prompt_ids, 5, *tiny().stop_token_ids]
+    turn = (*BASE, REPLY, result("call_1", "a.txt"))
+    plan = tokens.plan(request(*turn))
+    assert plan.segment_reason == "" and plan.prompt_ids[: len(ids)] == ids
+    tokens.record(request(*turn), plan, reply=REPLY, completion_ids=[6])
+    assert not head.token_ids.path.exists()  # its conversation's new head replaced it
+    for n in range(2):  # two other conversations push it out
+        side = request(text("system", f"Side {n}."), text("user", f"Title {n}."))
+        tokens.record(side, tokens.plan(side), reply=text("assistant", "T"), completion_ids=[7])
+    assert len(tokens._heads) == 2 and len(list((tmp_path / "heads").iterdir())) == 2
+
+
+def test_a_head_whose_file_is_gone_starts_a_segment_instead_of_failing_every_call(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(history, "SPILL_TOKENS", 5)
+    tokens = history.TokenHistory(tiny(), spill=tmp_path / "heads")
+    first = tokens.plan(request(*BASE))
+    tokens.record(request(*BASE), first, reply=REPLY, completion_ids=[5])
+    head = tokens._heads[-1]
+    assert isinstance(head.token_ids, stored.StoredIds)
+    head.token_ids.path.write_bytes(b"\0\0\0")  # cut short (or deleted) under the sidecar
+    turn = request(*BASE, REPLY, result("call_1", "a.txt"))
+    lost = tokens.plan(turn)
+    assert (lost.segment_reason, lost.prefix_token_count) == ("history_lost", 0)
+    assert not tokens._heads  # dropped: the next call is a conversation's first again
+    tokens.finished(lost)
+    assert tokens.plan(turn).segment_reason == "first"

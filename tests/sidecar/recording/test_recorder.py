@@ -107,3 +107,27 @@ def test_a_stashed_body_whose_file_changed_is_not_spooled_as_another(tmp_path: P
     body.write_bytes(b"12345")
     with pytest.raises(OSError, match="holds 5 bytes, not the body's 6"):
         b"".join(records.Stashed(body, 6).pieces())
+
+
+def test_a_large_prompt_waits_in_a_file_and_one_that_cannot_stays_in_memory(
+    tmp_path: Path,
+) -> None:
+    from array import array
+
+    from openforge_sidecar.policy import stored
+
+    recording = a_recorder(tmp_path)
+    small = array("i", range(recorder.STASH_BYTES // 4))
+    assert recording.stash_ids(0, small) is small
+    large = array("i", range(recorder.STASH_BYTES // 4 + 1))
+    kept = recording.stash_ids(1, large)
+    assert isinstance(kept, stored.StoredIds) and kept.load() == large
+    (tmp_path / records.STASH_DIRECTORY / "2.ids").mkdir()  # the file cannot be written
+    assert recording.stash_ids(2, large) is large
+    heads = tmp_path / records.STASH_DIRECTORY / "heads"
+    heads.mkdir()
+    (heads / "head-1.ids").write_bytes(b"x")
+    asyncio.run(recording.close(flush_timeout=0))
+    again = a_recorder(tmp_path)  # a restart deletes everything the last sidecar stashed
+    assert not (tmp_path / records.STASH_DIRECTORY).exists()
+    asyncio.run(again.close(flush_timeout=0))

@@ -87,3 +87,18 @@ def test_the_rollout_of_a_serialized_record_is_read_without_parsing_it() -> None
         records.rollout_of(whole[:-1])
     with pytest.raises(ValueError, match="wire type 7"):
         records.rollout_of(b"\x0f")
+
+
+def test_a_call_whose_prompt_waits_in_a_file_is_written_from_it_then_the_file_goes(
+    tmp_path: Path,
+) -> None:
+    from openforge_sidecar.policy import stored
+
+    ids = array("i", (i * 7919 % 151_000 for i in range(200_000)))
+    in_memory = a_call(prompt=200_000, request=b"{}")
+    kept = stored.StoredIds.write(tmp_path / "0.ids", ids)
+    on_disk = records.CallRecord(record=in_memory.record, request_json=b"{}", prompt_ids=kept)
+    _, pieces = on_disk.serialized(4)
+    assert pb.Record.FromString(b"".join(pieces)) == in_memory.whole() == on_disk.whole()
+    on_disk.release()
+    assert not kept.path.exists()

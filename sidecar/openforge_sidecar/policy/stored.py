@@ -1,0 +1,79 @@
+"""Token IDs kept in a file while nothing needs them, instead of in memory.
+
+A large call's prompt is millions of IDs (4 bytes each): a 30 MB request's are
+some 25 MB. Once the engine has them, the call needs them again only at its end
+(to check the engine's echo, to remember the conversation, to write the record),
+and a conversation's head only when its next call comes. Kept in a file in the
+meantime, they cost page cache, not the sidecar's memory.
+"""
+
+from __future__ import annotations
+
+from array import array
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TypeAlias
+
+#: IDs are read back this many at a time.
+CHUNK = 64 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class StoredIds:
+    path: Path
+    count: int
+
+    @classmethod
+    def write(cls, path: Path, ids: array[int]) -> StoredIds:
+        """``ids`` (a machine-int array) written to ``path``, its folder made if need be."""
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with path.open("wb") as handle:
+            ids.tofile(handle)
+        return cls(path, len(ids))
+
+    def __len__(self) -> int:
+        return self.count
+
+    def load(self) -> array[int]:
+        """All the IDs; OSError when the file is gone or lacks some."""
+        return next(self.chunks(max(self.count, 1)), array("i"))
+
+    def chunks(self, size: int = CHUNK) -> Iterator[array[int]]:
+        """The IDs, ``size`` at a time; OSError when the file is gone or lacks some."""
+        with self.path.open("rb") as handle:
+            for start in range(0, self.count, size):
+                chunk: array[int] = array("i")
+                try:
+                    chunk.fromfile(handle, min(size, self.count - start))
+                except (EOFError, ValueError):  # none left, or part of one
+                    raise OSError(f"{self.path} holds fewer than {self.count} IDs") from None
+                yield chunk
+
+    def equals(self, ids: Sequence[int]) -> bool:
+        """Whether ``ids`` are these IDs, compared a chunk at a time."""
+        if len(ids) != self.count:
+            return False
+        start = 0
+        for chunk in self.chunks():
+            piece = ids[start : start + len(chunk)]
+            if chunk != (piece if isinstance(piece, array) else array("i", piece)):
+                return False
+            start += len(chunk)
+        return True
+
+    def discard(self) -> None:
+        self.path.unlink(missing_ok=True)
+
+
+#: Token IDs in memory, or in a file.
+Ids: TypeAlias = "array[int] | StoredIds"
+
+
+def loaded(ids: Ids) -> array[int]:
+    return ids.load() if isinstance(ids, StoredIds) else ids
+
+
+def same(a: Sequence[int], b: Ids) -> bool:
+    """Whether the IDs ``a`` and ``b`` are equal."""
+    return b.equals(a) if isinstance(b, StoredIds) else a == b
