@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import asyncio
 import json
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
+import local_http
 import pytest
 import tiny_policy
 from mitmproxy.test import taddons, tflow, tutils
@@ -18,29 +17,10 @@ from openforge_sidecar.policy import engine as engine_module
 from openforge_sidecar.recording import spool
 
 
-class _Models(BaseHTTPRequestHandler):
-    def do_GET(self) -> None:
-        body = json.dumps({"data": [{"id": "policy-x"}]}).encode()
-        self.send_response(200)
-        self.send_header("content-type", "application/json")
-        self.send_header("content-length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args: object) -> None:
-        pass
-
-
 @pytest.fixture
 def engine() -> Iterator[str]:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Models)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        thread.join()
+    with local_http.serving(local_http.models("policy-x")) as url:
+        yield url
 
 
 @pytest.mark.parametrize("size", [100, 2 * 1024 * 1024])  # kept in memory, and stashed

@@ -11,12 +11,11 @@ from __future__ import annotations
 
 import asyncio
 import ctypes
-import json
 import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
+import local_http
 import pytest
 import tiny_policy
 from mitmproxy.test import taddons
@@ -26,39 +25,27 @@ from openforge_sidecar.recording import spool
 TINY = tiny_policy.DIR
 
 
-class _SlowModels(BaseHTTPRequestHandler):
-    """``/v1/models`` that answers only once the test releases it."""
+class _SlowModels:
+    """``/v1/models`` answered only once the test releases it."""
 
     asked = threading.Event()
     release = threading.Event()
 
-    def do_GET(self) -> None:
-        type(self).asked.set()
-        type(self).release.wait(30)
-        body = json.dumps({"data": [{"id": "policy-x"}]}).encode()
-        self.send_response(200)
-        self.send_header("content-type", "application/json")
-        self.send_header("content-length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args: object) -> None:
-        pass
+    @classmethod
+    def wait(cls) -> None:
+        cls.asked.set()
+        cls.release.wait(30)
 
 
 @pytest.fixture
 def engine() -> Iterator[str]:
     _SlowModels.asked.clear()
     _SlowModels.release.clear()
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _SlowModels)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        _SlowModels.release.set()
-        server.shutdown()
-        thread.join()
+    with local_http.serving(local_http.models("policy-x", before=_SlowModels.wait)) as url:
+        try:
+            yield url
+        finally:
+            _SlowModels.release.set()  # a request still waiting ends before the server
 
 
 def test_a_call_during_startup_waits_for_the_token_history(engine: str, tmp_path: Path) -> None:

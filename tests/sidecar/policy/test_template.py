@@ -5,9 +5,9 @@ from __future__ import annotations
 import functools
 import http.server
 import json
-import threading
 from collections.abc import Iterator
 
+import local_http
 import pytest
 import tiny_policy
 from hypothesis import given, settings
@@ -222,14 +222,8 @@ def file_server() -> Iterator[str]:
         def log_message(self, *args: object) -> None:
             pass
 
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}/"
-    finally:
-        server.shutdown()
-        server.server_close()
+    with local_http.serving(Handler) as url:
+        yield url + "/"
 
 
 def test_load_from_engine_url(file_server: str) -> None:
