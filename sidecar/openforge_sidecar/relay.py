@@ -20,7 +20,7 @@ from collections.abc import Callable
 from openforge.wire import conversation, fastjson, sse
 from openforge.wire.codecs import Codec
 
-from openforge_sidecar.policy import engine, template, toolparse
+from openforge_sidecar.policy import echo, engine, template, toolparse
 
 
 class Relay:
@@ -47,6 +47,7 @@ class Relay:
         self._clock = clock
         self._sign = sign
         self._reasoning: list[str] = []  # the open reasoning block's text, to sign at its end
+        self._echo = echo.EchoCutter()  # the prompt's IDs, read from the bytes
         self._sse = sse.SSEParser()
         self._parser = toolparse.OutputParser(
             lambda index: codec.tool_call_id(f"{response_id}/{index}")
@@ -71,7 +72,6 @@ class Relay:
         self._final_events: list[conversation.StreamEvent] | None = None  # once done
         self._response_json: bytes | None = None
         self._answered = False  # the stream ended well: the body can be built
-        self._fed = False  # called with some of the engine's stream
 
     @property
     def completion(self) -> conversation.Completion | None:
@@ -98,43 +98,34 @@ class Relay:
         return self._response_json
 
     def __call__(self, data: bytes) -> bytes:
-        return self._feed(data)
-
-    def _feed(self, data: bytes, *, echoed: array[int] | None = None) -> bytes:
-        """Relay some of the engine's stream (``echoed``: the prompt IDs cut out of its
-        one event, :meth:`whole`); empty ``data`` ends it."""
+        """Relay some of the engine's stream; empty ``data`` ends it."""
         if self.done:
             return b""
         if not data:
             return self._finish()
-        self._fed = True
         out: list[bytes] = []
-        for event in self._sse.feed(data):
+        for event in self._sse.feed(self._echo.feed(data)):
             if event.data.strip() == "[DONE]":
                 continue
             try:
-                chunk = engine.parse_chunk(event.data, echoed=echoed)
+                chunk = engine.parse_chunk(event.data)
             except engine.EngineError as exc:
                 self.error = str(exc)
                 continue
             out.append(self._take(chunk))
+        if self._echo.error is not None:
+            self.error = self._echo.error
         return self._emit(b"".join(out))
 
     def whole(self, stream: bytes) -> bytes:
         """``self(stream) + self(b"")``: the answer to the engine's whole stream (a
-        non-streamed call's), on a relay not called yet. A large echo of the prompt's IDs
-        is read from the bytes (:func:`engine.cut_echo`), not decoded and split as text."""
-        cut = engine.cut_echo(stream) if not self._fed else None
-        if cut is None:
-            return self(stream) + self(b"")
-        pieces = [self(cut.before) if cut.before else b""]
-        pieces.append(self._feed(cut.event, echoed=cut.echoed))  # the one event: IDs cut out
-        pieces.append(self(cut.after) if cut.after else b"")
-        return b"".join([*pieces, self(b"")])
+        non-streamed call's)."""
+        return self(stream) + self(b"")
 
     def _take(self, chunk: engine.EngineChunk) -> bytes:
-        if chunk.prompt_token_ids is not None:
-            self.engine_prompt_ids = chunk.prompt_token_ids
+        if chunk.prompt_token_ids is not None:  # emptied where the cutter read them
+            echoed = self._echo.take()
+            self.engine_prompt_ids = chunk.prompt_token_ids if echoed is None else echoed
         if chunk.finish_reason is not None:
             self.engine_finish_reason = chunk.finish_reason
         if not chunk.token_ids:

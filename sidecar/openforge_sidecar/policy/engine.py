@@ -141,11 +141,9 @@ class EngineChunk:
     completion_tokens: int | None = None
 
 
-def parse_chunk(data: str, *, echoed: array[int] | None = None) -> EngineChunk:
-    """Read one ``data:`` payload of the engine's completions stream; ``echoed``: its
-    prompt IDs, cut out of it already (see :func:`cut_echo`)."""
-    if echoed is None and len(data) > _LARGE_CHUNK:
-        data, echoed = _cut_prompt_ids(data)
+def parse_chunk(data: str) -> EngineChunk:
+    """Read one ``data:`` payload of the engine's completions stream (a large echo of
+    the prompt's IDs is cut out of the stream before: :mod:`.echo`)."""
     try:
         body = fastjson.loads(data)
     except ValueError as exc:
@@ -181,115 +179,10 @@ def parse_chunk(data: str, *, echoed: array[int] | None = None) -> EngineChunk:
                 f"engine chunk has {len(chunk.token_ids)} token_ids "
                 f"but {len(chunk.logprobs)} token_logprobs"
             )
-        if echoed is not None:
-            chunk.prompt_token_ids = echoed
-        elif choice.get("prompt_token_ids") is not None:
+        if choice.get("prompt_token_ids") is not None:
             chunk.prompt_token_ids = _token_array(choice["prompt_token_ids"])
         chunk.finish_reason = choice.get("finish_reason")
     return chunk
-
-
-#: A chunk longer than this (characters) has its echoed prompt IDs read by
-#: :func:`_cut_prompt_ids`: vLLM echoes the whole prompt in the first chunk, and a
-#: JSON parser makes a list of int objects of it (a 2-million-token prompt: ~220 MB).
-_LARGE_CHUNK = 64 * 1024
-_PROMPT_IDS_KEY = '"prompt_token_ids"'
-_IDS_PER_PIECE = 64 * 1024  # characters of the ID list read at a time
-
-
-def _cut_prompt_ids(data: str) -> tuple[str, array[int] | None]:
-    """``data`` without its echoed prompt IDs (an empty list in their place), and the IDs
-    read a piece at a time into an int32 array; ``data`` as it is, and None, when it
-    echoes none, or not as one flat list of plain ints (left to the JSON parser and
-    :func:`_token_array` to judge, as for a small chunk)."""
-    key = data.find(_PROMPT_IDS_KEY)
-    if key < 0:
-        return data, None
-    start = data.find("[", key + len(_PROMPT_IDS_KEY))
-    end = data.find("]", start)
-    between = data[key + len(_PROMPT_IDS_KEY) : start]
-    if start < 0 or end < 0 or between.strip() != ":" or "[" in data[start + 1 : start + 2]:
-        return data, None
-    ids: array[int] = array("i")
-    position = start + 1
-    while position < end:
-        stop = min(end, position + _IDS_PER_PIECE)
-        if stop < end:
-            stop = data.rfind(",", position, stop) + 1 or end
-        try:
-            ids.extend(int(t) for t in data[position:stop].split(",") if not t.isspace() and t)
-        except (ValueError, OverflowError):
-            return data, None  # not plain ints: the JSON parser and _token_array judge
-        position = stop
-    return data[: start + 1] + data[end:], ids
-
-
-@dataclass(frozen=True, slots=True)
-class CutEcho:
-    """A whole engine stream in three parts around the event that echoes a large prompt
-    (see :func:`cut_echo`)."""
-
-    before: bytes  # whole events (possibly none) before it
-    event: bytes  # the event, its prompt IDs cut out: ``"prompt_token_ids":[]``
-    after: bytes  # the rest of the stream
-    echoed: array[int]  # the IDs cut out
-
-
-def cut_echo(stream: bytes) -> CutEcho | None:
-    """The engine's whole stream (a non-streamed call's) with its echo of a large prompt
-    cut out of the bytes, or None where it has none such, or not in the one shape checked
-    here (then the stream is read as it is: :func:`parse_chunk` cuts it from the event's
-    text). Read as text, a 12 MB echo was decoded, split and copied some four times over.
-
-    The event must be one ``data:`` line, LF-ended, starting the stream or after a blank
-    line, with no CR anywhere in the stream (the SSE parser's lines are then these
-    lines); its prompt IDs the first ``"prompt_token_ids"`` of the stream, a flat list of
-    plain ASCII ints longer than :data:`_LARGE_CHUNK` bytes, so that :func:`parse_chunk`
-    would cut the same list from the event's text, to the same IDs.
-    """
-    if len(stream) <= _LARGE_CHUNK or b"\r" in stream:
-        return None
-    key = stream.find(_PROMPT_IDS_KEY_BYTES)
-    if key < 0:
-        return None
-    line = stream.rfind(b"\n", 0, key) + 1
-    line_end = stream.find(b"\n", key)
-    if (
-        not stream.startswith(b"data:", line)
-        or (line != 0 and (line < 2 or stream[line - 2 : line] != b"\n\n"))
-        or line_end < 0
-        or stream[line_end + 1 : line_end + 2] != b"\n"
-    ):
-        return None
-    start = stream.find(b"[", key + len(_PROMPT_IDS_KEY_BYTES), line_end)
-    end = stream.find(b"]", start, line_end) if start >= 0 else -1
-    if (
-        end < 0
-        or end - start <= _LARGE_CHUNK
-        or stream[key + len(_PROMPT_IDS_KEY_BYTES) : start].strip() != b":"
-        or stream[start + 1 : start + 2] == b"["
-    ):
-        return None
-    ids: array[int] = array("i")
-    position = start + 1
-    while position < end:
-        stop = min(end, position + _IDS_PER_PIECE)
-        if stop < end:
-            stop = stream.rfind(b",", position, stop) + 1 or end
-        try:
-            ids.extend(int(t) for t in stream[position:stop].split(b",") if not t.isspace() and t)
-        except (ValueError, OverflowError):
-            return None  # not plain ASCII ints: read from the text, as any event is
-        position = stop
-    return CutEcho(
-        before=stream[:line],
-        event=stream[line : start + 1] + stream[end : line_end + 2],
-        after=stream[line_end + 2 :],
-        echoed=ids,
-    )
-
-
-_PROMPT_IDS_KEY_BYTES = _PROMPT_IDS_KEY.encode()
 
 
 def _token_array(ids: Any) -> array[int]:

@@ -138,85 +138,12 @@ def test_request_headers_equal_mitmproxys_own_rewrite(
     assert engine.request_headers(fields, host) == _rewritten_by_mitmproxy(fields, host)
 
 
-@pytest.mark.parametrize("separator", [",", ", ", " ,\n "])
-def test_a_large_echoed_prompt_is_read_into_an_array_as_the_parser_reads_it(
-    separator: str,
-) -> None:
-    """vLLM echoes the whole prompt in its first chunk; past 64 K characters the IDs are
-    read a piece at a time (a JSON parser made ~110 bytes of int objects of each)."""
-    prompt = [(i * 7919) % 150000 for i in range(60_000)]
-    choice = {"index": 0, "text": "Hi", "token_ids": [9], "logprobs": {"token_logprobs": [-0.5]}}
-    data = json.dumps({"choices": [{**choice, "prompt_token_ids": prompt}]})
-    data = data.replace(", ", separator)
-    assert len(data) > engine._LARGE_CHUNK
-    chunk = engine.parse_chunk(data)
-    assert chunk.prompt_token_ids == array("i", prompt)
-    assert (chunk.token_ids, chunk.logprobs) == ([9], [-0.5])
-
-
-def test_a_large_echoed_prompt_with_a_bad_id_names_the_field() -> None:
-    prompt = ", ".join(["5"] * 40_000 + ['"x"'])
+def test_an_echoed_prompt_with_a_bad_id_names_the_field() -> None:
+    prompt = ", ".join(["5"] * 40 + ['"x"'])
     choice = '{"index": 0, "token_ids": [1], "logprobs": {"token_logprobs": [-0.5]}, '
     data = '{"choices": [' + choice + '"prompt_token_ids": [' + prompt + "]}]}"
     with pytest.raises(engine.EngineError, match="prompt_token_ids"):
         engine.parse_chunk(data)
-
-
-def _chunks(parser_input: list[tuple[bytes, array[int] | None]]) -> list[object]:
-    """The chunks (or errors) the engine's stream gives, fed in pieces to one SSE parser."""
-    from openforge.wire import sse
-
-    parser, out = sse.SSEParser(), []
-    for data, echoed in parser_input:
-        for event in parser.feed(data):
-            if event.data.strip() == "[DONE]":
-                continue
-            try:
-                out.append(engine.parse_chunk(event.data, echoed=echoed))
-            except engine.EngineError as exc:
-                out.append(str(exc))
-    return out
-
-
-def _stream(echo: str, *, before: str = "", after: str = "") -> bytes:
-    choice = '{"index": 0, "text": "Hi", "token_ids": [9], "logprobs": {"token_logprobs": [-0.5]}'
-    first = '{"choices": [' + choice + ', "prompt_token_ids": ' + echo + "}]}"
-    last = '{"choices": [{"index": 0, "text": "", "token_ids": [2], "finish_reason": "stop"}]}'
-    return f"{before}data: {first}\n\n{after}data: {last}\n\ndata: [DONE]\n\n".encode()
-
-
-_IDS = [(i * 7919) % 150000 for i in range(60_000)]
-
-
-@pytest.mark.parametrize(
-    ("stream", "cut"),
-    [
-        (_stream(json.dumps(_IDS)), True),
-        (_stream(json.dumps(_IDS).replace(", ", " ,\n ")), False),  # the list spans lines
-        (_stream(json.dumps(_IDS).replace(", ", ",")), True),
-        (_stream(json.dumps(_IDS), before=": hi\n\ndata: {}\n\n", after="event: x\n"), True),
-        (_stream(json.dumps(_IDS)).replace(b"\n", b"\r\n"), False),
-        (b"\xef\xbb\xbf" + _stream(json.dumps(_IDS)), False),  # a BOM
-        (_stream(json.dumps(_IDS), before="data: {}\n"), False),  # not an event's start
-        (_stream(json.dumps(_IDS), after="data: more\n"), True),
-        (_stream(json.dumps(_IDS)[:-1] + ', "x"]'), False),  # a bad ID: the parser says
-        (_stream(json.dumps(_IDS)[:-1] + ", \u0661]"), False),  # not an ASCII digit
-        (_stream(json.dumps(_IDS)[:-1] + ", 9999999999999]"), False),  # over int32
-        (_stream(json.dumps(_IDS[:100])), False),  # small
-        (_stream("[" + json.dumps(_IDS) + "]"), False),  # nested
-        (_stream(json.dumps(_IDS)).replace(b'"prompt_token_ids"', b'"prompt_token_idz"'), False),
-    ],
-)
-def test_an_echo_cut_from_the_whole_stream_reads_as_the_parser_reads_it(
-    stream: bytes, cut: bool
-) -> None:
-    found = engine.cut_echo(stream)
-    assert (found is not None) == cut
-    whole = _chunks([(stream, None)])
-    if found is not None:
-        assert len(found.event) < 200
-        pieces = [(found.before, None), (found.event, found.echoed), (found.after, None)]
-        assert _chunks(pieces) == whole
 
 
 def test_the_body_is_built_in_one_buffer_not_in_copies() -> None:

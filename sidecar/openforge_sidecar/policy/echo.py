@@ -1,0 +1,170 @@
+"""The engine's echo of the prompt's IDs, cut out of its stream as the bytes arrive.
+
+vLLM answers ``return_token_ids`` with the whole prompt's IDs (``prompt_token_ids``)
+in the first chunk of its completions stream: one SSE line of some 6 bytes per
+ID, 12 MB for a 10 MB request. Read as text it was buffered, joined, decoded,
+sliced and parsed, two or three copies of it held at once. An :class:`EchoCutter`
+stands in front of the SSE parser: it passes the stream on with each such list
+emptied (``"prompt_token_ids":[]``) and reads the IDs from the bytes into an
+int32 array as they arrive, a piece at a time, so that nothing holds more of
+the echo than one read of it. It does no I/O.
+
+Only a flat list of decimal IDs (digits, commas, spaces and tabs) is read so;
+anything else in the list is an error that names the byte of the stream at
+fault, and the rest of the stream is passed on as it came.
+"""
+
+from __future__ import annotations
+
+import re
+from array import array
+from collections import deque
+from enum import Enum
+
+_KEY = b'"prompt_token_ids"'
+_SPACES = frozenset(b" \t\r\n")
+_COLON, _OPEN, _CLOSE = ord(":"), ord("["), b"]"
+#: Bytes of the list read at a time (a non-streamed answer comes as one read).
+PIECE = 64 * 1024
+#: The most bytes one ID (with the spaces around it) may take.
+_MAX_ID_BYTES = 64
+_ID_RUN = re.compile(rb"[0-9, \t]*")
+
+
+class _State(Enum):
+    SCAN = "scan"  # looking for the key
+    KEY = "key"  # after the key, before its list (":" and "[")
+    IDS = "ids"  # inside the list
+    BROKEN = "broken"  # an error: the rest passes as it is
+
+
+class EchoCutter:
+    """Feed the engine's stream; get it back with echoed prompt IDs cut out."""
+
+    def __init__(self) -> None:
+        self._state = _State.SCAN
+        self._held = b""  # the end of a read that may start the key, or an ID cut in two
+        self._colon = False  # KEY: the ":" has been seen
+        self._offset = 0  # where in the stream the next read (after _held) starts
+        self._ids: array[int] = array("i")
+        self._first = True  # IDS: no ID read yet
+        self._cut: deque[array[int]] = deque()
+        self.error: str | None = None
+
+    def feed(self, data: bytes) -> bytes:
+        """``data`` as the stream goes on, with the lists' contents cut (some bytes may be
+        held back until the next read shows they start the key or end an ID)."""
+        start = self._offset - len(self._held)  # where `data` below starts in the stream
+        self._offset += len(data)
+        if self._held:
+            data, self._held = self._held + data, b""
+        out: list[bytes] = []
+        position = 0
+        while position < len(data):
+            if self._state is _State.SCAN:
+                position = self._scan(data, position, out=out)
+            elif self._state is _State.KEY:
+                position = self._after_key(data, position, out=out)
+            elif self._state is _State.IDS:
+                position = self._read_ids(data, (position, start), out=out)
+            else:
+                out.append(data[position:] if position else data)
+                break
+        return b"".join(out) if len(out) != 1 else out[0]
+
+    def take(self) -> array[int] | None:
+        """The IDs of the oldest list cut and not taken yet, or None."""
+        return self._cut.popleft() if self._cut else None
+
+    def _scan(self, data: bytes, position: int, *, out: list[bytes]) -> int:
+        found = data.find(_KEY, position)
+        if found < 0:
+            keep = _key_start(data, position)
+            out.append(data[position:keep] if position or keep < len(data) else data)
+            self._held = data[keep:]
+            return len(data)
+        end = found + len(_KEY)
+        out.append(data[position:end])
+        self._state, self._colon = _State.KEY, False
+        return end
+
+    def _after_key(self, data: bytes, position: int, *, out: list[bytes]) -> int:
+        """Past the key: spaces, ":", spaces, "[" open the list; anything else was the
+        word as a value (``"text":"prompt_token_ids"``) or not a list: scan on."""
+        byte = data[position]
+        if byte in _SPACES or (byte == _COLON and not self._colon):
+            self._colon = self._colon or byte == _COLON
+        elif byte == _OPEN and self._colon:
+            self._state, self._ids, self._first = _State.IDS, array("i"), True
+        else:
+            self._state = _State.SCAN
+            return position
+        out.append(data[position : position + 1])
+        return position + 1
+
+    def _read_ids(self, data: bytes, where: tuple[int, int], *, out: list[bytes]) -> int:
+        """Read IDs from ``data[position:]`` (``where``: position, and where ``data``
+        starts in the stream) up to the list's end or a piece's length."""
+        position, start = where
+        stop = min(len(data), position + PIECE)
+        end = data.find(_CLOSE, position, stop)
+        run = data[position : stop if end < 0 else end]
+        if end < 0:  # the last ID may go on in the next piece or read
+            last = run.rfind(b",") + 1
+            tail = run[last:]
+            if stop == len(data):
+                if len(tail) > _MAX_ID_BYTES:
+                    return self._fail(data, (position + last, start), "an ID too long", out=out)
+                self._held, run = tail, run[:last]
+            elif last == 0:
+                return self._fail(data, (position, start), "an ID too long", out=out)
+            else:
+                run, stop = run[:last], position + last
+        problem = self._take_run(run, closed=end >= 0)
+        if problem is not None:
+            return self._fail(data, (position + problem[0], start), problem[1], out=out)
+        if end < 0:
+            return stop if stop < len(data) else len(data)
+        self._cut.append(self._ids)
+        self._ids, self._state = array("i"), _State.SCAN
+        return end  # the "]" is scanned on and passed
+
+    def _take_run(self, run: bytes, *, closed: bool) -> tuple[int, str] | None:
+        """Add the IDs of ``run`` (whole IDs, each followed by a comma unless ``closed``
+        ends the list); the offset in it and what is wrong, or None."""
+        bad = _ID_RUN.fullmatch(run)
+        if bad is None:
+            at = _ID_RUN.match(run)
+            return (at.end() if at else 0), "not a decimal ID"
+        pieces = run.split(b",")
+        if not closed:
+            pieces.pop()  # the run ends with its comma
+        elif self._first and len(pieces) == 1 and not pieces[0].strip():
+            return None  # an empty list
+        try:
+            self._ids.extend(map(int, pieces))
+        except ValueError:
+            return run.find(b",") if run.strip() else 0, "an empty element"
+        except OverflowError:
+            return 0, "an ID over 2**31 - 1"
+        self._first = self._first and not pieces
+        return None
+
+    def _fail(self, data: bytes, where: tuple[int, int], what: str, *, out: list[bytes]) -> int:
+        position, start = where
+        self.error = f"engine's prompt_token_ids: {what} at byte {start + position} of its stream"
+        self._state, self._held = _State.BROKEN, b""
+        out.append(data[position:])
+        return len(data)
+
+
+def _key_start(data: bytes, position: int) -> int:
+    """Where the longest end of ``data[position:]`` that could begin the key starts (its
+    length if none)."""
+    earliest = max(position, len(data) - len(_KEY) + 1)
+    at = data.find(b'"', earliest)
+    while at >= 0:
+        if _KEY.startswith(data[at:]):
+            return at
+        at = data.find(b'"', at + 1)
+    return len(data)

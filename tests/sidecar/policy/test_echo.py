@@ -1,0 +1,163 @@
+from __future__ import annotations
+
+import itertools
+import json
+import re
+import tracemalloc
+from array import array
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from openforge.wire import sse
+from openforge_sidecar.policy import echo, engine
+
+_IDS = [(i * 7919) % 150000 for i in range(60_000)]
+_LIST = re.compile(rb'("prompt_token_ids"\s*:\s*\[)[^\]]*\]')
+
+
+def _stream(echo_text: str, *, before: str = "", after: str = "") -> bytes:
+    choice = '{"index": 0, "text": "Hi", "token_ids": [9], "logprobs": {"token_logprobs": [-0.5]}'
+    first = '{"choices": [' + choice + ', "prompt_token_ids": ' + echo_text + "}]}"
+    last = '{"choices": [{"index": 0, "text": "", "token_ids": [2], "finish_reason": "stop"}]}'
+    return f"{before}data: {first}\n\n{after}data: {last}\n\ndata: [DONE]\n\n".encode()
+
+
+def _reads(stream: bytes, cuts: list[int]) -> list[bytes]:
+    bounds = [0, *sorted({c % (len(stream) + 1) for c in cuts}), len(stream)]
+    return [stream[a:b] for a, b in itertools.pairwise(bounds) if b > a]
+
+
+def _parsed(reads: list[bytes], *, cutter: echo.EchoCutter | None) -> list[object]:
+    """The chunks the engine's stream gives (an error's text in place of a chunk that
+    fails), read through ``cutter`` as the relay reads it, or as plain JSON."""
+    parser, out = sse.SSEParser(), []
+    for data in reads:
+        for event in parser.feed(cutter.feed(data) if cutter else data):
+            if event.data.strip() == "[DONE]":
+                continue
+            try:
+                chunk = engine.parse_chunk(event.data)
+            except engine.EngineError as exc:
+                out.append(str(exc))
+                continue
+            if cutter is not None and chunk.prompt_token_ids is not None:
+                taken = cutter.take()
+                assert taken is not None, "a list the cutter did not read"
+                chunk.prompt_token_ids = taken
+            out.append(chunk)
+    return out
+
+
+@settings(deadline=None, max_examples=200)
+@given(
+    lists=st.lists(st.lists(st.integers(0, 2**31 - 1), max_size=40), min_size=1, max_size=3),
+    separator=st.sampled_from([",", ", ", " , ", ",\t"]),
+    spaced_key=st.sampled_from(
+        ['"prompt_token_ids": ', '"prompt_token_ids" :', '"prompt_token_ids":']
+    ),
+    cuts=st.lists(st.integers(0, 10_000), max_size=12),
+)
+def test_a_stream_read_through_the_cutter_gives_the_chunks_json_gives_cut_anywhere(
+    lists: list[list[int]], separator: str, spaced_key: str, cuts: list[int]
+) -> None:
+    events = []
+    for i, ids in enumerate(lists):
+        listed = "[" + separator.join(map(str, ids)) + "]"
+        logprobs = '"logprobs": {"token_logprobs": [-0.5]}'
+        choice = f'{{"index": 0, "text": "{i}", "token_ids": [{i}], {logprobs}'
+        events.append(f'data: {{"choices": [{choice}, {spaced_key}{listed}}}]}}\n\n')
+    events.append('data: {"choices": [{"text": "prompt_token_ids", "token_ids": []}]}\n\n')
+    stream = "".join(events).encode()
+    reads = _reads(stream, cuts)
+    cutter = echo.EchoCutter()
+    assert _parsed(reads, cutter=cutter) == _parsed([stream], cutter=None)
+    assert cutter.error is None and cutter.take() is None  # every list taken, in order
+    again = echo.EchoCutter()
+    assert b"".join(again.feed(r) for r in reads) == _LIST.sub(rb"\1]", stream)
+
+
+@pytest.mark.parametrize(
+    "stream",
+    [
+        _stream(json.dumps(_IDS)),
+        _stream(json.dumps(_IDS).replace(", ", ",")),
+        _stream(json.dumps(_IDS), before=": hi\n\ndata: {}\n\n", after="event: x\n"),
+        _stream(json.dumps(_IDS)).replace(b"\n", b"\r\n"),
+        b"\xef\xbb\xbf" + _stream(json.dumps(_IDS)),  # a BOM
+        _stream(json.dumps(_IDS), after="data: more\n"),
+        _stream("[]"),
+        _stream("[ ]"),
+        _stream("null"),
+        _stream(json.dumps(_IDS)).replace(b'"prompt_token_ids"', b'"prompt_token_idz"'),
+    ],
+)
+def test_a_large_echo_reads_as_json_reads_it_whole_or_in_reads(stream: bytes) -> None:
+    expected = _parsed([stream], cutter=None)
+    for size in (len(stream), 65_536, 4_099, 7):
+        reads = [stream[i : i + size] for i in range(0, len(stream), size)]
+        cutter = echo.EchoCutter()
+        assert _parsed(reads, cutter=cutter) == expected, size
+        assert cutter.error is None
+
+
+@pytest.mark.parametrize(
+    ("listed", "bad", "what"),
+    [
+        (json.dumps(_IDS)[:-1] + ', "x"]', '"x"', "not a decimal ID"),
+        (json.dumps(_IDS)[:-1] + ", \u0661]", "\u0661", "not a decimal ID"),
+        (json.dumps(_IDS)[:-1] + ", -5]", "-5", "not a decimal ID"),
+        (json.dumps(_IDS)[:-1] + ", 9999999999999]", None, "over 2**31 - 1"),
+        ("[" + json.dumps(_IDS) + "]", "[", "not a decimal ID"),  # nested
+        (json.dumps(_IDS)[:-1] + ",, 5]", None, "an empty element"),
+        (json.dumps(_IDS)[:-1] + ",]", None, "an empty element"),
+        (json.dumps(_IDS).replace(", ", " ,\n "), "\n", "not a decimal ID"),  # spans lines
+        ("[" + "1" * 200 + "]", None, "an ID over 2**31 - 1"),
+        ("[" + "1" * 100_000 + "]", None, "an ID too long"),
+    ],
+)
+def test_an_echo_that_is_not_a_flat_list_of_ids_is_an_error_naming_its_byte(
+    listed: str, bad: str | None, what: str
+) -> None:
+    stream = _stream(listed)
+    for size in (len(stream), 4_099):
+        cutter = echo.EchoCutter()
+        out = b"".join(cutter.feed(stream[i : i + size]) for i in range(0, len(stream), size))
+        assert cutter.error is not None and what in cutter.error, cutter.error
+        byte = int(re.search(r"at byte (\d+)", cutter.error).group(1))  # type: ignore[union-attr]
+        if bad is not None:
+            assert stream[byte:].startswith(bad.encode()), stream[byte - 10 : byte + 10]
+        else:
+            assert stream.find(b"[", stream.find(b'"prompt_token_ids"')) < byte < len(stream)
+        assert out.endswith(stream[byte:])  # the rest is passed on as it came
+
+
+def test_only_a_read_of_the_echo_is_held_at_a_time() -> None:
+    """A 500,000-ID echo (some 3 MB) arriving in 64 K reads: what the cutter holds
+    beyond the IDs' own array is a read's worth, not the line."""
+    ids = array("i", ((i * 7919) % 150_000 for i in range(500_000)))
+    stream = _stream("[" + ",".join(map(str, ids)) + "]")
+    reads = [stream[i : i + 65_536] for i in range(0, len(stream), 65_536)]
+    cutter = echo.EchoCutter()
+    tracemalloc.start()
+    try:
+        out = [cutter.feed(r) for r in reads]
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert cutter.take() == ids and sum(map(len, out)) < 400
+    assert peak < ids.itemsize * len(ids) * 1.2 + 1024 * 1024, peak
+
+
+def test_a_whole_answer_in_one_read_is_cut_without_a_copy_of_the_echo() -> None:
+    ids = array("i", ((i * 7919) % 150_000 for i in range(300_000)))
+    stream = _stream("[" + ",".join(map(str, ids)) + "]")
+    cutter = echo.EchoCutter()
+    tracemalloc.start()
+    try:
+        out = cutter.feed(stream)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert cutter.take() == ids and len(out) < 400
+    assert peak < ids.itemsize * len(ids) * 1.2 + 1024 * 1024, peak
