@@ -14,10 +14,12 @@ Issue 14's target: peak <= 3x the body over idle, back to idle + 10 MB. With
 first event, which the sidecar reads as the stream arrives). Each sidecar exports to a
 collector of its own, as in a rollout, and "after" is read once the collector has the
 call (the record is sent before it is dropped); ``--no-collector`` leaves it out, as
-this bench did before 2026-12-05.
+this bench did before 2026-12-05. With ``--shape many`` the body is a conversation of
+~2 KB turns instead of one message (a long agent session: every turn is a new piece
+for the tokenizer, a new message to parse and to render).
 
-    python bench/large_requests.py [--sizes 1 10 30] [--stream] [--no-collector]
-        [--compare PATH] [--json]
+    python bench/large_requests.py [--sizes 1 10 30] [--stream] [--shape one|many]
+        [--no-collector] [--compare PATH] [--json]
 """
 
 from __future__ import annotations
@@ -38,15 +40,30 @@ import servers  # this folder's module, once it is on the path
 MB = 1024 * 1024
 
 
-def body_of(size_mb: float, *, stream: bool = False) -> bytes:
-    words = "word " * int(size_mb * MB / 5)
-    message = {"role": "user", "content": words}
-    body = {"model": "policy", "max_tokens": 4, "messages": [message], "stream": stream}
+def body_of(size_mb: float, *, stream: bool = False, shape: str = "one") -> bytes:
+    """A Chat Completions body of about ``size_mb``: one user message of that many words
+    (``shape`` "one"), or a conversation of ~2 KB turns, users' and the assistant's in
+    turn, ending with the user's ("many": a long agent session)."""
+    if shape == "one":
+        messages = [{"role": "user", "content": "word " * int(size_mb * MB / 5)}]
+    else:
+        turns = max(1, int(size_mb * MB / 2048)) | 1  # ~2 KB each, odd: the user has the last
+        messages = [
+            {"role": ("user", "assistant")[i % 2], "content": f"turn {i} " + "word " * 398}
+            for i in range(turns)
+        ]
+    body = {"model": "policy", "max_tokens": 4, "messages": messages, "stream": stream}
     return json.dumps(body).encode()
 
 
 def one(
-    tree: Path | None, size_mb: float, workdir: Path, *, stream: bool, export: bool
+    tree: Path | None,
+    size_mb: float,
+    workdir: Path,
+    *,
+    stream: bool,
+    export: bool,
+    shape: str = "one",
 ) -> dict[str, Any]:
     with servers.Servers(workdir) as procs:
         port = servers.free_port()
@@ -70,7 +87,7 @@ def one(
         httpx.post(sidecar.url + "/v1/chat/completions", json=warm, timeout=120, trust_env=False)
         time.sleep(1)
         idle = servers.memory_kib(sidecar.process.pid)
-        body = body_of(size_mb, stream=stream)
+        body = body_of(size_mb, stream=stream, shape=shape)
         start = time.monotonic()
         answer = httpx.post(
             sidecar.url + "/v1/chat/completions",
@@ -120,6 +137,12 @@ def main(argv: list[str]) -> int:
     )
     parser.add_argument("--stream", action="store_true", help="stream the call's answer")
     parser.add_argument(
+        "--shape",
+        choices=["one", "many"],
+        default="one",
+        help="one user message of the body's size, or many ~2 KB turns (see body_of)",
+    )
+    parser.add_argument(
         "--no-collector", action="store_true", help="spool only: export to no collector"
     )
     parser.add_argument("--json", action="store_true", help="print the results as JSON only")
@@ -134,7 +157,12 @@ def main(argv: list[str]) -> int:
                 workdir = Path(scratch) / f"{name.replace('/', '_')}-{size}"
                 workdir.mkdir()
                 results.setdefault(name, {})[f"{size:g} MB"] = one(
-                    tree, size, workdir, stream=args.stream, export=not args.no_collector
+                    tree,
+                    size,
+                    workdir,
+                    stream=args.stream,
+                    export=not args.no_collector,
+                    shape=args.shape,
                 )
     if args.json:
         print(json.dumps(results, indent=1))

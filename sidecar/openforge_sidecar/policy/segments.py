@@ -26,13 +26,18 @@ returns None and the caller encodes whole texts):
   each other, to whitespace, to non-ASCII text, at both ends) encode to the
   same IDs both ways.
 
-A piece longer than ``max_piece_chars`` (a 10 MB message, say) is also cut,
-between an ASCII letter and a space followed by one (``word| word``): a
-Hugging Face tokenizer's memory while encoding is some 90 bytes per character
-of its input, so a piece is encoded at most ``max_piece_chars`` at a time.
-Byte-level BPE pre-tokenizers (GPT-2's and its descendants' patterns) start a
-pre-token at such a space, and normalizers leave ASCII alone, so the IDs are
-the same; the probes check that too, with long texts cut small.
+A Hugging Face tokenizer's memory while encoding is some 90 bytes per
+character of its input, so it is never given much at once: new pieces go to it
+in batches of about ``batch_chars`` characters, in the order the text has
+them, and the IDs of a batch are written out before the next batch is looked
+at (a 10 MB conversation of 5,000 messages is 5,000 new pieces: given at once,
+they took 28 times the request's size). A piece longer than
+``max_piece_chars`` (a 10 MB message, say) is not cached but cut, between an
+ASCII letter and a space followed by one (``word| word``), and encoded
+``batch_chars`` at a time. Byte-level BPE pre-tokenizers (GPT-2's and its
+descendants' patterns) start a pre-token at such a space, and normalizers
+leave ASCII alone, so the IDs are the same; the probes check that too, with
+long texts cut small.
 """
 
 from __future__ import annotations
@@ -42,16 +47,18 @@ import re
 import sys
 from array import array
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, TypeAlias
 
 log = logging.getLogger(__name__)
 
 #: Cached pieces hold at most this many characters in all (the least recently
 #: used go first); a piece over an eighth of it is encoded but not kept.
 MAX_CACHED_CHARS = 512 * 1024
-#: A piece is encoded at most this many characters at a time (see the module doc).
+#: A piece longer than this is not cached, and is encoded in parts (see the module doc).
 MAX_PIECE_CHARS = 64 * 1024
+#: About the most characters given to the tokenizer at once (one piece may be longer).
+BATCH_CHARS = 16 * 1024
 #: A cut inside a long piece: before a space between two ASCII letters.
 _SAFE_CUT = re.compile(r"(?<=[A-Za-z]) (?=[A-Za-z])")
 
@@ -68,6 +75,7 @@ class SegmentEncoder:
         *,
         max_cached_chars: int = MAX_CACHED_CHARS,
         max_piece_chars: int = MAX_PIECE_CHARS,
+        batch_chars: int = BATCH_CHARS,
     ) -> None:
         self._encode_batch = encode_batch
         self._ids = dict(cut_tokens)
@@ -77,6 +85,7 @@ class SegmentEncoder:
         self._chars = 0
         self._max_chars = max_cached_chars
         self._max_piece = max_piece_chars
+        self._batch = batch_chars
         self.hits = 0
         self.misses = 0
 
@@ -87,18 +96,19 @@ class SegmentEncoder:
         if not cut_tokens:
             log.info("prompt pieces are not cached: %s", reason)
             return None
-        encoder = cls(encode_batch, cut_tokens, max_piece_chars=sys.maxsize)
+        encoder = cls(
+            encode_batch, cut_tokens, max_piece_chars=sys.maxsize, batch_chars=sys.maxsize
+        )
         for text in _probes(list(cut_tokens)):
             whole = list(encode_batch([text])[0])
             if encoder.encode(text) != whole:
                 log.warning("prompt pieces are not cached: %r encodes otherwise in pieces", text)
                 return None
-        cutting = cls(encode_batch, cut_tokens, max_piece_chars=16)  # long pieces cut small
+        cutting = cls(encode_batch, cut_tokens, max_piece_chars=16, batch_chars=16)  # cut small
         for text in _LONG_PROBES:
             if cutting.encode(text) != list(encode_batch([text])[0]):
                 log.warning("long prompt pieces are encoded whole: %r encodes otherwise cut", text)
-                encoder.clear()
-                return encoder
+                return cls(encode_batch, cut_tokens, max_piece_chars=sys.maxsize)
         return cls(encode_batch, cut_tokens)
 
     def encode(self, text: str) -> list[int]:
@@ -107,54 +117,64 @@ class SegmentEncoder:
     def encode_ids(self, text: str) -> array[int]:
         """:meth:`encode` as an array, with no int object per token on the way.
 
-        A piece longer than ``max_piece_chars`` is never cached: it is encoded
-        where it lies in ``text``, a part at a time, straight into the IDs, and
-        no copy of it is made (a 30 MB message's piece, and its parts, would be
-        two more copies of it while the prompt is encoded)."""
-        layout: list[str | int | tuple[int, int]] = []  # piece, cut token's ID, long piece
-        position = 0
-        for match in self._pattern.finditer(text):
-            self._lay_out(text, (position, match.start()), into=layout)
-            layout.append(self._ids[match.group()])
-            position = match.end()
-        self._lay_out(text, (position, len(text)), into=layout)
-        cache = self._cache
-        known: dict[str, array[int]] = {}
-        missing: list[str] = []
-        for piece in layout:
-            if isinstance(piece, str) and piece not in known:
-                ids = cache.get(piece)
-                if ids is None:
-                    missing.append(piece)
-                    known[piece] = _EMPTY
-                else:
-                    cache.move_to_end(piece)
-                    known[piece] = ids
-        if missing:
-            known.update(self._learn(missing))
-        self.hits += len(known) - len(missing)
+        The text is walked piece by piece and encoded a batch of new pieces at a
+        time (see the module doc), so that what is held besides the text and its IDs
+        is one batch. A piece longer than ``max_piece_chars`` is never cached: it is
+        encoded where it lies in ``text``, a part at a time, straight into the IDs,
+        and no copy of it is made."""
         out: array[int] = array("i")
-        for item in layout:
-            if isinstance(item, int):
-                out.append(item)
-            elif isinstance(item, str):
-                out.extend(known[item])
-            else:
-                self.misses += 1
-                for start, end in _parts(text, item, size=self._max_piece):
-                    out.extend(self._encode_batch([text[start:end]])[0])
+        window: list[_Item] = []  # pieces and IDs in order, from the first new piece on
+        new: dict[str, None] = {}  # the window's new pieces, each once
+        chars = 0
+        for item in self._lay_out(text):
+            if isinstance(item, str):
+                ids = self._cache.get(item)
+                if ids is not None:  # held here: a batch learned later may evict it
+                    self._cache.move_to_end(item)
+                    self.hits += 1
+                    item = ids
+                elif item not in new:
+                    new[item] = None
+                    chars += len(item)
+            window.append(item)
+            if chars >= self._batch or len(window) >= _MAX_WINDOW:
+                self._write(window, self._learn(list(new)), text=text, into=out)
+                window, new, chars = [], {}, 0
+        self._write(window, self._learn(list(new)), text=text, into=out)
         return out
 
-    def _lay_out(
-        self, text: str, span: tuple[int, int], *, into: list[str | int | tuple[int, int]]
-    ) -> None:
-        """Add the piece ``text[start:end]`` (``span``) to a layout: as text, or where it
-        lies when it is long (see :meth:`encode_ids`)."""
+    def _lay_out(self, text: str) -> Iterator[_Item]:
+        """The text's pieces in order: a piece's text, a cut token's ID, or where a long
+        piece lies (see :meth:`encode_ids`)."""
+        position = 0
+        for match in self._pattern.finditer(text):
+            yield from self._piece(text, (position, match.start()))
+            yield self._ids[match.group()]
+            position = match.end()
+        yield from self._piece(text, (position, len(text)))
+
+    def _piece(self, text: str, span: tuple[int, int]) -> Iterator[_Item]:
         start, end = span
         if end - start > self._max_piece:
-            into.append(span)
+            yield span
         elif end > start:
-            into.append(text[start:end])
+            yield text[start:end]
+
+    def _write(
+        self, window: list[_Item], learned: dict[str, array[int]], *, text: str, into: array[int]
+    ) -> None:
+        """Add the IDs of a window's items to ``into``, in order."""
+        for item in window:
+            if isinstance(item, int):
+                into.append(item)
+            elif isinstance(item, str):
+                into.extend(learned[item])
+            elif isinstance(item, array):
+                into.extend(item)
+            else:
+                self.misses += 1
+                for start, end in _parts(text, item, size=self._batch):
+                    into.extend(self._encode_batch([text[start:end]])[0])
 
     def clear(self) -> None:
         self._cache.clear()
@@ -162,6 +182,8 @@ class SegmentEncoder:
 
     def _learn(self, pieces: list[str]) -> dict[str, array[int]]:
         """Encode pieces (each on its own) and keep those not too long."""
+        if not pieces:
+            return {}
         self.misses += len(pieces)
         learned: dict[str, array[int]] = {}
         for piece, ids in zip(pieces, self._encode_batch(pieces), strict=True):
@@ -176,7 +198,10 @@ class SegmentEncoder:
         return learned
 
 
-_EMPTY: array[int] = array("i")
+#: Items held before a window is written (hits only hold no text, but add up).
+_MAX_WINDOW = 4096
+#: A piece's text, a cut token's ID, a cached piece's IDs, or a long piece's span.
+_Item: TypeAlias = "str | int | array[int] | tuple[int, int]"
 
 
 def _parts(text: str, span: tuple[int, int], *, size: int) -> list[tuple[int, int]]:

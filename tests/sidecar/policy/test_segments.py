@@ -60,10 +60,13 @@ def test_pieces_give_the_ids_of_the_whole_text(texts: list[list[str]]) -> None:
     encoder = segments.SegmentEncoder.for_tokenizer(WHOLE, whole)
     assert encoder is not None
     small = segments.SegmentEncoder(whole, encoder._ids, max_cached_chars=16)
+    # batches of a few characters: pieces are evicted while a window still needs them
+    batched = segments.SegmentEncoder(whole, encoder._ids, max_cached_chars=16, batch_chars=3)
     for text in map("".join, texts):
         expected = whole([text])[0]
         assert encoder.encode(text) == expected
         assert small.encode(text) == expected
+        assert batched.encode(text) == expected
         assert encoder.encode(text) == expected  # again, from the cache
 
 
@@ -84,11 +87,11 @@ def test_a_long_piece_is_encoded_in_parts_to_the_same_ids(words: list[str]) -> N
 
 def test_a_10_mb_message_is_never_encoded_more_than_a_part_at_a_time() -> None:
     """The tokenizer's memory while encoding is ~90 bytes per character: a 10 MB
-    piece took ~1 GB. Cut into 64 K-character parts it takes a few MB."""
+    piece took ~1 GB. Cut into 16 K-character parts it takes a few MB."""
     sizes: list[int] = []
 
     def spy(texts: list[str]) -> list[list[int]]:
-        sizes.extend(map(len, texts))
+        sizes.append(sum(map(len, texts)))
         return whole(texts)
 
     encoder = segments.SegmentEncoder.for_tokenizer(WHOLE, spy)
@@ -96,10 +99,32 @@ def test_a_10_mb_message_is_never_encoded_more_than_a_part_at_a_time() -> None:
     sizes.clear()
     text = "<|im_start|>user\n" + "Some words, and 42 more words. " * 340_000 + "<|im_end|>"
     ids = encoder.encode(text)
-    assert max(sizes) <= segments.MAX_PIECE_CHARS and sum(sizes) == len(text) - len(
+    assert max(sizes) <= segments.BATCH_CHARS and sum(sizes) == len(text) - len(
         "<|im_start|><|im_end|>"
     )
     assert ids == whole([text])[0]
+
+
+def test_a_long_conversation_is_given_to_the_tokenizer_a_batch_at_a_time() -> None:
+    """5,000 messages are 5,000 new pieces: given to the tokenizer in one call, a 10 MB
+    conversation took 28 times its size. Each call now gets about a batch."""
+    calls: list[int] = []
+
+    def spy(texts: list[str]) -> list[list[int]]:
+        calls.append(sum(map(len, texts)))
+        return whole(texts)
+
+    encoder = segments.SegmentEncoder.for_tokenizer(WHOLE, spy)
+    assert encoder is not None
+    calls.clear()
+    message = "turn {} " + "Some words, and 42 more. " * 40
+    text = "".join(
+        f"<|im_start|>{('user', 'assistant')[i % 2]}\n{message.format(i)}<|im_end|>\n"
+        for i in range(5_000)
+    )
+    assert encoder.encode(text) == whole([text])[0]
+    longest = len(message) + 10
+    assert len(calls) > 50 and max(calls) <= segments.BATCH_CHARS + longest, max(calls)
 
 
 def test_the_cache_is_bounded_and_keeps_the_recently_used() -> None:
