@@ -127,6 +127,8 @@ def hostile_bodies(draw: st.DrawFn, base: dict[str, Any]) -> bytes:
         cut = draw(st.integers(0, len(_at(base, path))))
         lone = draw(st.sampled_from(["\ud800", "\udbff", "\udc00", "\udfff"]))
         body = _replaced(base, path, _at(base, path)[:cut] + lone + _at(base, path)[cut:])
+        if draw(st.booleans()):  # as the three bytes UTF-8 would give it, were it text
+            return json.dumps(body, ensure_ascii=False).encode("utf-8", "surrogatepass")
     elif kind == "add":
         body = {**base, draw(st.text(max_size=8)): draw(hostile_values)}
     encoded = json.dumps(body).encode()  # lone surrogates as escapes, as a client sends them

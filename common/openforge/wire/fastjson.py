@@ -1,10 +1,13 @@
-"""JSON on the hot path: orjson where it can, the stdlib where it cannot.
+"""JSON on the hot path: msgspec and orjson where they can, the stdlib where they cannot.
 
 Every engine chunk and every event the sidecar relays is parsed or written
-once per token, so the encoder matters. orjson is several times faster, but
-stricter than the stdlib (lone surrogates, integers beyond 64 bits, NaN);
-on anything it refuses, these functions fall back to :mod:`json`, so the
-semantics stay the stdlib's and only the speed changes.
+once per token, so the speed matters; and a request body is parsed once, so
+the memory does: msgspec decodes straight into Python objects, where orjson
+(and the stdlib, which decodes the text first) holds a second copy of the
+body's size while it parses. Both are stricter than the stdlib (lone
+surrogates, NaN, a byte-order mark, numbers beyond a float); on anything they
+refuse, these functions fall back to :mod:`json`, so the semantics stay the
+stdlib's and only the speed and the memory change.
 """
 
 from __future__ import annotations
@@ -12,13 +15,16 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import msgspec
 import orjson
+
+_decode = msgspec.json.Decoder().decode
 
 
 def loads(data: bytes | str) -> Any:
     try:
-        return orjson.loads(data)
-    except orjson.JSONDecodeError:
+        return _decode(data)
+    except (msgspec.DecodeError, RecursionError):  # ValidationError is a DecodeError
         return json.loads(data)
 
 

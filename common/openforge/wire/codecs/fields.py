@@ -8,12 +8,17 @@ every bad value is reported with the JSON path at fault
 from __future__ import annotations
 
 import math
+import re
 from typing import Any
 
 from openforge.wire import fastjson
 from openforge.wire.codecs.errors import CodecError
 
 _MISSING: Any = object()
+
+
+#: A surrogate's escape (``\\ud800``) or its three bytes as UTF-8 would have them.
+_MAY_SPELL_A_SURROGATE = re.compile(rb"\\u[dD]|\xed[\xa0-\xbf]")
 
 
 def load_object(body: bytes) -> dict[str, Any]:
@@ -29,8 +34,9 @@ def load_object(body: bytes) -> dict[str, Any]:
         raise CodecError(f"body is not valid JSON: {exc}") from None
     if not isinstance(value, dict):
         raise CodecError(f"body must be a JSON object, not {type_name(value)}")
-    # Only an escape can spell a surrogate (UTF-8 cannot): walk only bodies with one.
-    if b"\\ud" in body or b"\\uD" in body:
+    # Only an escape, or bytes that are no UTF-8 (which the stdlib's parser lets through
+    # as surrogates), can spell one: walk only bodies with either.
+    if _MAY_SPELL_A_SURROGATE.search(body):
         at = invalid_text(value)
         if at is not None:
             raise CodecError(
