@@ -548,7 +548,7 @@ class Capture:
             request=call.request,
             detokenizer=template.IncrementalDetokenizer(tokenizer),
             stop_token_ids=tokenizer.stop_token_ids,
-            prompt_tokens=len(call.plan.prompt_ids),
+            prompt_ids=call.plan.prompt_ids,
             response_id=call.response_id,
             created=int(time.time()),
             sign=self._signer.sign if self._signer is not None else None,
@@ -625,14 +625,9 @@ class Capture:
             assert result is not None
             if result.error:
                 self.stats["engine_errors"] += 1
-            if (
-                result.engine_prompt_ids is not None
-                and call.plan is not None
-                and not stored.same(result.engine_prompt_ids, call.plan.prompt_ids)
-            ):
+            if result.echo_matches is False:  # compared as it came (see policy.echo)
                 call.notes.append("engine echoed different prompt_token_ids")
                 self.stats["prompt_mismatch"] += 1
-            result.engine_prompt_ids = None  # compared: not held while the record is built
             if (
                 self._history is not None
                 and call.plan is not None

@@ -14,13 +14,12 @@ is done.
 from __future__ import annotations
 
 import time
-from array import array
 from collections.abc import Callable
 
 from openforge.wire import conversation, fastjson, sse
 from openforge.wire.codecs import Codec
 
-from openforge_sidecar.policy import echo, engine, template, toolparse
+from openforge_sidecar.policy import echo, engine, stored, template, toolparse
 
 
 class Relay:
@@ -31,7 +30,7 @@ class Relay:
         request: conversation.ChatRequest,
         detokenizer: template.IncrementalDetokenizer,
         stop_token_ids: frozenset[int],
-        prompt_tokens: int,
+        prompt_ids: stored.Ids,
         response_id: str,
         created: int,
         clock: Callable[[], float] = time.monotonic,
@@ -41,13 +40,15 @@ class Relay:
         self._request = request
         self._detokenizer = detokenizer
         self._stop_token_ids = stop_token_ids
-        self._prompt_tokens = prompt_tokens
+        self._prompt_ids = prompt_ids
+        self._prompt_tokens = prompt_tokens = len(prompt_ids)
         self._response_id = response_id
         self._created = created
         self._clock = clock
         self._sign = sign
         self._reasoning: list[str] = []  # the open reasoning block's text, to sign at its end
-        self._echo = echo.EchoCutter()  # the prompt's IDs, read from the bytes
+        # the engine's echo of the prompt, compared with it as the bytes come
+        self._echo = echo.EchoCutter(lambda: echo.Compared(prompt_ids))
         self._sse = sse.SSEParser()
         self._parser = toolparse.OutputParser(
             lambda index: codec.tool_call_id(f"{response_id}/{index}")
@@ -64,7 +65,7 @@ class Relay:
         self.token_ids: list[int] = []
         self.logprobs: list[float] = []
         self.engine_finish_reason: str | None = None
-        self.engine_prompt_ids: array[int] | None = None
+        self.echo_matches: bool | None = None  # None: the engine echoed no prompt
         self.error: str | None = None
         self.done = False
         self.first_output_at: float | None = None
@@ -124,8 +125,12 @@ class Relay:
 
     def _take(self, chunk: engine.EngineChunk) -> bytes:
         if chunk.prompt_token_ids is not None:  # emptied where the cutter read them
-            echoed = self._echo.take()
-            self.engine_prompt_ids = chunk.prompt_token_ids if echoed is None else echoed
+            cut = self._echo.take()
+            self.echo_matches = (
+                cut.equal
+                if isinstance(cut, echo.Compared)
+                else stored.same(chunk.prompt_token_ids, self._prompt_ids)
+            )
         if chunk.finish_reason is not None:
             self.engine_finish_reason = chunk.finish_reason
         if not chunk.token_ids:

@@ -79,6 +79,23 @@ ANSWERS: dict[str, tuple[int, dict[str, str], bytes]] = {
 }
 
 
+#: Answers that echo the request's prompt (vLLM's ``prompt_token_ids`` in the first chunk):
+#: as it came, or with its middle ID changed.
+ECHOES = frozenset({"echo", "echo-other"})
+
+
+def echoing(prompt: list[int], *, changed: bool) -> bytes:
+    """A good answer whose first chunk echoes ``prompt`` (its middle ID changed)."""
+    echoed = list(prompt)
+    if changed:
+        echoed[len(echoed) // 2] += 1
+    first = chunk([72]).replace(
+        b'"finish_reason"',
+        b'"prompt_token_ids": %s, "finish_reason"' % (json.dumps(echoed).encode()),
+    )
+    return first + chunk([105], finish="stop") + DONE
+
+
 #: Answers that fail at the connection: ``hang`` reads the request and says nothing,
 #: ``stall`` sends the head and one chunk of a chunked stream and then nothing,
 #: ``reset`` and ``reset-mid`` reset the connection before the head and after a chunk.
@@ -152,7 +169,11 @@ def _handler(engine: ScriptedEngine) -> type[http.server.BaseHTTPRequestHandler]
             if name in FAILURES:
                 self._fail(name)
                 return
-            status, headers, body = engine.next_answer(name)
+            if name in ECHOES:
+                prompt = engine.bodies[-1]["prompt"]
+                status, headers, body = 200, {}, echoing(prompt, changed=name == "echo-other")
+            else:
+                status, headers, body = engine.next_answer(name)
             self._send(
                 status, headers, body, "text/event-stream" if status == 200 else "application/json"
             )

@@ -70,6 +70,32 @@ def test_a_non_streamed_answer_that_fails_midway_is_the_apis_error(
     assert calls[1].finish_reason == "error" and calls[1].http_status == 502
 
 
+@pytest.mark.parametrize("stream", [False, True])
+def test_an_engine_that_echoes_another_prompt_is_caught_as_the_echo_comes(
+    procs: Any, engine: ScriptedEngine, tmp_path: Path, tiny_tokenizer_dir: Path, stream: bool
+) -> None:
+    """The echo is compared with the planned prompt while it is read (none of it kept):
+    the same prompt passes, one ID changed mid-way is a prompt_mismatch on that call
+    only, in a small prompt and in one of 100,000 IDs (read in many pieces)."""
+    sidecar = start(procs, engine, f"r-echo-{stream}", tiny_tokenizer_dir)
+    long = "word " * 100_000
+    engine.script += ["echo", "echo-other", "echo", "echo-other"]
+    for text in ("hi", "hi", long, long):
+        answer = httpx.post(
+            sidecar.url + "/v1/chat/completions",
+            json={"model": "p", "stream": stream, "messages": [{"role": "user", "content": text}]},
+            timeout=60,
+        )
+        assert answer.status_code == 200, answer.text[:300]
+    stats = httpx.get(sidecar.url + "/openforge/v1/stats", timeout=10).json()
+    assert stats["counters"]["prompt_mismatch"] == 2, stats
+    finish(sidecar)
+    with store.Store(tmp_path / "store.db") as db:
+        calls = db.calls(f"r-echo-{stream}")
+    assert ["echoed different" in c.error for c in calls] == [False, True, False, True]
+    assert len(calls[2].prompt_token_ids) > 100_000
+
+
 def test_anthropics_shape_too(procs: Any, engine: ScriptedEngine, tiny_tokenizer_dir: Path) -> None:
     sidecar = start(procs, engine, "r-anthropic", tiny_tokenizer_dir)
     engine.script += ["truncated"]

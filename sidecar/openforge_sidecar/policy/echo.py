@@ -5,9 +5,11 @@ in the first chunk of its completions stream: one SSE line of some 6 bytes per
 ID, 12 MB for a 10 MB request. Read as text it was buffered, joined, decoded,
 sliced and parsed, two or three copies of it held at once. An :class:`EchoCutter`
 stands in front of the SSE parser: it passes the stream on with each such list
-emptied (``"prompt_token_ids":[]``) and reads the IDs from the bytes into an
-int32 array as they arrive, a piece at a time, so that nothing holds more of
-the echo than one read of it. It does no I/O.
+emptied (``"prompt_token_ids":[]``) and reads the IDs from the bytes as they
+arrive, a piece at a time, into a sink: :class:`Collected` keeps them (an int32
+array), :class:`Compared` only compares them with the prompt's planned IDs (in
+memory or in their file, read along), so that nothing holds more of the echo
+than one read of it. It does no I/O but what ``Compared`` reads.
 
 Only a flat list of decimal IDs (digits, commas, spaces and tabs) is read so;
 anything else in the list is an error that names the byte of the stream at
@@ -19,7 +21,11 @@ from __future__ import annotations
 import re
 from array import array
 from collections import deque
+from collections.abc import Callable, Iterator
 from enum import Enum
+from typing import Protocol
+
+from openforge_sidecar.policy import stored
 
 _KEY = b'"prompt_token_ids"'
 _SPACES = frozenset(b" \t\r\n")
@@ -31,6 +37,57 @@ _MAX_ID_BYTES = 64
 _ID_RUN = re.compile(rb"[0-9, \t]*")
 
 
+class Sink(Protocol):
+    """Where one list's IDs go, a run at a time, in order."""
+
+    def add(self, ids: array[int]) -> None: ...
+
+
+class Collected:
+    """A list's IDs, kept."""
+
+    def __init__(self) -> None:
+        self.ids: array[int] = array("i")
+
+    def add(self, ids: array[int]) -> None:
+        self.ids.extend(ids)
+
+
+class Compared:
+    """Whether a list's IDs are ``expected``, compared as they come; none are kept."""
+
+    def __init__(self, expected: stored.Ids) -> None:
+        self._count = len(expected)
+        self._expected = _runs(expected)
+        self._ahead: array[int] = array("i")  # expected IDs read, not yet compared
+        self._seen = 0
+        self._equal = True
+
+    def add(self, ids: array[int]) -> None:
+        self._seen += len(ids)
+        if not self._equal or self._seen > self._count:
+            self._equal = False
+            return
+        while len(self._ahead) < len(ids):
+            self._ahead.extend(next(self._expected))
+        if self._ahead[: len(ids)] != ids:
+            self._equal = False
+        del self._ahead[: len(ids)]
+
+    @property
+    def equal(self) -> bool:
+        """All the list's IDs were the expected ones, and none is missing."""
+        return self._equal and self._seen == self._count
+
+
+def _runs(ids: stored.Ids) -> Iterator[array[int]]:
+    if isinstance(ids, stored.StoredIds):
+        yield from ids.chunks()
+    else:
+        for start in range(0, len(ids), stored.CHUNK):
+            yield ids[start : start + stored.CHUNK]
+
+
 class _State(Enum):
     SCAN = "scan"  # looking for the key
     KEY = "key"  # after the key, before its list (":" and "[")
@@ -39,16 +96,18 @@ class _State(Enum):
 
 
 class EchoCutter:
-    """Feed the engine's stream; get it back with echoed prompt IDs cut out."""
+    """Feed the engine's stream; get it back with echoed prompt IDs cut out, each list's
+    IDs given to a sink of its own (``sink`` makes them)."""
 
-    def __init__(self) -> None:
+    def __init__(self, sink: Callable[[], Sink] = Collected) -> None:
+        self._make_sink = sink
+        self._sink = sink()
         self._state = _State.SCAN
         self._held = b""  # the end of a read that may start the key, or an ID cut in two
         self._colon = False  # KEY: the ":" has been seen
         self._offset = 0  # where in the stream the next read (after _held) starts
-        self._ids: array[int] = array("i")
         self._first = True  # IDS: no ID read yet
-        self._cut: deque[array[int]] = deque()
+        self._cut: deque[Sink] = deque()
         self.error: str | None = None
 
     def feed(self, data: bytes) -> bytes:
@@ -72,8 +131,8 @@ class EchoCutter:
                 break
         return b"".join(out) if len(out) != 1 else out[0]
 
-    def take(self) -> array[int] | None:
-        """The IDs of the oldest list cut and not taken yet, or None."""
+    def take(self) -> Sink | None:
+        """The sink of the oldest list cut and not taken yet, or None."""
         return self._cut.popleft() if self._cut else None
 
     def _scan(self, data: bytes, position: int, *, out: list[bytes]) -> int:
@@ -95,7 +154,7 @@ class EchoCutter:
         if byte in _SPACES or (byte == _COLON and not self._colon):
             self._colon = self._colon or byte == _COLON
         elif byte == _OPEN and self._colon:
-            self._state, self._ids, self._first = _State.IDS, array("i"), True
+            self._state, self._sink, self._first = _State.IDS, self._make_sink(), True
         else:
             self._state = _State.SCAN
             return position
@@ -125,8 +184,8 @@ class EchoCutter:
             return self._fail(data, (position + problem[0], start), problem[1], out=out)
         if end < 0:
             return stop if stop < len(data) else len(data)
-        self._cut.append(self._ids)
-        self._ids, self._state = array("i"), _State.SCAN
+        self._cut.append(self._sink)
+        self._state = _State.SCAN
         return end  # the "]" is scanned on and passed
 
     def _take_run(self, run: bytes, *, closed: bool) -> tuple[int, str] | None:
@@ -142,11 +201,12 @@ class EchoCutter:
         elif self._first and len(pieces) == 1 and not pieces[0].strip():
             return None  # an empty list
         try:
-            self._ids.extend(map(int, pieces))
+            ids = array("i", map(int, pieces))
         except ValueError:
             return run.find(b",") if run.strip() else 0, "an empty element"
         except OverflowError:
             return 0, "an ID over 2**31 - 1"
+        self._sink.add(ids)
         self._first = self._first and not pieces
         return None
 

@@ -5,12 +5,13 @@ import json
 import re
 import tracemalloc
 from array import array
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from openforge.wire import sse
-from openforge_sidecar.policy import echo, engine
+from openforge_sidecar.policy import echo, engine, stored
 
 _IDS = [(i * 7919) % 150000 for i in range(60_000)]
 _LIST = re.compile(rb'("prompt_token_ids"\s*:\s*\[)[^\]]*\]')
@@ -43,8 +44,8 @@ def _parsed(reads: list[bytes], *, cutter: echo.EchoCutter | None) -> list[objec
                 continue
             if cutter is not None and chunk.prompt_token_ids is not None:
                 taken = cutter.take()
-                assert taken is not None, "a list the cutter did not read"
-                chunk.prompt_token_ids = taken
+                assert isinstance(taken, echo.Collected), "a list the cutter did not read"
+                chunk.prompt_token_ids = taken.ids
             out.append(chunk)
     return out
 
@@ -145,7 +146,8 @@ def test_only_a_read_of_the_echo_is_held_at_a_time() -> None:
         _, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
-    assert cutter.take() == ids and sum(map(len, out)) < 400
+    taken = cutter.take()
+    assert isinstance(taken, echo.Collected) and taken.ids == ids and sum(map(len, out)) < 400
     assert peak < ids.itemsize * len(ids) * 1.2 + 1024 * 1024, peak
 
 
@@ -159,5 +161,41 @@ def test_a_whole_answer_in_one_read_is_cut_without_a_copy_of_the_echo() -> None:
         _, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
-    assert cutter.take() == ids and len(out) < 400
+    taken = cutter.take()
+    assert isinstance(taken, echo.Collected) and taken.ids == ids and len(out) < 400
     assert peak < ids.itemsize * len(ids) * 1.2 + 1024 * 1024, peak
+
+
+@pytest.mark.parametrize("in_file", [False, True])
+@pytest.mark.parametrize(
+    ("echoed", "equal"),
+    [
+        (_IDS, True),
+        (_IDS[:-1], False),  # one short
+        ([*_IDS, 5], False),  # one more
+        ([*_IDS[:30_000], 1, *_IDS[30_001:]], False),  # one other, mid-way
+        ([], False),
+    ],
+)
+def test_an_echo_is_compared_with_the_planned_prompt_as_it_comes(
+    tmp_path: Path, in_file: bool, echoed: list[int], equal: bool
+) -> None:
+    """Compared (what the relay uses) keeps no IDs: it reads the planned ones along, from
+    memory or from their file, a chunk at a time."""
+    planned: stored.Ids = array("i", _IDS)
+    if in_file:
+        planned = stored.StoredIds.write(tmp_path / "p.ids", array("i", _IDS))
+    stream = _stream(json.dumps(echoed))
+    cutter = echo.EchoCutter(lambda: echo.Compared(planned))
+    for i in range(0, len(stream), 4_099):
+        cutter.feed(stream[i : i + 4_099])
+    taken = cutter.take()
+    assert isinstance(taken, echo.Compared) and taken.equal is equal
+    assert cutter.error is None and cutter.take() is None
+
+
+def test_an_empty_echo_of_an_empty_prompt_is_equal() -> None:
+    cutter = echo.EchoCutter(lambda: echo.Compared(array("i")))
+    cutter.feed(_stream("[]"))
+    taken = cutter.take()
+    assert isinstance(taken, echo.Compared) and taken.equal
