@@ -292,7 +292,7 @@ class TokenHistory:
         head = _Head(
             (*plan.keys, _key(reply)),
             request.tools,
-            self._kept(stored.loaded(plan.prompt_ids) + token_array(completion_ids)),
+            self._kept(plan.prompt_ids, token_array(completion_ids)),
             stopped,
             plan.segment_index,
             messages=(*request.messages, reply) if ahead else None,
@@ -316,19 +316,24 @@ class TokenHistory:
             self._heads = [h for h in self._heads if h is not head]
             return None
 
-    def _kept(self, ids: array[int]) -> stored.Ids:
-        """A head's IDs as it keeps them: over :data:`SPILL_TOKENS`, in a file of its own."""
-        if self._spill is None or len(ids) <= SPILL_TOKENS:
-            return ids
+    def _kept(self, prompt: stored.Ids, completion: array[int]) -> stored.Ids:
+        """A head's IDs (the prompt's, then the completion's) as it keeps them: over
+        :data:`SPILL_TOKENS`, in a file of its own, copied from the prompt's file where
+        it has one (a 10 MB prompt's IDs are not read in, and not joined in memory)."""
+        count = len(prompt) + len(completion)
+        if self._spill is None or count <= SPILL_TOKENS:
+            return stored.loaded(prompt) + completion
         self._spilled += 1
         path = self._spill / f"head-{self._spilled}.ids"
         try:
-            return stored.StoredIds.write(path, ids)
+            if isinstance(prompt, stored.StoredIds):
+                return prompt.extended(path, completion)
+            return stored.StoredIds.write(path, prompt + completion)
         except OSError as exc:
             log.warning("a conversation's head stays in memory (%s)", exc)
             with contextlib.suppress(OSError):
                 path.unlink(missing_ok=True)
-            return ids
+            return stored.loaded(prompt) + completion
 
     def prerender(self) -> None:
         """Render the newest head now, ahead of the call that will continue it.

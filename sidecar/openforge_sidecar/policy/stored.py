@@ -9,6 +9,7 @@ meantime, they cost page cache, not the sidecar's memory.
 
 from __future__ import annotations
 
+import shutil
 from array import array
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -61,6 +62,15 @@ class StoredIds:
                 return False
             start += len(chunk)
         return True
+
+    def extended(self, path: Path, more: array[int]) -> StoredIds:
+        """These IDs then ``more``, in a new file at ``path``: the file copied by the OS,
+        none of it read in (its folder made if need be)."""
+        path.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(self.path, path)
+        with path.open("ab") as handle:
+            more.tofile(handle)
+        return StoredIds(path, self.count + len(more))
 
     def discard(self) -> None:
         self.path.unlink(missing_ok=True)

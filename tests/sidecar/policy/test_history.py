@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from array import array
 from pathlib import Path
@@ -348,6 +349,28 @@ def test_a_large_head_keeps_its_ids_in_a_file_until_it_is_replaced_or_dropped(
         side = request(text("system", f"Side {n}."), text("user", f"Title {n}."))
         tokens.record(side, tokens.plan(side), reply=text("assistant", "T"), completion_ids=[7])
     assert len(tokens._heads) == 2 and len(list((tmp_path / "heads").iterdir())) == 2
+
+
+def test_a_large_calls_head_is_copied_from_its_prompts_file_not_read_in(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A large call's prompt IDs wait in a file (Recorder.stash_ids): its head is that
+    file copied, the completion appended, and the prompt's own file is left as it was
+    (the record reads it next)."""
+    monkeypatch.setattr(history, "SPILL_TOKENS", 5)
+    tokens = history.TokenHistory(tiny(), spill=tmp_path / "heads")
+    first = tokens.plan(request(*BASE))
+    prompt = stored.StoredIds.write(tmp_path / "stash" / "0.ids", stored.loaded(first.prompt_ids))
+    loads = []
+    monkeypatch.setattr(stored.StoredIds, "load", lambda self: loads.append(self) or 1 / 0)
+    planned = dataclasses.replace(first, prompt_ids=prompt)
+    tokens.record(request(*BASE), planned, reply=REPLY, completion_ids=[5, 6])
+    head = tokens._heads[-1].token_ids
+    assert isinstance(head, stored.StoredIds) and head.path.parent == tmp_path / "heads"
+    assert not loads  # the prompt was never read into memory
+    monkeypatch.undo()
+    assert head.load().tolist() == [*stored.loaded(first.prompt_ids), 5, 6]
+    assert prompt.load() == stored.loaded(first.prompt_ids)
 
 
 def test_a_head_whose_file_is_gone_starts_a_segment_instead_of_failing_every_call(
