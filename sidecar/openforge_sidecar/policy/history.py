@@ -56,6 +56,14 @@ class Renderer(Protocol):
 
     def encode_ids(self, text: str) -> array[int]: ...
 
+    def render_ids(
+        self,
+        messages: Sequence[conversation.Message],
+        tools: Sequence[conversation.Tool],
+        *,
+        add_generation_prompt: bool,
+    ) -> array[int]: ...
+
 
 #: A head with more IDs than this keeps them in a file between calls (4 MB).
 SPILL_TOKENS = 1024 * 1024
@@ -258,8 +266,8 @@ class TokenHistory:
             self.conversations += 1
         segment = self._segments
         self._segments += 1
-        text = self._renderer.render(messages, tools, add_generation_prompt=True)
-        return Plan(self._renderer.encode_ids(text), segment, reason, 0)
+        ids = self._renderer.render_ids(messages, tools, add_generation_prompt=True)
+        return Plan(ids, segment, reason, 0)
 
     def _concurrent(self, keys: tuple[_Key, ...]) -> bool:
         """Whether a call being answered has the same messages, or the same before its last

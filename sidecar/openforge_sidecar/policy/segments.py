@@ -47,7 +47,8 @@ import re
 import sys
 from array import array
 from collections import OrderedDict
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any, TypeAlias
 
 log = logging.getLogger(__name__)
@@ -81,6 +82,7 @@ class SegmentEncoder:
         self._ids = dict(cut_tokens)
         longest_first = sorted(cut_tokens, key=len, reverse=True)
         self._pattern = re.compile("(" + "|".join(map(re.escape, longest_first)) + ")")
+        self._overlap = len(longest_first[0]) - 1 if longest_first else 0
         self._cache: OrderedDict[str, array[int]] = OrderedDict()
         self._chars = 0
         self._max_chars = max_cached_chars
@@ -122,11 +124,21 @@ class SegmentEncoder:
         is one batch. A piece longer than ``max_piece_chars`` is never cached: it is
         encoded where it lies in ``text``, a part at a time, straight into the IDs,
         and no copy of it is made."""
+        return self._encode(self._lay_out(text))
+
+    def encode_chunks(self, chunks: Iterable[str]) -> array[int]:
+        """:meth:`encode_ids` of ``"".join(chunks)``, the text never joined: a chat
+        template's output as it is written, the chunks let go of once encoded (a
+        conversation of many messages is never held as one prompt text). A piece
+        that spans chunks is joined alone; a cut token may span them too."""
+        return self._encode(self._lay_out_chunks(chunks))
+
+    def _encode(self, items: Iterable[_Item]) -> array[int]:
         out: array[int] = array("i")
         window: list[_Item] = []  # pieces and IDs in order, from the first new piece on
         new: dict[str, None] = {}  # the window's new pieces, each once
         chars = 0
-        for item in self._lay_out(text):
+        for item in items:
             if isinstance(item, str):
                 ids = self._cache.get(item)
                 if ids is not None:  # held here: a batch learned later may evict it
@@ -138,9 +150,9 @@ class SegmentEncoder:
                     chars += len(item)
             window.append(item)
             if chars >= self._batch or len(window) >= _MAX_WINDOW:
-                self._write(window, self._learn(list(new)), text=text, into=out)
+                self._write(window, self._learn(list(new)), into=out)
                 window, new, chars = [], {}, 0
-        self._write(window, self._learn(list(new)), text=text, into=out)
+        self._write(window, self._learn(list(new)), into=out)
         return out
 
     def _lay_out(self, text: str) -> Iterator[_Item]:
@@ -153,15 +165,47 @@ class SegmentEncoder:
             position = match.end()
         yield from self._piece(text, (position, len(text)))
 
+    def _lay_out_chunks(self, chunks: Iterable[str]) -> Iterator[_Item]:
+        """:meth:`_lay_out` of the chunks' text, chunk by chunk (:meth:`encode_chunks`)."""
+        held: list[str] = []  # the open piece's text, as it came; never a whole cut token
+        for chunk in chunks:
+            start = 0
+            if held and self._overlap:
+                # A cut token begun in what is held and ended in this chunk: the leftmost
+                # match, since what is held has none.
+                tail = _tail(held, self._overlap)
+                match = self._pattern.search(tail + chunk[: self._overlap])
+                if match is not None and match.start() < len(tail) < match.end():
+                    _drop_end(held, len(tail) - match.start())
+                    yield from self._joined(held)
+                    yield self._ids[match.group()]
+                    held, start = [], match.end() - len(tail)
+            for match in self._pattern.finditer(chunk, start):
+                if held:
+                    held.append(chunk[start : match.start()])
+                    yield from self._joined(held)
+                    held = []
+                else:
+                    yield from self._piece(chunk, (start, match.start()))
+                yield self._ids[match.group()]
+                start = match.end()
+            if start < len(chunk):
+                held.append(chunk[start:] if start else chunk)
+        yield from self._joined(held)
+
+    def _joined(self, held: list[str]) -> Iterator[_Item]:
+        text = held[0] if len(held) == 1 else "".join(held)
+        return self._piece(text, (0, len(text)))
+
     def _piece(self, text: str, span: tuple[int, int]) -> Iterator[_Item]:
         start, end = span
         if end - start > self._max_piece:
-            yield span
+            yield _Long(text, start, end)
         elif end > start:
             yield text[start:end]
 
     def _write(
-        self, window: list[_Item], learned: dict[str, array[int]], *, text: str, into: array[int]
+        self, window: list[_Item], learned: dict[str, array[int]], *, into: array[int]
     ) -> None:
         """Add the IDs of a window's items to ``into``, in order."""
         for item in window:
@@ -173,7 +217,8 @@ class SegmentEncoder:
                 into.extend(item)
             else:
                 self.misses += 1
-                for start, end in _parts(text, item, size=self._batch):
+                text = item.text
+                for start, end in _parts(text, (item.start, item.end), size=self._batch):
                     into.extend(self._encode_batch([text[start:end]])[0])
 
     def clear(self) -> None:
@@ -200,8 +245,40 @@ class SegmentEncoder:
 
 #: Items held before a window is written (hits only hold no text, but add up).
 _MAX_WINDOW = 4096
-#: A piece's text, a cut token's ID, a cached piece's IDs, or a long piece's span.
-_Item: TypeAlias = "str | int | array[int] | tuple[int, int]"
+
+
+@dataclass(frozen=True, slots=True)
+class _Long:
+    """A piece longer than ``max_piece_chars``, where it lies in a text."""
+
+    text: str
+    start: int
+    end: int
+
+
+#: A piece's text, a cut token's ID, a cached piece's IDs, or where a long piece lies.
+_Item: TypeAlias = "str | int | array[int] | _Long"
+
+
+def _tail(held: list[str], size: int) -> str:
+    """The last ``size`` characters of the held text (all of it if shorter)."""
+    parts: list[str] = []
+    for part in reversed(held):
+        parts.append(part[-size:])
+        size -= len(parts[-1])
+        if size <= 0:
+            break
+    return "".join(reversed(parts))
+
+
+def _drop_end(held: list[str], count: int) -> None:
+    """Take the last ``count`` characters off the held text, in place."""
+    while count and held:
+        if len(held[-1]) <= count:
+            count -= len(held.pop())
+        else:
+            held[-1] = held[-1][:-count]
+            count = 0
 
 
 def _parts(text: str, span: tuple[int, int], *, size: int) -> list[tuple[int, int]]:

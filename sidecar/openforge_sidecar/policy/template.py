@@ -86,13 +86,38 @@ class PolicyTokenizer:
         add_generation_prompt: bool,
     ) -> str:
         """The prompt text for a conversation, exactly as the chat template writes it."""
-        return self._template.render(
-            messages=[_message_dict(m, i) for i, m in enumerate(messages)],
-            tools=[_tool_dict(t) for t in tools] or None,
-            add_generation_prompt=add_generation_prompt,
-            bos_token="",
-            eos_token=self.eos_token,
-        )
+        return self._template.render(**self._context(messages, tools, add_generation_prompt))
+
+    def render_ids(
+        self,
+        messages: Sequence[conversation.Message],
+        tools: Sequence[conversation.Tool],
+        *,
+        add_generation_prompt: bool,
+    ) -> array[int]:
+        """``encode_ids(render(...))``, the template's text encoded as it is written, where
+        the tokenizer is encoded in pieces (:meth:`SegmentEncoder.encode_chunks
+        <openforge_sidecar.policy.segments.SegmentEncoder.encode_chunks>`): the prompt's
+        whole text is never made, only each piece's (a 10 MB conversation's text is 10 MB
+        beside its messages and its IDs)."""
+        context = self._context(messages, tools, add_generation_prompt)
+        if self._segments is None:
+            return self.encode_ids(self._template.render(**context))
+        return self._segments.encode_chunks(self._template.generate(**context))
+
+    def _context(
+        self,
+        messages: Sequence[conversation.Message],
+        tools: Sequence[conversation.Tool],
+        add_generation_prompt: bool,
+    ) -> dict[str, Any]:
+        return {
+            "messages": [_message_dict(m, i) for i, m in enumerate(messages)],
+            "tools": [_tool_dict(t) for t in tools] or None,
+            "add_generation_prompt": add_generation_prompt,
+            "bos_token": "",
+            "eos_token": self.eos_token,
+        }
 
     def encode(self, text: str) -> list[int]:
         """Token IDs for ``text``; special tokens in it are recognised, none are added.

@@ -251,6 +251,10 @@ class CountingRenderer:
     def encode_ids(self, text: str) -> array[int]:
         return tiny().encode_ids(text)
 
+    def render_ids(self, messages, tools, *, add_generation_prompt):  # type: ignore[no-untyped-def]
+        self.renders += 1
+        return tiny().render_ids(messages, tools, add_generation_prompt=add_generation_prompt)
+
 
 def continued(
     echo: cv.Message, reply: cv.Message = REPLY

@@ -6,6 +6,7 @@ so that eviction is exercised too, and the cases where pieces are refused.
 
 from __future__ import annotations
 
+import itertools
 import tracemalloc
 from typing import Any
 
@@ -68,6 +69,29 @@ def test_pieces_give_the_ids_of_the_whole_text(texts: list[list[str]]) -> None:
         assert small.encode(text) == expected
         assert batched.encode(text) == expected
         assert encoder.encode(text) == expected  # again, from the cache
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(st.sampled_from(SPECIALS + PIECES + ["word " * 6]), max_size=30),
+    st.lists(st.integers(0, 400), max_size=10),
+)
+def test_chunks_give_the_ids_of_their_text_however_it_is_cut(
+    parts: list[str], cuts: list[int]
+) -> None:
+    """A chat template writes its text in chunks cut anywhere: inside a piece, inside a
+    cut token, at its edges, several chunks to one token."""
+    encoder = segments.SegmentEncoder.for_tokenizer(WHOLE, whole)
+    assert encoder is not None
+    text = "".join(parts)
+    bounds = [0, *sorted(c % (len(text) + 1) for c in cuts), len(text)]
+    chunks = [text[a:b] for a, b in itertools.pairwise(bounds)]
+    expected = whole([text])[0]
+    assert encoder.encode_chunks(chunks).tolist() == expected
+    small = segments.SegmentEncoder(
+        whole, encoder._ids, max_cached_chars=16, max_piece_chars=8, batch_chars=4
+    )
+    assert small.encode_chunks(iter(chunks)).tolist() == expected
 
 
 @settings(max_examples=200, deadline=None)

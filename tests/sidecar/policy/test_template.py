@@ -5,7 +5,9 @@ from __future__ import annotations
 import functools
 import http.server
 import json
+import tracemalloc
 from collections.abc import Iterator
+from pathlib import Path
 
 import local_http
 import pytest
@@ -13,6 +15,7 @@ import tiny_policy
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from openforge import chat_template
+from openforge.wire import codecs
 from openforge.wire import conversation as cv
 from openforge_sidecar.policy import template
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -91,6 +94,50 @@ def test_render_full_conversation_exactly() -> None:
         "<|im_start|>assistant\n"
     )
     assert tiny().render(messages, [SHELL], add_generation_prompt=True) == expected
+
+
+HARNESS_REQUESTS = Path(__file__).resolve().parents[2] / "fixtures" / "harness_requests"
+RECORDED = [
+    (
+        folder.name,
+        entry["file"],
+        entry["path"] + (f"?{entry['query']}" if entry.get("query") else ""),
+    )
+    for folder in sorted(HARNESS_REQUESTS.iterdir())
+    for entry in json.loads((folder / "index.json").read_text())
+]
+
+
+@pytest.mark.parametrize(("harness", "file", "path"), RECORDED)
+def test_render_ids_are_the_ids_of_the_rendered_text(harness: str, file: str, path: str) -> None:
+    """Real harnesses' requests (system prompts of 20 K characters, tools, tool calls):
+    the template's text encoded as it is written is the IDs of the text."""
+    codec = codecs.for_path(path)
+    assert codec is not None, path
+    request = codec.parse_request((HARNESS_REQUESTS / harness / file).read_bytes())
+    whole = tiny().encode_ids(
+        tiny().render(request.messages, request.tools, add_generation_prompt=True)
+    )
+    assert tiny().render_ids(request.messages, request.tools, add_generation_prompt=True) == whole
+
+
+def test_render_ids_never_hold_the_prompts_whole_text() -> None:
+    """A conversation of 1,000 turns: rendered whole, its text (and the template's
+    pieces of it) were held beside the messages and the IDs; written piece by piece,
+    what is held beyond the IDs is a batch."""
+    turns = [
+        cv.Message(("user", "assistant")[i % 2], (cv.TextPart(f"turn {i} " + "word " * 398),))
+        for i in range(1_001)
+    ]
+    text = tiny().render(turns, (), add_generation_prompt=True)
+    tracemalloc.start()
+    try:
+        ids = tiny().render_ids(turns, (), add_generation_prompt=True)
+        kept, peak = tracemalloc.get_traced_memory()  # kept: the IDs, the pieces cached
+    finally:
+        tracemalloc.stop()
+    assert ids == tiny().encode_ids(text)
+    assert peak - kept < len(text) / 4, (peak, kept, len(text))  # rendered whole: ~len(text)
 
 
 def test_render_without_tools_has_no_default_system() -> None:
