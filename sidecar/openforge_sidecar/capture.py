@@ -513,6 +513,7 @@ class Capture:
             # keys (so it does not render them ahead for the next call), and nothing
             # after needs them.
             call.request = dataclasses.replace(call.request, messages=())
+            return_freed_memory()  # their text, before the engine's request is built
         prompt = stored.loaded(plan.prompt_ids)  # just planned: in memory
         body = engine.completion_body(
             model=ctx.options.openforge_engine_model or self._engine_model,
