@@ -16,7 +16,6 @@ the error the real API would give. Every outcome is counted in ``stats``.
 from __future__ import annotations
 
 import asyncio
-import ctypes
 import dataclasses
 import functools
 import gc
@@ -39,7 +38,7 @@ from openforge.wire import codecs, conversation
 from openforge.wire.codecs import Codec
 from openforge.wire.codecs.errors import CodecError
 
-from openforge_sidecar import relay, tee, upstream
+from openforge_sidecar import memory, relay, tee, upstream
 from openforge_sidecar.policy import engine, history, signatures, stored, template
 from openforge_sidecar.recording import recorder, records, redact
 
@@ -236,7 +235,7 @@ class Capture:
     async def running(self) -> None:
         opts = ctx.options
         self._loop = asyncio.get_running_loop()
-        map_large_buffers()
+        memory.map_large_buffers()
         directory = Path(opts.openforge_spool)
         if opts.openforge_collector_token_file:
             self._collector_token = Path(opts.openforge_collector_token_file).read_text().strip()
@@ -513,7 +512,7 @@ class Capture:
             # keys (so it does not render them ahead for the next call), and nothing
             # after needs them.
             call.request = dataclasses.replace(call.request, messages=())
-            return_freed_memory()  # their text, before the engine's request is built
+            memory.return_freed_memory()  # their text, before the engine's request is built
         prompt = stored.loaded(plan.prompt_ids)  # just planned: in memory
         body = engine.completion_body(
             model=ctx.options.openforge_engine_model or self._engine_model,
@@ -811,7 +810,7 @@ class Capture:
         def trim() -> None:
             self._trim = None
             gc.collect()
-            return_freed_memory()
+            memory.return_freed_memory()
 
         self._trim = asyncio.get_running_loop().call_later(TRIM_DELAY_S, trim)
 
@@ -870,7 +869,7 @@ class Capture:
                     spill=Path(opts.openforge_spool) / records.STASH_DIRECTORY / "heads",
                 )
                 self._tokenizer = tokenizer
-                return_freed_memory()
+                memory.return_freed_memory()
             return self._tokenizer
 
     def _reread_served_model(self, reason: str) -> None:
@@ -1109,44 +1108,6 @@ def _teeing(call: _Call) -> Any:
         return watcher(data) if watcher is not None else data
 
     return stream
-
-
-def return_freed_memory() -> None:
-    """Hand memory freed by the C allocator back to the OS (glibc's ``malloc_trim``).
-
-    Loading a real policy tokenizer allocates about twice what it keeps: for a
-    150k-token vocabulary ~104 MB more resident while parsing, of which glibc
-    keeps ~56 MB for reuse after the parse, resident, until trimmed. Without
-    glibc (musl) there is nothing to call and nothing is done.
-    """
-    try:
-        trim = ctypes.CDLL(None).malloc_trim
-    except (OSError, AttributeError):
-        return
-    trim(0)
-
-
-#: glibc's ``mallopt`` parameter for the size from which an allocation is its own mapping.
-_M_MMAP_THRESHOLD = -3
-#: Buffers at least this large get mappings of their own, given back to the OS when freed.
-MMAP_THRESHOLD_BYTES = 256 * 1024
-
-
-def map_large_buffers() -> None:
-    """Keep large buffers out of the C heap, so that freeing one gives its memory back.
-
-    glibc maps a buffer over 128 KB apart and unmaps it when freed, but raises
-    that threshold to the size of every mapped buffer freed (up to 32 MB): after
-    one large call, the next large call's buffers (bodies, rendered prompts, token
-    arrays) come from the heap, where what is freed stays resident, fragmented,
-    beyond what ``malloc_trim`` gives back (some 50 MB after a 10 MB call). Fixing
-    the threshold stops that. Without glibc nothing is done.
-    """
-    try:
-        mallopt = ctypes.CDLL(None).mallopt
-    except (OSError, AttributeError):
-        return
-    mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES)
 
 
 @dataclass(frozen=True, slots=True)

@@ -32,6 +32,7 @@ import grpc
 from openforge.trajectory import channel
 from openforge.trajectory.v1 import trajectory_pb2, trajectory_pb2_grpc
 
+from openforge_sidecar import memory
 from openforge_sidecar.recording import records
 from openforge_sidecar.recording import spool as spool_module
 
@@ -42,6 +43,9 @@ Record = Any  # trajectory_pb2.Record
 
 #: A batch read from the spool stops at this many bytes of records.
 BATCH_BYTES = 8 * 1024 * 1024
+#: Frames over this many bytes in all come from a large call: freed memory is handed back
+#: before they are sent (see :meth:`Exporter._send`).
+LARGE_BATCH_BYTES = 1024 * 1024
 _PUSH = "/{}/Push".format(trajectory_pb2.DESCRIPTOR.services_by_name["TrajectoryService"].full_name)
 
 
@@ -309,6 +313,10 @@ class Exporter:
             if not frames:
                 await self._wake.wait()
                 continue
+            if sum(len(payload) for _, payload in frames) > LARGE_BATCH_BYTES:
+                # gRPC copies each frame: what the large call that made them freed goes
+                # back to the OS first, not kept resident beside the copies
+                memory.return_freed_memory()
             cursor = await self._write(call, frames)
             del frames  # not held while the next ones are read
 
