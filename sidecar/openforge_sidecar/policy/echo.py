@@ -30,8 +30,16 @@ from openforge_sidecar.policy import stored
 _KEY = b'"prompt_token_ids"'
 _SPACES = frozenset(b" \t\r\n")
 _COLON, _OPEN, _CLOSE = ord(":"), ord("["), b"]"
+#: The key's own bytes, one at a time (an end of a read that has none cannot begin it).
+_KEY_BYTES = frozenset(_KEY[i : i + 1] for i in range(len(_KEY)))
+#: What opens the list after the key; and what may still open it when a read ends.
+_OPENING = re.compile(rb"[ \t\r\n]*:[ \t\r\n]*\[")
+_OPENING_SO_FAR = re.compile(rb"[ \t\r\n]*(?::[ \t\r\n]*)?")
 #: Bytes of the list read at a time (a non-streamed answer comes as one read).
 PIECE = 64 * 1024
+#: A list shorter than this (bytes), whole in one read, is left in place: the JSON
+#: parser reads a few thousand IDs faster than this module does.
+MIN_CUT = 64 * 1024
 #: The most bytes one ID (with the spaces around it) may take.
 _MAX_ID_BYTES = 64
 _ID_RUN = re.compile(rb"[0-9, \t]*")
@@ -97,10 +105,12 @@ class _State(Enum):
 
 class EchoCutter:
     """Feed the engine's stream; get it back with echoed prompt IDs cut out, each list's
-    IDs given to a sink of its own (``sink`` makes them)."""
+    IDs given to a sink of its own (``sink`` makes them). A list under ``min_cut`` bytes
+    that a read holds whole is left as it is (no sink: :meth:`take` has none for it)."""
 
-    def __init__(self, sink: Callable[[], Sink] = Collected) -> None:
+    def __init__(self, sink: Callable[[], Sink] = Collected, *, min_cut: int = MIN_CUT) -> None:
         self._make_sink = sink
+        self._min_cut = min_cut
         self._sink = sink()
         self._state = _State.SCAN
         self._held = b""  # the end of a read that may start the key, or an ID cut in two
@@ -113,6 +123,14 @@ class EchoCutter:
     def feed(self, data: bytes) -> bytes:
         """``data`` as the stream goes on, with the lists' contents cut (some bytes may be
         held back until the next read shows they start the key or end an ID)."""
+        if (
+            self._state is _State.SCAN
+            and not self._held
+            and _KEY not in data
+            and data[-1:] not in _KEY_BYTES
+        ):  # a token's event, as nearly every read is: nothing to cut or hold
+            self._offset += len(data)
+            return data
         start = self._offset - len(self._held)  # where `data` below starts in the stream
         self._offset += len(data)
         if self._held:
@@ -136,16 +154,31 @@ class EchoCutter:
         return self._cut.popleft() if self._cut else None
 
     def _scan(self, data: bytes, position: int, *, out: list[bytes]) -> int:
-        found = data.find(_KEY, position)
-        if found < 0:
-            keep = _key_start(data, position)
-            out.append(data[position:keep] if position or keep < len(data) else data)
-            self._held = data[keep:]
-            return len(data)
-        end = found + len(_KEY)
-        out.append(data[position:end])
-        self._state, self._colon = _State.KEY, False
-        return end
+        """Pass ``data[position:]`` on up to a list to cut (then read it: IDS), or to the
+        end (then hold back what may begin the key). The key followed by no list (vLLM's
+        ``"prompt_token_ids": null`` in every chunk after the first) is passed at once."""
+        search = position
+        while (found := data.find(_KEY, search)) >= 0:
+            end = found + len(_KEY)
+            opening = _OPENING.match(data, end)
+            if opening is not None and self._min_cut:
+                close = data.find(_CLOSE, opening.end(), opening.end() + self._min_cut)
+                if close >= 0:  # short, and whole in this read: the JSON parser reads it
+                    search = close
+                    continue
+            if opening is not None:  # the list: passed up to its "[", then read
+                out.append(data[position : opening.end()])
+                self._state, self._sink, self._first = _State.IDS, self._make_sink(), True
+                return opening.end()
+            if _OPENING_SO_FAR.fullmatch(data, end):  # the read ends before it is known
+                out.append(data[position:end])
+                self._state, self._colon = _State.KEY, False
+                return end
+            search = end
+        keep = _key_start(data, search)
+        out.append(data[position:keep] if position or keep < len(data) else data)
+        self._held = data[keep:]
+        return len(data)
 
     def _after_key(self, data: bytes, position: int, *, out: list[bytes]) -> int:
         """Past the key: spaces, ":", spaces, "[" open the list; anything else was the
@@ -221,6 +254,8 @@ class EchoCutter:
 def _key_start(data: bytes, position: int) -> int:
     """Where the longest end of ``data[position:]`` that could begin the key starts (its
     length if none)."""
+    if data[-1:] not in _KEY_BYTES:  # an event's "\n", as nearly every read ends
+        return len(data)
     earliest = max(position, len(data) - len(_KEY) + 1)
     at = data.find(b'"', earliest)
     while at >= 0:
