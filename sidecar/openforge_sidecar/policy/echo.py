@@ -35,6 +35,8 @@ _KEY_BYTES = frozenset(_KEY[i : i + 1] for i in range(len(_KEY)))
 #: What opens the list after the key; and what may still open it when a read ends.
 _OPENING = re.compile(rb"[ \t\r\n]*:[ \t\r\n]*\[")
 _OPENING_SO_FAR = re.compile(rb"[ \t\r\n]*(?::[ \t\r\n]*)?")
+#: The key as a key (a colon after it), not the word as a value.
+_COLON_AFTER = re.compile(rb"[ \t\r\n]*:")
 #: Bytes of the list read at a time (a non-streamed answer comes as one read).
 PIECE = 64 * 1024
 #: A list shorter than this (bytes), whole in one read, is left in place: the JSON
@@ -100,13 +102,16 @@ class _State(Enum):
     SCAN = "scan"  # looking for the key
     KEY = "key"  # after the key, before its list (":" and "[")
     IDS = "ids"  # inside the list
-    BROKEN = "broken"  # an error: the rest passes as it is
+    PASS = "pass"  # the key was met, or an error: the rest passes as it is
 
 
 class EchoCutter:
-    """Feed the engine's stream; get it back with echoed prompt IDs cut out, each list's
-    IDs given to a sink of its own (``sink`` makes them). A list under ``min_cut`` bytes
-    that a read holds whole is left as it is (no sink: :meth:`take` has none for it)."""
+    """Feed the engine's stream; get it back with its echo of the prompt IDs cut out, the
+    IDs given to a sink (``sink`` makes it). Only the key's first appearance is looked
+    at, as engines echo once, in their first chunk (vLLM's later chunks say ``null``);
+    the rest of the stream passes as it is, costing a token's event one state check.
+    A list under ``min_cut`` bytes that a read holds whole is left as it is too (then
+    :meth:`take` has no sink for it)."""
 
     def __init__(self, sink: Callable[[], Sink] = Collected, *, min_cut: int = MIN_CUT) -> None:
         self._make_sink = sink
@@ -123,12 +128,12 @@ class EchoCutter:
     def feed(self, data: bytes) -> bytes:
         """``data`` as the stream goes on, with the lists' contents cut (some bytes may be
         held back until the next read shows they start the key or end an ID)."""
-        if (
+        if self._state is _State.PASS or (
             self._state is _State.SCAN
             and not self._held
             and _KEY not in data
             and data[-1:] not in _KEY_BYTES
-        ):  # a token's event, as nearly every read is: nothing to cut or hold
+        ):  # nothing to cut or hold
             self._offset += len(data)
             return data
         start = self._offset - len(self._held)  # where `data` below starts in the stream
@@ -161,20 +166,24 @@ class EchoCutter:
         while (found := data.find(_KEY, search)) >= 0:
             end = found + len(_KEY)
             opening = _OPENING.match(data, end)
-            if opening is not None and self._min_cut:
-                close = data.find(_CLOSE, opening.end(), opening.end() + self._min_cut)
-                if close >= 0:  # short, and whole in this read: the JSON parser reads it
-                    search = close
-                    continue
-            if opening is not None:  # the list: passed up to its "[", then read
+            short = (
+                opening is not None
+                and self._min_cut > 0
+                and data.find(_CLOSE, opening.end(), opening.end() + self._min_cut) >= 0
+            )  # and whole in this read: the JSON parser reads it
+            if opening is not None and not short:  # passed up to its "[", then read
                 out.append(data[position : opening.end()])
                 self._state, self._sink, self._first = _State.IDS, self._make_sink(), True
                 return opening.end()
-            if _OPENING_SO_FAR.fullmatch(data, end):  # the read ends before it is known
+            if not short and _OPENING_SO_FAR.fullmatch(data, end):  # the read ends first
                 out.append(data[position:end])
                 self._state, self._colon = _State.KEY, False
                 return end
-            search = end
+            if short or _COLON_AFTER.match(data, end):  # not a list to cut: no more looked at
+                out.append(data[position:] if position else data)
+                self._state = _State.PASS
+                return len(data)
+            search = end  # the word as a value (``"text":"prompt_token_ids"``)
         keep = _key_start(data, search)
         out.append(data[position:keep] if position or keep < len(data) else data)
         self._held = data[keep:]
@@ -188,8 +197,8 @@ class EchoCutter:
             self._colon = self._colon or byte == _COLON
         elif byte == _OPEN and self._colon:
             self._state, self._sink, self._first = _State.IDS, self._make_sink(), True
-        else:
-            self._state = _State.SCAN
+        else:  # after its ":", no list (``null``): no more looked at; else the word
+            self._state = _State.PASS if self._colon else _State.SCAN
             return position
         out.append(data[position : position + 1])
         return position + 1
@@ -218,8 +227,8 @@ class EchoCutter:
         if end < 0:
             return stop if stop < len(data) else len(data)
         self._cut.append(self._sink)
-        self._state = _State.SCAN
-        return end  # the "]" is scanned on and passed
+        self._state = _State.PASS
+        return end  # the "]" and the rest are passed
 
     def _take_run(self, run: bytes, *, closed: bool) -> tuple[int, str] | None:
         """Add the IDs of ``run`` (whole IDs, each followed by a comma unless ``closed``
@@ -246,7 +255,7 @@ class EchoCutter:
     def _fail(self, data: bytes, where: tuple[int, int], what: str, *, out: list[bytes]) -> int:
         position, start = where
         self.error = f"engine's prompt_token_ids: {what} at byte {start + position} of its stream"
-        self._state, self._held = _State.BROKEN, b""
+        self._state, self._held = _State.PASS, b""
         out.append(data[position:])
         return len(data)
 
