@@ -64,7 +64,10 @@ def one(
     stream: bool,
     export: bool,
     shape: str = "one",
+    launcher: tuple[str, ...] | None = None,
 ) -> dict[str, Any]:
+    """One large call through a fresh sidecar (``tree``: another checkout's; ``launcher``:
+    what runs this checkout's CLI, see ``memory_phases.py``)."""
     with servers.Servers(workdir) as procs:
         port = servers.free_port()
         argv = [
@@ -79,7 +82,9 @@ def one(
         engine = procs.start("engine", argv, port)
         collector = procs.collector() if export else None
         sidecar = (
-            procs.sidecar(engine, collector=collector)
+            procs.sidecar(
+                engine, collector=collector, **({"launcher": launcher} if launcher else {})
+            )
             if tree is None
             else procs.sidecar_of(tree, engine, "other", collector=collector)
         )

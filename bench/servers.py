@@ -132,13 +132,18 @@ class Servers:
         ]  # fmt: skip
         return self.start(f"collector{tag}", argv, port)
 
-    def sidecar(self, engine: Server, *, collector: Server | None = None) -> Server:
+    def sidecar(
+        self,
+        engine: Server,
+        *,
+        collector: Server | None = None,
+        launcher: tuple[str, ...] = (sys.executable, "-m", "openforge.cli"),
+    ) -> Server:
+        """``openforge sidecar`` of this checkout (``launcher``: what runs the CLI)."""
         port = free_port()
         spool = self.workdir / "spool"
         argv = [
-            sys.executable,
-            "-m",
-            "openforge.cli",
+            *launcher,
             "sidecar",
             "--listen",
             f"127.0.0.1:{port}",

@@ -215,15 +215,16 @@ class EchoCutter:
             tail = run[last:]
             if stop == len(data):
                 if len(tail) > _MAX_ID_BYTES:
-                    return self._fail(data, (position + last, start), "an ID too long", out=out)
+                    where = (position + last, start)
+                    return self._fail(data, where, what="an ID too long", out=out)
                 self._held, run = tail, run[:last]
             elif last == 0:
-                return self._fail(data, (position, start), "an ID too long", out=out)
+                return self._fail(data, (position, start), what="an ID too long", out=out)
             else:
                 run, stop = run[:last], position + last
         problem = self._take_run(run, closed=end >= 0)
         if problem is not None:
-            return self._fail(data, (position + problem[0], start), problem[1], out=out)
+            return self._fail(data, (position + problem[0], start), what=problem[1], out=out)
         if end < 0:
             return stop if stop < len(data) else len(data)
         self._cut.append(self._sink)
@@ -252,7 +253,7 @@ class EchoCutter:
         self._first = self._first and not pieces
         return None
 
-    def _fail(self, data: bytes, where: tuple[int, int], what: str, *, out: list[bytes]) -> int:
+    def _fail(self, data: bytes, where: tuple[int, int], *, what: str, out: list[bytes]) -> int:
         position, start = where
         self.error = f"engine's prompt_token_ids: {what} at byte {start + position} of its stream"
         self._state, self._held = _State.PASS, b""

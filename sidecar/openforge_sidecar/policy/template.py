@@ -92,7 +92,8 @@ class PolicyTokenizer:
         add_generation_prompt: bool,
     ) -> str:
         """The prompt text for a conversation, exactly as the chat template writes it."""
-        return self._template.render(**self._context(messages, tools, add_generation_prompt))
+        context = self._context(messages, tools, add_generation_prompt=add_generation_prompt)
+        return self._template.render(**context)
 
     def render_ids(
         self,
@@ -106,7 +107,7 @@ class PolicyTokenizer:
         (``SegmentEncoder.encode_chunks``): a long prompt's whole text is never made,
         only each piece's (a 10 MB conversation's text is 10 MB beside its messages
         and its IDs)."""
-        context = self._context(messages, tools, add_generation_prompt)
+        context = self._context(messages, tools, add_generation_prompt=add_generation_prompt)
         if self._segments is None:
             return self.encode_ids(self._template.render(**context))
         chunks = self._template.generate(**context)
@@ -124,6 +125,7 @@ class PolicyTokenizer:
         self,
         messages: Sequence[conversation.Message],
         tools: Sequence[conversation.Tool],
+        *,
         add_generation_prompt: bool,
     ) -> dict[str, Any]:
         return {
