@@ -3,7 +3,6 @@ from __future__ import annotations
 import itertools
 import json
 import re
-import tracemalloc
 from array import array
 from pathlib import Path
 
@@ -12,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from openforge.wire import sse
 from openforge_sidecar.policy import echo, engine, stored
+from traced import traced
 
 _IDS = [(i * 7919) % 150000 for i in range(60_000)]
 _LIST = re.compile(rb'("prompt_token_ids"\s*:\s*\[)[^\]]*\]')
@@ -147,12 +147,8 @@ def test_only_a_read_of_the_echo_is_held_at_a_time() -> None:
     stream = _stream("[" + ",".join(map(str, ids)) + "]")
     reads = [stream[i : i + 65_536] for i in range(0, len(stream), 65_536)]
     cutter = echo.EchoCutter(min_cut=0)
-    tracemalloc.start()
-    try:
-        out = [cutter.feed(r) for r in reads]
-        _, peak = tracemalloc.get_traced_memory()
-    finally:
-        tracemalloc.stop()
+    fed = traced(lambda: [cutter.feed(r) for r in reads])
+    out, peak = fed.value, fed.peak
     taken = cutter.take()
     assert isinstance(taken, echo.Collected) and taken.ids == ids and sum(map(len, out)) < 400
     assert peak < ids.itemsize * len(ids) * 1.2 + 1024 * 1024, peak
@@ -162,12 +158,8 @@ def test_a_whole_answer_in_one_read_is_cut_without_a_copy_of_the_echo() -> None:
     ids = array("i", ((i * 7919) % 150_000 for i in range(300_000)))
     stream = _stream("[" + ",".join(map(str, ids)) + "]")
     cutter = echo.EchoCutter(min_cut=0)
-    tracemalloc.start()
-    try:
-        out = cutter.feed(stream)
-        _, peak = tracemalloc.get_traced_memory()
-    finally:
-        tracemalloc.stop()
+    fed = traced(lambda: cutter.feed(stream))
+    out, peak = fed.value, fed.peak
     taken = cutter.take()
     assert isinstance(taken, echo.Collected) and taken.ids == ids and len(out) < 400
     assert peak < ids.itemsize * len(ids) * 1.2 + 1024 * 1024, peak

@@ -7,7 +7,6 @@ so that eviction is exercised too, and the cases where pieces are refused.
 from __future__ import annotations
 
 import itertools
-import tracemalloc
 from typing import Any
 
 import tiny_policy
@@ -15,6 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from openforge_sidecar.policy import segments
 from tokenizers import AddedToken, Tokenizer, models, pre_tokenizers
+from traced import traced
 
 POLICY = tiny_policy.load()
 WHOLE = POLICY._tokenizer
@@ -222,11 +222,7 @@ def test_a_long_piece_is_encoded_where_it_lies_with_no_copy_of_it() -> None:
     encoder = segments.SegmentEncoder.for_tokenizer(WHOLE, whole)
     assert encoder is not None
     text = "<|im_start|>user\n" + "Some words, and 42 more words. " * 340_000 + "<|im_end|>"
-    tracemalloc.start()
-    try:
-        ids = encoder.encode_ids(text)
-        _, peak = tracemalloc.get_traced_memory()
-    finally:
-        tracemalloc.stop()
+    encoded = traced(lambda: encoder.encode_ids(text))
+    ids, peak = encoded.value, encoded.peak
     assert ids.tolist() == whole([text])[0]
     assert peak < len(ids) * ids.itemsize + len(text) // 2

@@ -5,7 +5,6 @@ from __future__ import annotations
 import functools
 import http.server
 import json
-import tracemalloc
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,6 +18,7 @@ from openforge.wire import codecs
 from openforge.wire import conversation as cv
 from openforge_sidecar.policy import template
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from traced import traced
 
 TINY = tiny_policy.DIR
 
@@ -133,12 +133,8 @@ def test_render_ids_never_hold_the_prompts_whole_text() -> None:
         for i in range(1_001)
     ]
     text = tiny().render(turns, (), add_generation_prompt=True)
-    tracemalloc.start()
-    try:
-        ids = tiny().render_ids(turns, (), add_generation_prompt=True)
-        kept, peak = tracemalloc.get_traced_memory()  # kept: the IDs, the pieces cached
-    finally:
-        tracemalloc.stop()
+    rendered = traced(lambda: tiny().render_ids(turns, (), add_generation_prompt=True))
+    ids, kept, peak = rendered.value, rendered.kept, rendered.peak  # kept: IDs, pieces cached
     assert ids == tiny().encode_ids(text)
     assert peak - kept < len(text) / 4, (peak, kept, len(text))  # rendered whole: ~len(text)
 

@@ -1,6 +1,5 @@
 from __future__ import annotations
 
-import tracemalloc
 from array import array
 from pathlib import Path
 
@@ -8,6 +7,7 @@ import pytest
 from openforge.trajectory.v1 import trajectory_pb2 as pb
 from openforge.wire import conversation
 from openforge_sidecar.recording import records, spool
+from traced import traced
 
 
 def a_call(*, prompt: int, request: bytes, completion: int = 3) -> records.CallRecord:
@@ -64,12 +64,7 @@ def test_spooling_a_large_call_copies_neither_its_request_nor_its_prompt(tmp_pat
     again, and its serialization a third time, while it was written."""
     record = a_call(prompt=2_000_000, request=b"z" * (10 * 1024 * 1024))
     with spool.Spool(tmp_path) as s:
-        tracemalloc.start()
-        try:
-            s.append([record])
-            _, peak = tracemalloc.get_traced_memory()
-        finally:
-            tracemalloc.stop()
+        peak = traced(lambda: s.append([record])).peak
     assert peak < 4 * 1024 * 1024
 
 
