@@ -512,7 +512,6 @@ class Capture:
             # keys (so it does not render them ahead for the next call), and nothing
             # after needs them.
             call.request = dataclasses.replace(call.request, messages=())
-            memory.return_freed_memory()  # their text, before the engine's request is built
         prompt = stored.loaded(plan.prompt_ids)  # just planned: in memory
         body = engine.completion_body(
             model=ctx.options.openforge_engine_model or self._engine_model,
@@ -628,6 +627,13 @@ class Capture:
             if result.echo_matches is False:  # compared as it came (see policy.echo)
                 call.notes.append("engine echoed different prompt_token_ids")
                 self.stats["prompt_mismatch"] += 1
+            elif result.echo_unread is not None:
+                self.stats["echo_unchecked"] += 1
+                log.warning(
+                    "call %d: the engine's echo was not compared: %s",
+                    call.index,
+                    result.echo_unread,
+                )
             if (
                 self._history is not None
                 and call.plan is not None

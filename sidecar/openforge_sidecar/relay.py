@@ -14,6 +14,7 @@ is done.
 from __future__ import annotations
 
 import time
+from array import array
 from collections.abc import Callable
 
 from openforge.wire import conversation, fastjson, sse
@@ -65,7 +66,8 @@ class Relay:
         self.token_ids: list[int] = []
         self.logprobs: list[float] = []
         self.engine_finish_reason: str | None = None
-        self.echo_matches: bool | None = None  # None: the engine echoed no prompt
+        self.echo_matches: bool | None = None  # None: no echo, or not compared
+        self.echo_unread: str | None = None  # why the echo could not be compared
         self.error: str | None = None
         self.done = False
         self.first_output_at: float | None = None
@@ -124,13 +126,8 @@ class Relay:
         return self(stream) + self(b"")
 
     def _take(self, chunk: engine.EngineChunk) -> bytes:
-        if chunk.prompt_token_ids is not None:  # emptied where the cutter read them
-            cut = self._echo.take()
-            self.echo_matches = (
-                cut.equal
-                if isinstance(cut, echo.Compared)
-                else stored.same(chunk.prompt_token_ids, self._prompt_ids)
-            )
+        if chunk.prompt_token_ids is not None and self._echo.error is None:
+            self._check_echo(chunk.prompt_token_ids)
         if chunk.finish_reason is not None:
             self.engine_finish_reason = chunk.finish_reason
         if not chunk.token_ids:
@@ -145,6 +142,20 @@ class Relay:
         else:
             text = "".join(push(t) for t in ids if t not in stops)
         return self._encode(self._parser.feed(text))
+
+    def _check_echo(self, parsed: array[int]) -> None:
+        """Whether the engine's echo is the planned prompt: as the cutter compared it, or
+        (a short echo left in the chunk) as parsed; unknown when the planned IDs could
+        not be read (their file gone), which must not fail the harness's answer."""
+        cut = self._echo.take()
+        if isinstance(cut, echo.Compared):
+            self.echo_matches = cut.equal if cut.unread is None else None
+            self.echo_unread = cut.unread
+            return
+        try:
+            self.echo_matches = stored.same(parsed, self._prompt_ids)
+        except OSError as exc:
+            self.echo_unread = f"the planned prompt's IDs could not be read: {exc}"
 
     def _encode(self, events: list[conversation.StreamEvent]) -> bytes:
         if self._sign is not None:

@@ -397,7 +397,7 @@ def test_a_large_prompt_echoed_by_the_engine_is_captured_token_exactly_streamed_
     procs: Any, tmp_path: Path
 ) -> None:
     """A prompt whose echo is far over 64 K characters: not streamed, the echo is cut from
-    the engine's answer bytes (``engine.cut_echo``); streamed, it arrives in many reads of
+    the engine's answer bytes (``policy.echo``); streamed, it arrives in many reads of
     one SSE line. Either way the call is stored token-exact, with the engine's own echo
     matching the planned prompt, and both answers say the same."""
     collector = procs.collector()

@@ -34,8 +34,11 @@ _JSON = st.recursive(
     | st.booleans()
     | st.integers(min_value=-(2**80), max_value=2**80)
     | st.floats()
-    | st.text(),
-    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(), inner, max_size=4),
+    | st.text(st.characters(exclude_categories=())),  # lone surrogates too
+    lambda inner: (
+        st.lists(inner, max_size=4)
+        | st.dictionaries(st.text(st.characters(exclude_categories=())), inner, max_size=4)
+    ),
     max_leaves=20,
 )
 
@@ -116,3 +119,8 @@ def test_dumps_bytes_holds_no_more_memory_than_its_length() -> None:
         tracemalloc.stop()
     assert len(kept) > 3000
     assert held < 2 * len(kept), f"{held} bytes held for {len(kept)} bytes of JSON"
+
+
+def test_text_with_a_lone_surrogate_is_read_as_the_stdlib_reads_it() -> None:
+    """msgspec encodes text to UTF-8 first, which a lone surrogate cannot be."""
+    assert fastjson.loads('{"a": "x\ud800"}') == {"a": "x\ud800"}

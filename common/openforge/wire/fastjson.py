@@ -24,7 +24,8 @@ _decode = msgspec.json.Decoder().decode
 def loads(data: bytes | str) -> Any:
     try:
         return _decode(data)
-    except (msgspec.DecodeError, RecursionError):  # ValidationError is a DecodeError
+    except (msgspec.DecodeError, RecursionError, UnicodeEncodeError):
+        # ValidationError is a DecodeError; text with a lone surrogate cannot be encoded
         return json.loads(data)
 
 

@@ -45,6 +45,8 @@ MIN_CUT = 64 * 1024
 #: The most bytes one ID (with the spaces around it) may take.
 _MAX_ID_BYTES = 64
 _ID_RUN = re.compile(rb"[0-9, \t]*")
+_ONE_ID = re.compile(rb"[ \t]*([0-9]+)[ \t]*")
+_MAX_ID = 2**31 - 1
 
 
 class Sink(Protocol):
@@ -64,7 +66,9 @@ class Collected:
 
 
 class Compared:
-    """Whether a list's IDs are ``expected``, compared as they come; none are kept."""
+    """Whether a list's IDs are ``expected``, compared as they come; none are kept. If the
+    expected IDs cannot be read (their file gone or cut short), ``unread`` says why and
+    nothing is compared (the relay must not fail the harness's stream for it)."""
 
     def __init__(self, expected: stored.Ids) -> None:
         self._count = len(expected)
@@ -72,14 +76,19 @@ class Compared:
         self._ahead: array[int] = array("i")  # expected IDs read, not yet compared
         self._seen = 0
         self._equal = True
+        self.unread: str | None = None
 
     def add(self, ids: array[int]) -> None:
         self._seen += len(ids)
-        if not self._equal or self._seen > self._count:
+        if not self._equal or self.unread is not None or self._seen > self._count:
             self._equal = False
             return
-        while len(self._ahead) < len(ids):
-            self._ahead.extend(next(self._expected))
+        try:
+            while len(self._ahead) < len(ids):
+                self._ahead.extend(next(self._expected))
+        except (OSError, StopIteration) as exc:
+            self.unread = f"the planned prompt's IDs could not be read: {exc or 'too few'}"
+            return
         if self._ahead[: len(ids)] != ids:
             self._equal = False
         del self._ahead[: len(ids)]
@@ -234,21 +243,19 @@ class EchoCutter:
     def _take_run(self, run: bytes, *, closed: bool) -> tuple[int, str] | None:
         """Add the IDs of ``run`` (whole IDs, each followed by a comma unless ``closed``
         ends the list); the offset in it and what is wrong, or None."""
-        bad = _ID_RUN.fullmatch(run)
-        if bad is None:
-            at = _ID_RUN.match(run)
-            return (at.end() if at else 0), "not a decimal ID"
         pieces = run.split(b",")
         if not closed:
             pieces.pop()  # the run ends with its comma
-        elif self._first and len(pieces) == 1 and not pieces[0].strip():
+        elif self._first and len(pieces) == 1 and not pieces[0].strip(b" \t"):
             return None  # an empty list
-        try:
-            ids = array("i", map(int, pieces))
-        except ValueError:
-            return run.find(b",") if run.strip() else 0, "an empty element"
-        except OverflowError:
-            return 0, "an ID over 2**31 - 1"
+        ids: array[int] = array("i")
+        if _ID_RUN.fullmatch(run) is not None:
+            try:
+                ids = array("i", map(int, pieces))
+            except (ValueError, OverflowError):
+                ids = array("i")
+        if len(ids) != len(pieces):  # something is wrong: find the first ID at fault
+            return _first_fault(pieces)
         self._sink.add(ids)
         self._first = self._first and not pieces
         return None
@@ -259,6 +266,27 @@ class EchoCutter:
         self._state, self._held = _State.PASS, b""
         out.append(data[position:])
         return len(data)
+
+
+def _first_fault(pieces: list[bytes]) -> tuple[int, str]:
+    """Where in their run (comma-joined) the first bad one of ``pieces`` is, and what is
+    wrong with it."""
+    offset = 0
+    for piece in pieces:
+        digits = _ONE_ID.fullmatch(piece)
+        if not piece.strip(b" \t"):
+            return offset, "an empty element"
+        if len(piece) > _MAX_ID_BYTES:
+            return offset, "an ID too long"
+        if digits is None:
+            at = offset + len(piece) - len(piece.lstrip(b" \t"))
+            while at < offset + len(piece) and piece[at - offset] in b"0123456789":
+                at += 1
+            return at, "not a decimal ID"
+        if int(digits.group(1)) > _MAX_ID:
+            return offset + digits.start(1), "an ID over 2**31 - 1"
+        offset += len(piece) + 1
+    return offset, "not a decimal ID"  # not reached: one of them is at fault
 
 
 def _key_start(data: bytes, position: int) -> int:

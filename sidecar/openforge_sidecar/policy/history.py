@@ -338,10 +338,12 @@ class TokenHistory:
                 return prompt.extended(path, completion)
             return stored.StoredIds.write(path, prompt + completion)
         except OSError as exc:
-            log.warning("a conversation's head stays in memory (%s)", exc)
             with contextlib.suppress(OSError):
                 path.unlink(missing_ok=True)
-            return stored.loaded(prompt) + completion
+            if isinstance(prompt, stored.StoredIds):
+                raise  # the prompt's own file is unreadable: there is no head to keep
+            log.warning("a conversation's head stays in memory (%s)", exc)
+            return prompt + completion
 
     def prerender(self) -> None:
         """Render the newest head now, ahead of the call that will continue it.

@@ -18,6 +18,8 @@ from typing import TypeAlias
 
 #: IDs are read back this many at a time.
 CHUNK = 64 * 1024
+#: Bytes of one ID in a file (a machine int, as ``array("i")`` writes it).
+_ITEM = array("i").itemsize
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,6 +68,9 @@ class StoredIds:
     def extended(self, path: Path, more: array[int]) -> StoredIds:
         """These IDs then ``more``, in a new file at ``path``: the file copied by the OS,
         none of it read in (its folder made if need be)."""
+        size = self.path.stat().st_size
+        if size != self.count * _ITEM:
+            raise OSError(f"{self.path} holds {size} bytes, not {self.count} IDs")
         path.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(self.path, path)
         with path.open("ab") as handle:

@@ -43,9 +43,9 @@ Record = Any  # trajectory_pb2.Record
 
 #: A batch read from the spool stops at this many bytes of records.
 BATCH_BYTES = 8 * 1024 * 1024
-#: Frames over this many bytes in all come from a large call: freed memory is handed back
-#: before they are sent (see :meth:`Exporter._send`).
-LARGE_BATCH_BYTES = 1024 * 1024
+#: A frame over this many bytes is a large call's record: freed memory is handed back
+#: before it is sent (see :meth:`Exporter._send`).
+LARGE_RECORD_BYTES = 1024 * 1024
 _PUSH = "/{}/Push".format(trajectory_pb2.DESCRIPTOR.services_by_name["TrajectoryService"].full_name)
 
 
@@ -313,10 +313,12 @@ class Exporter:
             if not frames:
                 await self._wake.wait()
                 continue
-            if sum(len(payload) for _, payload in frames) > LARGE_BATCH_BYTES:
-                # gRPC copies each frame: what the large call that made them freed goes
-                # back to the OS first, not kept resident beside the copies
-                memory.return_freed_memory()
+            if max(len(payload) for _, payload in frames) > LARGE_RECORD_BYTES:
+                # gRPC copies each frame: what the large call that made this one freed goes
+                # back to the OS first, not kept resident beside the copy. In a thread: on
+                # a large, fragmented heap a trim takes ~0.1 s, which the loop's streams
+                # must not wait for.
+                await asyncio.to_thread(memory.return_freed_memory)
             cursor = await self._write(call, frames)
             del frames  # not held while the next ones are read
 

@@ -110,34 +110,47 @@ def test_a_large_echo_reads_as_json_reads_it_whole_or_in_reads(stream: bytes) ->
 
 
 @pytest.mark.parametrize(
-    ("listed", "bad", "what"),
+    ("listed", "at", "what"),
     [
-        (json.dumps(_IDS)[:-1] + ', "x"]', '"x"', "not a decimal ID"),
+        (json.dumps(_IDS)[:-1] + ', "x"]', '"x"]', "not a decimal ID"),
         (json.dumps(_IDS)[:-1] + ", \u0661]", "\u0661", "not a decimal ID"),
-        (json.dumps(_IDS)[:-1] + ", -5]", "-5", "not a decimal ID"),
-        (json.dumps(_IDS)[:-1] + ", 9999999999999]", None, "over 2**31 - 1"),
-        ("[" + json.dumps(_IDS) + "]", "[", "not a decimal ID"),  # nested
-        (json.dumps(_IDS)[:-1] + ",, 5]", None, "an empty element"),
-        (json.dumps(_IDS)[:-1] + ",]", None, "an empty element"),
+        (json.dumps(_IDS)[:-1] + ", -5]", "-5]", "not a decimal ID"),
+        (json.dumps(_IDS)[:-1] + ", 1 2]", " 2]", "not a decimal ID"),
+        (json.dumps(_IDS)[:-1] + ", 9999999999999]", "9999999999999", "an ID over 2**31 - 1"),
+        ("[" + json.dumps(_IDS) + "]", "[0, 7919", "not a decimal ID"),  # nested
+        (json.dumps(_IDS)[:-1] + ",, 5]", ", 5]", "an empty element"),
+        (json.dumps(_IDS)[:-1] + ",]", "]}]}", "an empty element"),
         (json.dumps(_IDS).replace(", ", " ,\n "), "\n", "not a decimal ID"),  # spans lines
-        ("[" + "1" * 200 + "]", None, "an ID over 2**31 - 1"),
-        ("[" + "1" * 100_000 + "]", None, "an ID too long"),
+        ("[" + "1" * 200 + "]", "1" * 200, "an ID too long"),
+        ("[" + "1" * 100_000 + "]", "1" * 100_000, "an ID too long"),
     ],
 )
 def test_an_echo_that_is_not_a_flat_list_of_ids_is_an_error_naming_its_byte(
-    listed: str, bad: str | None, what: str
+    listed: str, at: str, what: str
 ) -> None:
+    """The byte named is the first of the ID at fault (the element after a comma, for
+    an empty one), however the reads cut the stream."""
     stream = _stream(listed)
-    for size in (len(stream), 4_099):
+    expected = stream.index(at.encode())
+    for size in (len(stream), 4_099, 100):
         cutter = echo.EchoCutter(min_cut=0)
         out = b"".join(cutter.feed(stream[i : i + size]) for i in range(0, len(stream), size))
-        assert cutter.error is not None and what in cutter.error, cutter.error
-        byte = int(re.search(r"at byte (\d+)", cutter.error).group(1))  # type: ignore[union-attr]
-        if bad is not None:
-            assert stream[byte:].startswith(bad.encode()), stream[byte - 10 : byte + 10]
-        else:
-            assert stream.find(b"[", stream.find(b'"prompt_token_ids"')) < byte < len(stream)
-        assert out.endswith(stream[byte:])  # the rest is passed on as it came
+        assert cutter.error == f"engine's prompt_token_ids: {what} at byte {expected} of its stream"
+        assert out.endswith(stream[expected:])  # the rest is passed on as it came
+        assert cutter.take() is None  # nothing compared or kept of a list at fault
+
+
+def test_when_the_planned_ids_cannot_be_read_nothing_is_compared(tmp_path: Path) -> None:
+    """A stashed prompt's file gone (or cut short) under the sidecar: the echo is read and
+    passed on, ``unread`` says why, and nothing raises into the harness's stream."""
+    planned = stored.StoredIds.write(tmp_path / "p.ids", array("i", _IDS))
+    planned.path.unlink()
+    cutter = echo.EchoCutter(lambda: echo.Compared(planned), min_cut=0)
+    out = b"".join(cutter.feed(r) for r in _reads(_stream(json.dumps(_IDS)), [5_000, 90_000]))
+    taken = cutter.take()
+    assert isinstance(taken, echo.Compared) and not taken.equal
+    assert taken.unread is not None and "p.ids" in taken.unread
+    assert cutter.error is None and len(out) < 400
 
 
 def test_only_a_read_of_the_echo_is_held_at_a_time() -> None:

@@ -377,6 +377,22 @@ def test_a_large_calls_head_is_copied_from_its_prompts_file_not_read_in(
     assert prompt.load() == stored.loaded(first.prompt_ids)
 
 
+def test_a_large_calls_prompt_file_gone_keeps_no_head_and_says_so(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The call's own prompt file gone before its end: no head is made of what is left
+    (it raises, which the capture addon counts as history_failed), none half-written."""
+    monkeypatch.setattr(history, "SPILL_TOKENS", 5)
+    tokens = history.TokenHistory(tiny(), spill=tmp_path / "heads")
+    first = tokens.plan(request(*BASE))
+    prompt = stored.StoredIds.write(tmp_path / "stash" / "0.ids", stored.loaded(first.prompt_ids))
+    prompt.path.unlink()
+    planned = dataclasses.replace(first, prompt_ids=prompt)
+    with pytest.raises(OSError):
+        tokens.record(request(*BASE), planned, reply=REPLY, completion_ids=[5, 6])
+    assert not tokens._heads and not list((tmp_path / "heads").glob("*"))
+
+
 def test_a_head_whose_file_is_gone_starts_a_segment_instead_of_failing_every_call(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

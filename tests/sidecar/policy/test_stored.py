@@ -44,3 +44,14 @@ def test_a_missing_or_short_file_is_an_oserror_for_whole_and_chunked_reads(tmp_p
     with pytest.raises(OSError):
         stored.StoredIds(tmp_path / "gone.ids", 1).load()
     assert stored.StoredIds(path, 0).load() == array("i")
+
+
+def test_an_extended_copy_of_a_file_cut_short_is_refused(tmp_path: Path) -> None:
+    ids = stored.StoredIds.write(tmp_path / "a.ids", array("i", range(10)))
+    with ids.path.open("r+b") as handle:
+        handle.truncate(8 * 4)
+    with pytest.raises(OSError, match="not 10 IDs"):
+        ids.extended(tmp_path / "b.ids", array("i", [1]))
+    whole = stored.StoredIds.write(tmp_path / "c.ids", array("i", range(10)))
+    longer = whole.extended(tmp_path / "d" / "e.ids", array("i", [7, 8]))
+    assert longer.load().tolist() == [*range(10), 7, 8] and whole.load().tolist() == [*range(10)]

@@ -32,3 +32,17 @@ def test_valid_text_near_the_surrogates_is_taken() -> None:
     text = "\ud7ff \ue000 한국어 😀"  # the code points either side of them, Hangul, a pair
     body = json.dumps({"content": text}, ensure_ascii=False).encode()
     assert fields.load_object(body) == {"content": text}
+
+
+@pytest.mark.parametrize("encoding", ["utf-16-le", "utf-16-be", "utf-32-le", "utf-16"])
+def test_a_body_not_in_utf8_is_refused_naming_its_encoding(encoding: str) -> None:
+    """JSON between systems is UTF-8 (RFC 8259); the stdlib's parser would read UTF-16
+    and UTF-32 too, and a surrogate in them would pass the UTF-8 checks."""
+    body = '{"messages": [{"content": "hi \\ud800"}]}'.encode(encoding)
+    with pytest.raises(CodecError, match="UTF-8") as raised:
+        fields.load_object(body)
+    assert "utf-16" in str(raised.value) or "utf-32" in str(raised.value)
+
+
+def test_a_byte_order_mark_before_utf8_is_taken() -> None:
+    assert fields.load_object(b"\xef\xbb\xbf" + b'{"a": 1}') == {"a": 1}

@@ -7,6 +7,7 @@ every bad value is reported with the JSON path at fault
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from typing import Any
@@ -28,6 +29,9 @@ def load_object(body: bytes) -> dict[str, Any]:
     character: such a string cannot be encoded, tokenized or stored, so it is
     refused here, naming the string's path, before anything reads the body.
     """
+    encoding = json.detect_encoding(body)
+    if encoding not in ("utf-8", "utf-8-sig"):  # the stdlib's parser would read it
+        raise CodecError(f"body must be JSON in UTF-8 (RFC 8259), not {encoding}")
     try:
         value = fastjson.loads(body)
     except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError
