@@ -21,7 +21,7 @@ from __future__ import annotations
 import re
 from array import array
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from enum import Enum
 from typing import Protocol
 
@@ -72,7 +72,7 @@ class Compared:
 
     def __init__(self, expected: stored.Ids) -> None:
         self._count = len(expected)
-        self._expected = _runs(expected)
+        self._expected = stored.chunks(expected)
         self._ahead: array[int] = array("i")  # expected IDs read, not yet compared
         self._seen = 0
         self._equal = True
@@ -97,14 +97,6 @@ class Compared:
     def equal(self) -> bool:
         """All the list's IDs were the expected ones, and none is missing."""
         return self._equal and self._seen == self._count
-
-
-def _runs(ids: stored.Ids) -> Iterator[array[int]]:
-    if isinstance(ids, stored.StoredIds):
-        yield from ids.chunks()
-    else:
-        for start in range(0, len(ids), stored.CHUNK):
-            yield ids[start : start + stored.CHUNK]
 
 
 class _State(Enum):

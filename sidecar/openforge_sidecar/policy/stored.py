@@ -85,6 +85,16 @@ class StoredIds:
 Ids: TypeAlias = "array[int] | StoredIds"
 
 
+def chunks(ids: Sequence[int] | StoredIds, size: int = CHUNK) -> Iterator[Sequence[int]]:
+    """The IDs, ``size`` at a time, from memory or from their file (OSError as
+    :meth:`StoredIds.chunks`)."""
+    if isinstance(ids, StoredIds):
+        yield from ids.chunks(size)
+    else:
+        for start in range(0, len(ids), size):
+            yield ids[start : start + size]
+
+
 def loaded(ids: Ids) -> array[int]:
     return ids.load() if isinstance(ids, StoredIds) else ids
 

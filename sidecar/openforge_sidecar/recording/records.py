@@ -222,16 +222,7 @@ class CallRecord:
 
     def _chunks(self) -> Iterator[pb.ModelCall]:
         """The prompt's IDs, a message of them at a time."""
-        ids = self.prompt_ids
-        pieces = (
-            ids.chunks(_IDS_PER_EXTEND)
-            if isinstance(ids, stored.StoredIds)
-            else (
-                ids[start : start + _IDS_PER_EXTEND]
-                for start in range(0, len(ids), _IDS_PER_EXTEND)
-            )
-        )
-        for piece in pieces:
+        for piece in stored.chunks(self.prompt_ids, _IDS_PER_EXTEND):
             chunk = pb.ModelCall()
             chunk.prompt_token_ids.extend(piece)
             yield chunk
