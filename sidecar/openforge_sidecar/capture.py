@@ -535,6 +535,10 @@ class Capture:
         flow.request.headers.fields = headers
         flow.request.content = body
         if large:
+            # sent as a view of itself: asyncio (3.11) copies what the socket does not take
+            # at once into its buffer, and a bytes body's rest would be sliced off (a copy)
+            # first: three times the body, not two, at the moment it is written
+            flow.request.data.content = memoryview(body)
             # and its prompt's IDs wait in a file until the call ends (see stash_ids)
             call.plan = dataclasses.replace(
                 plan, prompt_ids=self._recording().stash_ids(call.index, prompt)

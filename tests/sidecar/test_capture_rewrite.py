@@ -65,3 +65,43 @@ def test_a_request_the_sidecar_cannot_rewrite_is_refused_and_recorded(
     assert len(calls) == 1 and calls[0].http_status == 500 and "no body today" in calls[0].error
     assert calls[0].request_json == body
     assert not list((tmp_path / "spool" / "stash").glob("*.*"))
+
+
+@pytest.mark.parametrize("size", [100, 2 * 1024 * 1024])
+def test_a_large_calls_engine_request_is_sent_as_a_view_of_its_body(
+    engine: str, tmp_path: Path, size: int
+) -> None:
+    """asyncio (3.11) slices off what the socket does not take at once, then copies it
+    into its buffer: a large body sent as bytes was three copies at that moment, as a
+    view two. A small body stays bytes (nothing to gain, and mitmproxy's own code
+    expects bytes)."""
+    body = json.dumps(
+        {"model": "m", "messages": [{"role": "user", "content": "x " * size}]}
+    ).encode()
+
+    async def main() -> None:
+        addon = capture.Capture()
+        with taddons.context(addon) as tctx:
+            tctx.configure(
+                addon,
+                openforge_engine=engine,
+                openforge_tokenizer=str(tiny_policy.DIR),
+                openforge_spool=str(tmp_path / "spool"),
+            )
+            await addon.running()
+            flow = tflow.tflow(
+                req=tutils.treq(
+                    method=b"POST", path=b"/v1/chat/completions", content=body,
+                    headers=((b"content-type", b"application/json"),),
+                )
+            )  # fmt: skip
+            await addon.request(flow)
+            assert flow.response is None  # sent on to the engine
+            sent = flow.request.raw_content
+            assert isinstance(sent, memoryview if size > 1024 * 1024 else bytes)
+            assert flow.request.headers["content-length"] == str(len(sent))
+            prompt = json.loads(bytes(sent))["prompt"]
+            assert len(prompt) > size // 2  # the prompt's IDs, all of them
+            await addon.done()
+
+    asyncio.run(main())

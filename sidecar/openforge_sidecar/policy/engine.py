@@ -93,10 +93,11 @@ def completion_body(
     out = io.BytesIO()
     out.write(before)
     out.write(b'"prompt":[')
+    ids = memoryview(prompt_ids)  # a slice of it is not a copy
     for start in range(0, len(prompt_ids), _IDS_PER_CHUNK):
         if start:
             out.write(b",")
-        chunk = fastjson.dumps_line(prompt_ids[start : start + _IDS_PER_CHUNK].tolist())
+        chunk = fastjson.dumps_line(ids[start : start + _IDS_PER_CHUNK].tolist())
         out.write(memoryview(chunk)[1:-1])
     out.write(b"]")
     out.write(after)
