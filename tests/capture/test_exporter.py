@@ -13,6 +13,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import pytest
+from openforge.trajectory import channel
 from openforge.trajectory.v1 import trajectory_pb2
 from openforge_sidecar.recording import exporter, spool
 from openforge_trainer.collection import collector
@@ -417,3 +418,85 @@ def test_frames_are_sent_as_the_spool_holds_them_in_batches_of_bounded_size(
         assert batches == [[1, 2, 3, 4], [4], [5, 6]]  # a batch ends with its 300th byte
         assert asyncio.run(e._write(Call(), list(s.frames_after(0)))) == 6
         assert written == [payload for _, payload in s.frames_after(0)]
+
+
+def large_records(rollout: str, sizes: list[int]) -> list[trajectory_pb2.Record]:
+    return [
+        trajectory_pb2.Record(
+            idempotency_key=f"{rollout}/call/{i}",
+            job="job",
+            rollout_id=rollout,
+            call=trajectory_pb2.ModelCall(call_index=i, request_json=bytes([65 + i]) * size),
+        )
+        for i, size in enumerate(sizes)
+    ]
+
+
+@pytest.mark.parametrize("joins_parts", [True, False])
+def test_a_large_record_goes_in_parts_to_a_collector_that_joins_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, joins_parts: bool
+) -> None:
+    """Sent whole, a 30 MB call's record was held twice in the sidecar (the frame read,
+    gRPC's copy); in parts, one part at a time. A collector that does not say it joins
+    parts (an older one) gets records whole."""
+    monkeypatch.setattr(channel, "PART_BYTES", 1000)
+    monkeypatch.setattr(exporter, "LARGE_RECORD_BYTES", 1000)
+    if not joins_parts:
+        monkeypatch.setattr(collector, "_ACCEPTED", ())
+    sent: list[int] = []
+
+    def as_is(payload: bytes) -> bytes:
+        sent.append(len(payload))
+        return payload
+
+    monkeypatch.setattr(exporter, "_as_is", as_is)
+
+    async def body(running: collector.Collector, port: int, s: spool.Spool) -> None:
+        s.append(large_records("r1", [10, 999, 1000, 1500, 5000, 20]))
+        e = fast(s, f"127.0.0.1:{port}")
+        e.start()
+        assert await e.flush(10)
+        await e.stop()
+        assert e.stats()["sent"] == 6 and e.stats()["acked"] == 6 and s.acked == 6
+        assert_stored_exactly(running, s)
+        sizes = [len(payload) for _, payload in s.frames_after(0)]
+        if joins_parts:  # those over 1000 bytes in parts of at most 1000, + framing
+            assert max(sent) < 1100 and len(sent) == sum(-(-n // 1000) for n in sizes)
+            assert len(sent) > 6
+        else:
+            assert max(sent) > 5000 and len(sent) == 6
+        # a restart whose ack mark was lost learns the rollout of each record, the large
+        # ones' from their heads only, and sends nothing again
+        (tmp_path / "spool" / "acked").unlink()
+        with spool.Spool(tmp_path / "spool") as again:
+            second = fast(again, f"127.0.0.1:{port}")
+            second.start()
+            assert await second.flush(10)
+            await second.stop()
+            assert second.stats()["skipped"] == 6 and second.stats()["sent"] == 0
+
+    run(tmp_path, body)
+
+
+def test_a_large_record_whose_segment_is_cut_short_ends_the_session_not_the_exporter(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its parts so far are dropped by the collector, unacknowledged; nothing is stored
+    half, and the exporter lives on to send it again."""
+    monkeypatch.setattr(channel, "PART_BYTES", 1000)
+    monkeypatch.setattr(exporter, "LARGE_RECORD_BYTES", 1000)
+
+    async def body(running: collector.Collector, port: int, s: spool.Spool) -> None:
+        s.append(large_records("r1", [5000]))
+        (segment,) = (tmp_path / "spool").glob("segment-*")
+        with segment.open("r+b") as handle:
+            handle.truncate(3000)  # under the spool's feet, after it checked the frame
+        e = fast(s, f"127.0.0.1:{port}")
+        e.start()
+        await asyncio.sleep(0.5)
+        assert e.stats()["sessions"] >= 2 and e.stats()["acked"] == 0
+        assert "ends inside the record" in e.last_error
+        assert running.store.record_count() == 0
+        await e.stop()
+
+    run(tmp_path, body)

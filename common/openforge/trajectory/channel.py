@@ -15,3 +15,12 @@ def options() -> list[tuple[str, int]]:
         ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
         ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
     ]
+
+
+RECORD_PARTS_METADATA = "openforge-record-parts"
+"""Initial metadata a collector sends on ``Push`` when it joins records sent in parts
+(``RecordPart``): a sender then cuts a large record into parts of :data:`PART_BYTES`,
+and holds one part at a time, not the whole record and gRPC's copy of it."""
+
+PART_BYTES = 1024 * 1024
+"""The data in one ``RecordPart``; a record longer than this is sent in parts."""

@@ -18,6 +18,11 @@ acknowledged as duplicates by the collector, so resending is always safe.
 
 A record the collector refuses (``Ack.error``) would be refused again: it is
 counted, logged, and treated as acknowledged so it cannot block the spool.
+
+A record over ``channel.PART_BYTES`` goes to a collector that joins parts (it says so
+in its initial metadata) as ``RecordPart`` messages, read from the spool's segment one
+part at a time: sent whole, it was held twice (the frame read, and gRPC's copy of it),
+for a 30 MB call some 80 MB. To an older collector it goes whole.
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ import asyncio
 import contextlib
 import logging
 import random
-from typing import Any
+from typing import Any, TypeAlias
 
 import grpc
 from openforge.trajectory import channel
@@ -68,6 +73,10 @@ class _Refused(Exception):
     def __init__(self, code: grpc.StatusCode, details: str) -> None:
         super().__init__(f"{code.name}: {details}")
         self.code = code
+
+
+#: A record's sequence and bytes (or, to be sent in parts, where they are).
+Frame: TypeAlias = "tuple[int, bytes | spool_module.LargeFrame]"
 
 
 class Exporter:
@@ -116,6 +125,8 @@ class Exporter:
         self._window_open = asyncio.Event()
         self._in_flight = 0
         self._tasks: list[asyncio.Task[None]] = []
+        # This session's collector joins records sent in parts (see _open).
+        self._parts = False
 
     # -- lifecycle -------------------------------------------------------------
 
@@ -263,9 +274,10 @@ class Exporter:
         status (grpc/grpc#36066).
         """
         call = push(metadata=self._metadata)
-        await call.initial_metadata()
+        accepted = await call.initial_metadata()
         if call.done():
             raise _Refused(await call.code(), await call.details())
+        self._parts = any(key == channel.RECORD_PARTS_METADATA for key, _ in accepted or ())
         return call
 
     async def _skip_held(self, stub: Any) -> None:
@@ -287,20 +299,27 @@ class Exporter:
         self._advance()
 
     def _pending(self, after: int) -> list[tuple[int, str]]:
-        """The sequence and rollout of every record after ``after``, read one at a time."""
-        return [
-            (sequence, records.rollout_of(payload))
-            for sequence, payload in self.spool.frames_after(after)
-        ]
+        """The sequence and rollout of every record after ``after``, read one at a time
+        (a large one's head only)."""
+        pending: list[tuple[int, str]] = []
+        for sequence, payload in self.spool.frames_after(after, large=LARGE_RECORD_BYTES):
+            if isinstance(payload, bytes):
+                pending.append((sequence, records.rollout_of(payload)))
+            else:
+                with payload.mapped() as view:
+                    pending.append((sequence, records.rollout_of(view)))
+        return pending
 
-    def _unacked(self, after: int, limit: int) -> list[tuple[int, bytes]]:
-        """Up to ``limit`` frames after ``after``, and no more once they are
-        :data:`BATCH_BYTES` in all (always at least one)."""
-        frames: list[tuple[int, bytes]] = []
+    def _unacked(self, after: int, limit: int) -> list[Frame]:
+        """Up to ``limit`` frames after ``after``, and no more once those read are
+        :data:`BATCH_BYTES` in all (always at least one). A record to be sent in parts is
+        not read here (see :meth:`_write_parts`)."""
+        frames: list[Frame] = []
         size = 0
-        for frame in self.spool.frames_after(after):
+        large = channel.PART_BYTES if self._parts else None
+        for frame in self.spool.frames_after(after, large=large):
             frames.append(frame)
-            size += len(frame[1])
+            size += len(frame[1]) if isinstance(frame[1], bytes) else 0
             if len(frames) >= limit or size >= BATCH_BYTES:
                 break
         return frames
@@ -322,7 +341,7 @@ class Exporter:
             cursor = await self._write(call, frames)
             del frames  # not held while the next ones are read
 
-    async def _write(self, call: Any, frames: list[tuple[int, bytes]]) -> int:
+    async def _write(self, call: Any, frames: list[Frame]) -> int:
         """Send ``frames`` not acknowledged yet, each let go of once it is written; the
         sequence of the last."""
         cursor = 0
@@ -334,10 +353,29 @@ class Exporter:
             while self._in_flight >= self.window:
                 self._window_open.clear()
                 await self._window_open.wait()
-            await call.write(payload)
+            if isinstance(payload, bytes):
+                await call.write(payload)
+            else:
+                await self._write_parts(call, payload, sequence=cursor)
             self._in_flight += 1
             self._stats["sent"] += 1
         return cursor
+
+    async def _write_parts(
+        self, call: Any, frame: spool_module.LargeFrame, *, sequence: int
+    ) -> None:
+        """Send the record ``frame`` holds as ``RecordPart`` messages, each piece read
+        from the spool (in a worker thread) just before it is sent.
+
+        OSError (its segment unreadable) ends the session; the collector drops the
+        parts it has, and the record is sent again by a later one."""
+        for offset in range(0, len(frame), channel.PART_BYTES):
+            piece = await asyncio.to_thread(frame.read, offset, channel.PART_BYTES)
+            part = trajectory_pb2.RecordPart(offset=offset, total_bytes=len(frame), data=piece)
+            await call.write(
+                trajectory_pb2.Record(sequence=sequence, part=part).SerializeToString()
+            )
+            del piece, part
 
     async def _receive(self, call: Any) -> None:
         while True:

@@ -284,7 +284,7 @@ def _fill(target: Any, ids: Sequence[int]) -> None:
         target[start : start + _IDS_PER_EXTEND] = ids[start : start + _IDS_PER_EXTEND]
 
 
-def rollout_of(payload: bytes) -> str:
+def rollout_of(payload: bytes | memoryview) -> str:
     """The ``rollout_id`` of a serialized record, read without parsing the rest: parsed,
     a large call's record is a copy of its request and its prompt's IDs.
 

@@ -34,6 +34,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+import mmap
 import os
 import struct
 import threading
@@ -61,6 +62,50 @@ class Pieced(Protocol):
 
 #: What the spool appends: a record, or one serialized in pieces.
 Entry = Record | Pieced
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class LargeFrame:
+    """A record too large to be read whole (see :meth:`Spool.frames_after`): where its
+    serialization is in its segment, to be read a piece at a time. A segment is deleted
+    only once all its records are acknowledged, so an unacknowledged record's stays."""
+
+    path: Path
+    offset: int
+    length: int
+
+    def __len__(self) -> int:
+        return self.length
+
+    def read(self, start: int, size: int) -> bytes:
+        """``size`` of its bytes from ``start`` (fewer at its end); OSError when its
+        segment is gone or cut short."""
+        want = max(0, min(size, self.length - start))
+        with self.path.open("rb") as handle:
+            handle.seek(self.offset + start)
+            piece = handle.read(want)
+        if len(piece) < want:
+            raise OSError(f"{self.path} ends inside the record at byte {self.offset}")
+        return piece
+
+    @contextlib.contextmanager
+    def mapped(self) -> Iterator[memoryview]:
+        """Its bytes mapped from its segment, not read: only the pages looked at are read
+        in (a record's head, to find its fields, leaves the rest on disk)."""
+        with self.path.open("rb") as handle:
+            start = self.offset - self.offset % mmap.ALLOCATIONGRANULARITY
+            if os.fstat(handle.fileno()).st_size < self.offset + self.length:
+                raise OSError(f"{self.path} ends inside the record at byte {self.offset}")
+            with mmap.mmap(
+                handle.fileno(), self.offset + self.length - start, offset=start,
+                access=mmap.ACCESS_READ,
+            ) as mapping:  # fmt: skip
+                view = memoryview(mapping)[self.offset - start :]
+                try:
+                    yield view
+                finally:
+                    view.release()
+
 
 _HEADER = struct.Struct(">II")
 _SEGMENT_PREFIX = "segment-"
@@ -237,13 +282,17 @@ class Spool:
         Sees what was appended before the call; later appends need a new call.
         """
         for _, payload in self.frames_after(sequence):
+            assert isinstance(payload, bytes)  # none is large without ``large``
             record = trajectory_pb2.Record()
             record.ParseFromString(payload)
             yield record
 
-    def frames_after(self, sequence: int) -> Iterator[tuple[int, bytes]]:
+    def frames_after(
+        self, sequence: int, *, large: int | None = None
+    ) -> Iterator[tuple[int, bytes | LargeFrame]]:
         """:meth:`records_after` as each record's sequence and serialized bytes, not
-        parsed: the exporter sends them as they are."""
+        parsed: the exporter sends them as they are. A record over ``large`` bytes comes
+        as where it is (:class:`LargeFrame`), not read."""
         with self._lock:
             snapshot = [
                 (
@@ -262,7 +311,7 @@ class Spool:
                 continue  # compacted: everything in it was acked
             with handle:
                 handle.seek(start)
-                yield from _read_frames(handle, first, count=count)
+                yield from _read_frames(handle, first, count=count, large=large)
 
     @property
     def last_sequence(self) -> int:
@@ -449,12 +498,19 @@ def _count_frame_headers(data: bytes, offset: int) -> int:
     return max(frames, 1)
 
 
-def _read_frames(handle: BinaryIO, first: int, *, count: int) -> Iterator[tuple[int, bytes]]:
+def _read_frames(
+    handle: BinaryIO, first: int, *, count: int, large: int | None
+) -> Iterator[tuple[int, bytes | LargeFrame]]:
     """The sequences and payloads of ``count`` frames already validated (at recovery or
-    append), the first of them ``first``."""
+    append), the first of them ``first``; a payload over ``large`` bytes as where it is."""
     for index in range(count):
         length, _crc = _HEADER.unpack(handle.read(_HEADER.size))
-        yield first + index, handle.read(length)
+        if large is not None and length > large:
+            frame = LargeFrame(Path(handle.name), handle.tell(), length)
+            handle.seek(length, os.SEEK_CUR)
+            yield first + index, frame
+        else:
+            yield first + index, handle.read(length)
 
 
 def _serialized(record: Entry, sequence: int) -> tuple[int, Iterable[bytes | memoryview]]:

@@ -6,7 +6,9 @@ in hand), commits the batch to the store in a worker thread, and only then
 answers one Ack per record, in order. An Ack therefore always means durable
 (or refused: a record that lacks a required field gets an Ack whose
 ``error`` names the field, and is not stored). Redelivered records are
-acknowledged with ``duplicate`` set: durable either way.
+acknowledged with ``duplicate`` set: durable either way. A record a sidecar sent in
+parts is taken once its parts are joined (:mod:`parts`; the collector says it joins them
+in the stream's initial metadata).
 
 Authentication is a bearer token in the ``authorization`` metadata, of one
 of two kinds; a collector that has either refuses a call without one
@@ -39,6 +41,7 @@ from openforge.api import rollouts
 from openforge.trajectory import auth, channel
 from openforge.trajectory.v1 import trajectory_pb2, trajectory_pb2_grpc
 
+from openforge_trainer.collection import parts
 from openforge_trainer.collection import store as store_module
 
 log = logging.getLogger(__name__)
@@ -46,6 +49,8 @@ log = logging.getLogger(__name__)
 Record = Any  # trajectory_pb2.Record
 
 _END = object()
+#: The initial metadata of an accepted ``Push``: it joins records sent in parts.
+_ACCEPTED = ((channel.RECORD_PARTS_METADATA, "1"),)
 
 
 class TrajectoryService(trajectory_pb2_grpc.TrajectoryServiceServicer):  # type: ignore[misc]
@@ -93,7 +98,7 @@ class TrajectoryService(trajectory_pb2_grpc.TrajectoryServiceServicer):  # type:
         identity = await self._authenticate(context)
         # Tells the client it is accepted before it writes anything (see
         # Exporter._open: a write racing a refusal hides the refusal).
-        await context.send_initial_metadata(())
+        await context.send_initial_metadata(_ACCEPTED)
         queue: asyncio.Queue[object] = asyncio.Queue()
         reader = asyncio.create_task(_drain(request_iterator, queue))
         try:
@@ -134,6 +139,10 @@ class TrajectoryService(trajectory_pb2_grpc.TrajectoryServiceServicer):  # type:
         acks: list[Record] = []
         valid: list[Record] = []
         for record in records:
+            if isinstance(record, parts.Refused):
+                acks.append(trajectory_pb2.Ack(sequence=record.sequence, error=record.reason))
+                log.warning("refused record seq=%d: %s", record.sequence, record.reason)
+                continue
             ack = trajectory_pb2.Ack(
                 idempotency_key=record.idempotency_key, sequence=record.sequence
             )
@@ -211,10 +220,15 @@ def _describe(owner: str) -> str:
 
 
 async def _drain(request_iterator: AsyncIterator[Record], queue: asyncio.Queue[object]) -> None:
+    """Queue the stream's records as they come, those sent in parts once joined."""
+    joiner = parts.Joiner()
     try:
         async for record in request_iterator:
-            queue.put_nowait(record)
+            for item in joiner.add(record):
+                queue.put_nowait(item)
     finally:
+        if joiner.unfinished is not None:
+            log.info("record %d: the stream ended inside its parts", joiner.unfinished)
         queue.put_nowait(_END)
 
 

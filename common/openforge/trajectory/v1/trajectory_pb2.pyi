@@ -143,8 +143,18 @@ class Lost(_message.Message):
     whole_rollout: bool
     def __init__(self, reason: _Optional[str] = ..., call_index: _Optional[int] = ..., whole_rollout: _Optional[bool] = ...) -> None: ...
 
+class RecordPart(_message.Message):
+    __slots__ = ("offset", "total_bytes", "data")
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_BYTES_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    offset: int
+    total_bytes: int
+    data: bytes
+    def __init__(self, offset: _Optional[int] = ..., total_bytes: _Optional[int] = ..., data: _Optional[bytes] = ...) -> None: ...
+
 class Record(_message.Message):
-    __slots__ = ("idempotency_key", "sequence", "job", "rollout_id", "started", "call", "finished", "lost")
+    __slots__ = ("idempotency_key", "sequence", "job", "rollout_id", "started", "call", "finished", "lost", "part")
     IDEMPOTENCY_KEY_FIELD_NUMBER: _ClassVar[int]
     SEQUENCE_FIELD_NUMBER: _ClassVar[int]
     JOB_FIELD_NUMBER: _ClassVar[int]
@@ -153,6 +163,7 @@ class Record(_message.Message):
     CALL_FIELD_NUMBER: _ClassVar[int]
     FINISHED_FIELD_NUMBER: _ClassVar[int]
     LOST_FIELD_NUMBER: _ClassVar[int]
+    PART_FIELD_NUMBER: _ClassVar[int]
     idempotency_key: str
     sequence: int
     job: str
@@ -161,7 +172,8 @@ class Record(_message.Message):
     call: ModelCall
     finished: RolloutFinished
     lost: Lost
-    def __init__(self, idempotency_key: _Optional[str] = ..., sequence: _Optional[int] = ..., job: _Optional[str] = ..., rollout_id: _Optional[str] = ..., started: _Optional[_Union[RolloutStarted, _Mapping]] = ..., call: _Optional[_Union[ModelCall, _Mapping]] = ..., finished: _Optional[_Union[RolloutFinished, _Mapping]] = ..., lost: _Optional[_Union[Lost, _Mapping]] = ...) -> None: ...
+    part: RecordPart
+    def __init__(self, idempotency_key: _Optional[str] = ..., sequence: _Optional[int] = ..., job: _Optional[str] = ..., rollout_id: _Optional[str] = ..., started: _Optional[_Union[RolloutStarted, _Mapping]] = ..., call: _Optional[_Union[ModelCall, _Mapping]] = ..., finished: _Optional[_Union[RolloutFinished, _Mapping]] = ..., lost: _Optional[_Union[Lost, _Mapping]] = ..., part: _Optional[_Union[RecordPart, _Mapping]] = ...) -> None: ...
 
 class Ack(_message.Message):
     __slots__ = ("idempotency_key", "sequence", "duplicate", "error")
