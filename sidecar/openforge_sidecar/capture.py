@@ -517,12 +517,17 @@ class Capture:
             # keys (so it does not render them ahead for the next call), and nothing
             # after needs them.
             call.request = dataclasses.replace(call.request, messages=())
+            # Its prompt's IDs wait in a file until the call ends (see stash_ids; the
+            # history wrote a long prompt's to one as they were made), and the engine's
+            # request is written from it.
+            plan = call.plan = dataclasses.replace(
+                plan, prompt_ids=self._recording().stash_ids(call.index, plan.prompt_ids)
+            )
             # and their text goes back to the OS before the engine's request is built
             await asyncio.to_thread(memory.return_freed_memory)
-        prompt = stored.loaded(plan.prompt_ids)  # just planned: in memory
         body = engine.completion_body(
             model=ctx.options.openforge_engine_model or self._engine_model,
-            prompt_ids=prompt,
+            prompt_ids=plan.prompt_ids,
             sampling=call.request.sampling,
             stop_token_ids=tokenizer.stop_token_ids,
             max_model_len=self._max_model_len,
@@ -544,13 +549,9 @@ class Capture:
             # first: three times the body, not two, at the moment it is written. (mitmproxy
             # hands the content to the socket as it is.)
             flow.request.data.content = memoryview(body)  # type: ignore[assignment]
-            # and its prompt's IDs wait in a file until the call ends (see stash_ids)
-            call.plan = dataclasses.replace(
-                plan, prompt_ids=self._recording().stash_ids(call.index, prompt)
-            )
-            del plan, prompt
-            # and what building the body freed (the IDs, its chunks) goes back to the OS
-            # before it is sent (the C heap's holes, refilled, were ~15 MB for 30 MB)
+            del body
+            # and what building the body freed goes back to the OS before it is sent (the
+            # C heap's holes, refilled as its buffer grew, were ~15 MB for 30 MB)
             await asyncio.to_thread(memory.return_freed_memory)
         return True
 

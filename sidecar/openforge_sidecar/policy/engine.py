@@ -17,6 +17,8 @@ from typing import Any
 
 from openforge.wire import conversation, fastjson
 
+from openforge_sidecar.policy import stored
+
 
 class EngineError(ValueError):
     """The engine's stream did not have the shape vLLM gives it."""
@@ -74,16 +76,16 @@ _IDS_PER_CHUNK = 8 * 1024
 def completion_body(
     *,
     model: str,
-    prompt_ids: array[int],
+    prompt_ids: stored.Ids,
     sampling: conversation.SamplingParams,
     stop_token_ids: frozenset[int],
     max_model_len: int | None = None,
 ) -> bytes:
     """:func:`completion_request` as the JSON bytes sent, the prompt written from
-    its array a chunk at a time into one buffer, which becomes the body without a
-    copy: a list of a 2-million-token prompt's IDs would be 2 million int objects
-    (~70 MB), and the chunks joined, then spliced into the rest, three copies of
-    the prompt's JSON at once."""
+    its array (or its file) a chunk at a time into one buffer, which becomes the body
+    without a copy: a list of a 2-million-token prompt's IDs would be 2 million int
+    objects (~70 MB), and the chunks joined, then spliced into the rest, three copies
+    of the prompt's JSON at once. OSError when the prompt's file is unreadable."""
     head = completion_request(
         model=model, prompt_ids=(), sampling=sampling, stop_token_ids=stop_token_ids,
         max_model_len=max_model_len, prompt_tokens=len(prompt_ids),
@@ -93,11 +95,10 @@ def completion_body(
     out = io.BytesIO()
     out.write(before)
     out.write(b'"prompt":[')
-    ids = memoryview(prompt_ids)  # a slice of it is not a copy
-    for start in range(0, len(prompt_ids), _IDS_PER_CHUNK):
-        if start:
+    for index, ids in enumerate(stored.chunks(prompt_ids, _IDS_PER_CHUNK)):
+        if index:
             out.write(b",")
-        chunk = fastjson.dumps_line(ids[start : start + _IDS_PER_CHUNK].tolist())
+        chunk = fastjson.dumps_line(ids.tolist() if isinstance(ids, array) else list(ids))
         out.write(memoryview(chunk)[1:-1])
     out.write(b"]")
     out.write(after)

@@ -62,11 +62,8 @@ class Renderer(Protocol):
         tools: Sequence[conversation.Tool],
         *,
         add_generation_prompt: bool,
-    ) -> array[int]: ...
-
-
-#: A head with more IDs than this keeps them in a file between calls (4 MB).
-SPILL_TOKENS = 1024 * 1024
+        spill: Path | None = None,
+    ) -> stored.Ids: ...
 
 
 def token_array(ids: Sequence[int]) -> array[int]:
@@ -81,7 +78,7 @@ def token_array(ids: Sequence[int]) -> array[int]:
 class Plan:
     """The prompt for one call and how it relates to the calls before it."""
 
-    prompt_ids: stored.Ids  # in a file once the engine has them, for a large call
+    prompt_ids: stored.Ids  # in a file past stored.SPILL_IDS (see TokenHistory)
     segment_index: int
     segment_reason: str  # "" when the call extends an earlier one
     prefix_token_count: int
@@ -189,8 +186,10 @@ class TokenHistory:
         first_reason: str = "first",
         spill: Path | None = None,
     ) -> None:
-        """``spill``: a folder where a head over :data:`SPILL_TOKENS` keeps its IDs between
-        calls (emptied here: an earlier history's heads are not this one's)."""
+        """``spill``: a folder where IDs past ``stored.SPILL_IDS`` are kept, a head's
+        between its calls, a prompt's from when it is encoded (emptied here: an earlier
+        history's files are not this one's). A plan's prompt file is then its caller's,
+        to discard once the call is recorded; a head's is the history's."""
         self._renderer = renderer
         self._spill = spill
         if spill is not None:
@@ -203,7 +202,7 @@ class TokenHistory:
         self.merged = 0
         self.conversations = 0  # calls that started a conversation (first, new_conversation)
         self._prerender = True  # the harness sent the last head back exactly as we kept it
-        self._spilled = 0  # heads written to files, for their names
+        self._spilled = 0  # files written, for their names
         self._answering: dict[int, tuple[_Key, ...]] = {}  # ticket -> its messages' keys
 
     @property
@@ -250,15 +249,10 @@ class TokenHistory:
         head, reason = self._find_head(keys, tools)
         if head is not None:
             delta = self._delta_text(head, messages, keys=keys, tools=tools)
-            prefix = self._prefix(head) if delta is not None else None
-            if delta is not None and prefix is not None:
+            ids = None if delta is None else self._continued(head, self._renderer.encode_ids(delta))
+            if ids is not None:
                 self.merged += 1
-                return Plan(
-                    prefix + self._renderer.encode_ids(delta),
-                    head.segment_index,
-                    "",
-                    len(prefix),
-                )
+                return Plan(ids, head.segment_index, "", len(head.token_ids))
             reason = "template_not_prefix_stable" if delta is None else "history_lost"
         elif self._concurrent(keys):
             reason = "concurrent"
@@ -266,7 +260,9 @@ class TokenHistory:
             self.conversations += 1
         segment = self._segments
         self._segments += 1
-        ids = self._renderer.render_ids(messages, tools, add_generation_prompt=True)
+        ids = self._renderer.render_ids(
+            messages, tools, add_generation_prompt=True, spill=self._spill_path("prompt")
+        )
         return Plan(ids, segment, reason, 0)
 
     def _concurrent(self, keys: tuple[_Key, ...]) -> bool:
@@ -300,7 +296,7 @@ class TokenHistory:
         head = _Head(
             (*plan.keys, _key(reply)),
             request.tools,
-            self._kept(plan.prompt_ids, token_array(completion_ids)),
+            self._joined(plan.prompt_ids, token_array(completion_ids), name="head"),
             stopped,
             plan.segment_index,
             messages=(*request.messages, reply) if ahead else None,
@@ -313,37 +309,42 @@ class TokenHistory:
                 gone.token_ids.discard()
         self._heads = kept
 
-    def _prefix(self, head: _Head) -> array[int] | None:
-        """The head's IDs; None when its file is gone or cut short, and the head with it
-        (the conversation then starts a segment, ``history_lost``, instead of failing
-        every call that continues it)."""
+    def _continued(self, head: _Head, delta: array[int]) -> stored.Ids | None:
+        """The head's IDs, then ``delta``; None when the head's file is gone or cut short,
+        and the head with it (the conversation then starts a segment, ``history_lost``,
+        instead of failing every call that continues it)."""
         try:
-            return stored.loaded(head.token_ids)
+            return self._joined(head.token_ids, delta, name="prompt")
         except OSError as exc:
             log.error("a conversation's head is lost (%s): its next call starts a segment", exc)
             self._heads = [h for h in self._heads if h is not head]
             return None
 
-    def _kept(self, prompt: stored.Ids, completion: array[int]) -> stored.Ids:
-        """A head's IDs (the prompt's, then the completion's) as it keeps them: over
-        :data:`SPILL_TOKENS`, in a file of its own, copied from the prompt's file where
-        it has one (a 10 MB prompt's IDs are not read in, and not joined in memory)."""
-        count = len(prompt) + len(completion)
-        if self._spill is None or count <= SPILL_TOKENS:
-            return stored.loaded(prompt) + completion
-        self._spilled += 1
-        path = self._spill / f"head-{self._spilled}.ids"
+    def _joined(self, ids: stored.Ids, more: array[int], *, name: str) -> stored.Ids:
+        """``ids``, then ``more``: past ``stored.SPILL_IDS``, in a file of its own, copied
+        from the file of ``ids`` where they have one (a 10 MB prompt's IDs are not read
+        in, and not joined in memory). OSError when the file of ``ids`` is unreadable."""
+        path = self._spill_path(name) if len(ids) + len(more) > stored.SPILL_IDS else None
+        if path is None:
+            return stored.loaded(ids) + more
         try:
-            if isinstance(prompt, stored.StoredIds):
-                return prompt.extended(path, completion)
-            return stored.StoredIds.write(path, prompt + completion)
+            if isinstance(ids, stored.StoredIds):
+                return ids.extended(path, more)
+            return stored.StoredIds.write(path, ids + more)
         except OSError as exc:
             with contextlib.suppress(OSError):
                 path.unlink(missing_ok=True)
-            if isinstance(prompt, stored.StoredIds):
-                raise  # the prompt's own file is unreadable: there is no head to keep
-            log.warning("a conversation's head stays in memory (%s)", exc)
-            return prompt + completion
+            if isinstance(ids, stored.StoredIds):
+                raise  # their own file is unreadable: nothing to join
+            log.warning("token IDs stay in memory (%s)", exc)
+            return ids + more
+
+    def _spill_path(self, name: str) -> Path | None:
+        """A new file in the spill folder, if there is one."""
+        if self._spill is None:
+            return None
+        self._spilled += 1
+        return self._spill / f"{name}-{self._spilled}.ids"
 
     def prerender(self) -> None:
         """Render the newest head now, ahead of the call that will continue it.

@@ -49,7 +49,10 @@ from array import array
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, TypeAlias
+
+from openforge_sidecar.policy import stored
 
 log = logging.getLogger(__name__)
 
@@ -124,17 +127,28 @@ class SegmentEncoder:
         is one batch. A piece longer than ``max_piece_chars`` is never cached: it is
         encoded where it lies in ``text``, a part at a time, straight into the IDs,
         and no copy of it is made."""
-        return self._encode(self._lay_out(text))
+        out: array[int] = array("i")
+        self._encode(self._lay_out(text), into=out)
+        return out
 
-    def encode_chunks(self, chunks: Iterable[str]) -> array[int]:
+    def encode_chunks(self, chunks: Iterable[str], *, spill: Path | None = None) -> stored.Ids:
         """:meth:`encode_ids` of ``"".join(chunks)``, the text never joined: a chat
         template's output as it is written, the chunks let go of once encoded (a
         conversation of many messages is never held as one prompt text). A piece
-        that spans chunks is joined alone; a cut token may span them too."""
-        return self._encode(self._lay_out_chunks(chunks))
+        that spans chunks is joined alone; a cut token may span them too. With
+        ``spill``, IDs past :data:`stored.SPILL_IDS` go to that file as they come
+        (:class:`stored.Writer`), and so do the IDs: a 30 MB prompt's are 25 MB."""
+        out = stored.Writer(spill)
+        try:
+            self._encode(self._lay_out_chunks(chunks), into=out)
+        except BaseException:
+            out.discard()
+            raise
+        return out.done()
 
-    def _encode(self, items: Iterable[_Item]) -> array[int]:
-        out: array[int] = array("i")
+    def _encode(self, items: Iterable[_Item], *, into: array[int] | stored.Writer) -> None:
+        """Add the IDs of ``items`` to ``into``, a batch of new pieces at a time."""
+        out = into
         window: list[_Item] = []  # pieces and IDs in order, from the first new piece on
         new: dict[str, None] = {}  # the window's new pieces, each once
         chars = 0
@@ -153,7 +167,6 @@ class SegmentEncoder:
                 self._write(window, self._learn(list(new)), into=out)
                 window, new, chars = [], {}, 0
         self._write(window, self._learn(list(new)), into=out)
-        return out
 
     def _lay_out(self, text: str) -> Iterator[_Item]:
         """The text's pieces in order: a piece's text, a cut token's ID, or where a long
@@ -205,7 +218,11 @@ class SegmentEncoder:
             yield text[start:end]
 
     def _write(
-        self, window: list[_Item], learned: dict[str, array[int]], *, into: array[int]
+        self,
+        window: list[_Item],
+        learned: dict[str, array[int]],
+        *,
+        into: array[int] | stored.Writer,
     ) -> None:
         """Add the IDs of a window's items to ``into``, in order."""
         for item in window:

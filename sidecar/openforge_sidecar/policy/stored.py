@@ -9,15 +9,23 @@ meantime, they cost page cache, not the sidecar's memory.
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import shutil
 from array import array
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeAlias
+from typing import BinaryIO, TypeAlias
 
-#: IDs are read back this many at a time.
+log = logging.getLogger(__name__)
+
+#: IDs are read back (and written, see :class:`Writer`) this many at a time.
 CHUNK = 64 * 1024
+#: More IDs than this (1 MiB of them) wait in a file while nothing needs them: a large
+#: call's prompt (from when it is encoded to when its record is written), a long
+#: conversation's head between its calls.
+SPILL_IDS = 256 * 1024
 #: Bytes of one ID in a file (a machine int, as ``array("i")`` writes it).
 _ITEM = array("i").itemsize
 
@@ -83,6 +91,74 @@ class StoredIds:
 
 #: Token IDs in memory, or in a file.
 Ids: TypeAlias = "array[int] | StoredIds"
+
+
+class Writer:
+    """IDs as they are made (``append``, ``extend``), in memory up to :data:`SPILL_IDS`,
+    then in a file at ``path``, written :data:`CHUNK` at a time: a long prompt's IDs are
+    never all in memory. Without ``path``, all in memory.
+
+    :meth:`done` gives them (:data:`Ids`); :meth:`discard` drops them. A file that
+    cannot be written is read back, and the IDs stay in memory (logged).
+    """
+
+    def __init__(self, path: Path | None) -> None:
+        self._path = path
+        self._held: array[int] = array("i")
+        self._handle: BinaryIO | None = None
+        self._written = 0
+
+    def append(self, value: int) -> None:
+        self._held.append(value)
+
+    def extend(self, values: Iterable[int]) -> None:
+        self._held.extend(values)
+        if self._path is not None and len(self._held) > (
+            CHUNK if self._handle is not None else SPILL_IDS
+        ):
+            self._write()
+
+    def done(self) -> Ids:
+        """The IDs: in a file once there were more than :data:`SPILL_IDS`."""
+        if self._handle is None:
+            return self._held
+        self._write()
+        if self._handle is None:  # the file failed: read back
+            return self._held
+        self._handle.close()
+        self._handle = None
+        assert self._path is not None
+        return StoredIds(self._path, self._written)
+
+    def discard(self) -> None:
+        if self._handle is not None:
+            self._handle.close()
+            self._handle = None
+        if self._path is not None:
+            self._path.unlink(missing_ok=True)
+        self._held = array("i")
+
+    def _write(self) -> None:
+        assert self._path is not None
+        try:
+            if self._handle is None:
+                self._path.parent.mkdir(parents=True, exist_ok=True)
+                self._handle = self._path.open("wb")
+            self._held.tofile(self._handle)
+            self._handle.flush()  # a full disk shows here, not at close
+        except OSError as exc:
+            log.warning("token IDs stay in memory: %s: %s", self._path, exc)
+            written = StoredIds(self._path, self._written)
+            if self._handle is not None:
+                self._handle.close()
+                self._handle = None
+            self._held = (written.load() if self._written else array("i")) + self._held
+            with contextlib.suppress(OSError):
+                self._path.unlink(missing_ok=True)
+            self._path = None
+            return
+        self._written += len(self._held)
+        self._held = array("i")
 
 
 def chunks(ids: Sequence[int] | StoredIds, size: int = CHUNK) -> Iterator[Sequence[int]]:

@@ -27,7 +27,7 @@ from openforge import chat_template, endpoints
 from openforge.wire import conversation
 from tokenizers import Tokenizer, decoders
 
-from openforge_sidecar.policy import segments
+from openforge_sidecar.policy import segments, stored
 
 IMAGE_PLACEHOLDER = "<image>"
 # Stop tokens of the ChatML family, whichever of them the vocabulary has.
@@ -101,12 +101,14 @@ class PolicyTokenizer:
         tools: Sequence[conversation.Tool],
         *,
         add_generation_prompt: bool,
-    ) -> array[int]:
+        spill: Path | None = None,
+    ) -> stored.Ids:
         """``encode_ids(render(...))``; past :data:`WHOLE_PROMPT_CHARS`, the template's
         text encoded as it is written, where the tokenizer is encoded in pieces
         (``SegmentEncoder.encode_chunks``): a long prompt's whole text is never made,
         only each piece's (a 10 MB conversation's text is 10 MB beside its messages
-        and its IDs)."""
+        and its IDs); and with ``spill``, its IDs past ``stored.SPILL_IDS`` go to that
+        file as they are made."""
         context = self._context(messages, tools, add_generation_prompt=add_generation_prompt)
         if self._segments is None:
             return self.encode_ids(self._template.render(**context))
@@ -118,7 +120,9 @@ class PolicyTokenizer:
             size += len(chunk)
             if size > WHOLE_PROMPT_CHARS:
                 head.reverse()  # let go of as they are encoded
-                return self._segments.encode_chunks(itertools.chain(_popped(head), chunks))
+                return self._segments.encode_chunks(
+                    itertools.chain(_popped(head), chunks), spill=spill
+                )
         return self._segments.encode_ids("".join(head))
 
     def _context(

@@ -332,7 +332,8 @@ class Exporter:
             if not frames:
                 await self._wake.wait()
                 continue
-            if max(len(payload) for _, payload in frames) > LARGE_RECORD_BYTES:
+            large = max(len(payload) for _, payload in frames) > LARGE_RECORD_BYTES
+            if large:
                 # gRPC copies each frame: what the large call that made this one freed goes
                 # back to the OS first, not kept resident beside the copy. In a thread: on
                 # a large, fragmented heap a trim takes ~0.1 s, which the loop's streams
@@ -340,6 +341,8 @@ class Exporter:
                 await asyncio.to_thread(memory.return_freed_memory)
             cursor = await self._write(call, frames)
             del frames  # not held while the next ones are read
+            if large:  # and what sending it freed (its pieces, their messages)
+                await asyncio.to_thread(memory.return_freed_memory)
 
     async def _write(self, call: Any, frames: list[Frame]) -> int:
         """Send ``frames`` not acknowledged yet, each let go of once it is written; the

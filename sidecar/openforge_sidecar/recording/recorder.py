@@ -19,7 +19,6 @@ import os
 import queue
 import shutil
 import threading
-from array import array
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -218,11 +217,12 @@ class Recorder:
             return body
         return records.Stashed(path, len(body))
 
-    def stash_ids(self, index: int, ids: array[int]) -> stored.Ids:
+    def stash_ids(self, index: int, ids: stored.Ids) -> stored.Ids:
         """The prompt IDs of call ``index``, as its record will take them: over
-        :data:`STASH_BYTES` they wait in a file beside the spool, as a large body does
-        (:meth:`stash`), and are read back a chunk at a time when the record is spooled."""
-        if len(ids) * ids.itemsize <= STASH_BYTES:
+        ``stored.SPILL_IDS`` they wait in a file beside the spool (if they are not in one
+        already), as a large body does (:meth:`stash`), and are read back a chunk at a
+        time when the record is spooled."""
+        if isinstance(ids, stored.StoredIds) or len(ids) <= stored.SPILL_IDS:
             return ids
         path = self.directory / records.STASH_DIRECTORY / f"{index}.ids"
         try:

@@ -12,7 +12,7 @@ import tiny_policy
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from openforge.wire import conversation as cv
-from openforge_sidecar.policy import history, stored
+from openforge_sidecar.policy import history, stored, template
 
 SHELL = cv.Tool(name="shell", parameters={"type": "object", "properties": {}})
 
@@ -251,9 +251,11 @@ class CountingRenderer:
     def encode_ids(self, text: str) -> array[int]:
         return tiny().encode_ids(text)
 
-    def render_ids(self, messages, tools, *, add_generation_prompt):  # type: ignore[no-untyped-def]
+    def render_ids(self, messages, tools, *, add_generation_prompt, spill=None):  # type: ignore[no-untyped-def]
         self.renders += 1
-        return tiny().render_ids(messages, tools, add_generation_prompt=add_generation_prompt)
+        return tiny().render_ids(
+            messages, tools, add_generation_prompt=add_generation_prompt, spill=spill
+        )
 
 
 def continued(
@@ -332,7 +334,7 @@ def test_only_a_reply_that_calls_tools_is_rendered_ahead() -> None:
 def test_a_large_head_keeps_its_ids_in_a_file_until_it_is_replaced_or_dropped(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(history, "SPILL_TOKENS", 5)
+    monkeypatch.setattr(stored, "SPILL_IDS", 5)
     left = tmp_path / "heads" / "head-9.ids"
     left.parent.mkdir()
     left.write_bytes(b"an earlier history's")
@@ -343,12 +345,15 @@ def test_a_large_head_keeps_its_ids_in_a_file_until_it_is_replaced_or_dropped(
     head = tokens._heads[-1]
     assert isinstance(head.token_ids, stored.StoredIds) and head.token_ids.path.exists()
     ids = head.token_ids.load()
-    assert ids.tolist() == [*first.prompt_ids, 5, *tiny().stop_token_ids]
+    assert ids.tolist() == [*stored.loaded(first.prompt_ids), 5, *tiny().stop_token_ids]
     turn = (*BASE, REPLY, result("call_1", "a.txt"))
     plan = tokens.plan(request(*turn))
-    assert plan.segment_reason == "" and plan.prompt_ids[: len(ids)] == ids
+    # the prompt that continues it is the head's file copied, the new turn's IDs after
+    assert isinstance(plan.prompt_ids, stored.StoredIds) and plan.prompt_ids.path.exists()
+    assert plan.segment_reason == "" and plan.prompt_ids.load()[: len(ids)] == ids
     tokens.record(request(*turn), plan, reply=REPLY, completion_ids=[6])
     assert not head.token_ids.path.exists()  # its conversation's new head replaced it
+    plan.prompt_ids.discard()  # the caller's, once the call is recorded
     for n in range(2):  # two other conversations push it out
         side = request(text("system", f"Side {n}."), text("user", f"Title {n}."))
         tokens.record(side, tokens.plan(side), reply=text("assistant", "T"), completion_ids=[7])
@@ -361,7 +366,7 @@ def test_a_large_calls_head_is_copied_from_its_prompts_file_not_read_in(
     """A large call's prompt IDs wait in a file (Recorder.stash_ids): its head is that
     file copied, the completion appended, and the prompt's own file is left as it was
     (the record reads it next)."""
-    monkeypatch.setattr(history, "SPILL_TOKENS", 5)
+    monkeypatch.setattr(stored, "SPILL_IDS", 5)
     tokens = history.TokenHistory(tiny(), spill=tmp_path / "heads")
     first = tokens.plan(request(*BASE))
     prompt = stored.StoredIds.write(tmp_path / "stash" / "0.ids", stored.loaded(first.prompt_ids))
@@ -382,7 +387,7 @@ def test_a_large_calls_prompt_file_gone_keeps_no_head_and_says_so(
 ) -> None:
     """The call's own prompt file gone before its end: no head is made of what is left
     (it raises, which the capture addon counts as history_failed), none half-written."""
-    monkeypatch.setattr(history, "SPILL_TOKENS", 5)
+    monkeypatch.setattr(stored, "SPILL_IDS", 5)
     tokens = history.TokenHistory(tiny(), spill=tmp_path / "heads")
     first = tokens.plan(request(*BASE))
     prompt = stored.StoredIds.write(tmp_path / "stash" / "0.ids", stored.loaded(first.prompt_ids))
@@ -396,7 +401,7 @@ def test_a_large_calls_prompt_file_gone_keeps_no_head_and_says_so(
 def test_a_head_whose_file_is_gone_starts_a_segment_instead_of_failing_every_call(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(history, "SPILL_TOKENS", 5)
+    monkeypatch.setattr(stored, "SPILL_IDS", 5)
     tokens = history.TokenHistory(tiny(), spill=tmp_path / "heads")
     first = tokens.plan(request(*BASE))
     tokens.record(request(*BASE), first, reply=REPLY, completion_ids=[5])
@@ -409,3 +414,23 @@ def test_a_head_whose_file_is_gone_starts_a_segment_instead_of_failing_every_cal
     assert not tokens._heads  # dropped: the next call is a conversation's first again
     tokens.finished(lost)
     assert tokens.plan(turn).segment_reason == "first"
+
+
+def test_a_long_new_prompt_is_planned_into_a_file_of_the_callers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A new conversation's long prompt is written to the spill folder as it is encoded
+    (never all in memory); the call's caller discards it once the call is recorded, and
+    the head is a copy of it."""
+    monkeypatch.setattr(stored, "SPILL_IDS", 5)
+    monkeypatch.setattr(template, "WHOLE_PROMPT_CHARS", 0)
+    expected = history.TokenHistory(tiny()).plan(request(*BASE)).prompt_ids
+    tokens = history.TokenHistory(tiny(), spill=tmp_path / "heads")
+    plan = tokens.plan(request(*BASE))
+    assert isinstance(plan.prompt_ids, stored.StoredIds)
+    assert plan.prompt_ids.path.parent == tmp_path / "heads"
+    assert plan.prompt_ids.load() == expected
+    tokens.record(request(*BASE), plan, reply=REPLY, completion_ids=[5])
+    plan.prompt_ids.discard()
+    head = tokens._heads[-1].token_ids
+    assert isinstance(head, stored.StoredIds) and head.load() == expected + array("i", [5])

@@ -7,12 +7,15 @@ so that eviction is exercised too, and the cases where pieces are refused.
 from __future__ import annotations
 
 import itertools
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
+import pytest
 import tiny_policy
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from openforge_sidecar.policy import segments
+from openforge_sidecar.policy import segments, stored
 from tokenizers import AddedToken, Tokenizer, models, pre_tokenizers
 from traced import traced
 
@@ -226,3 +229,22 @@ def test_a_long_piece_is_encoded_where_it_lies_with_no_copy_of_it() -> None:
     ids, peak = encoded.value, encoded.peak
     assert ids.tolist() == whole([text])[0]
     assert peak < len(ids) * ids.itemsize + len(text) // 2
+
+
+def test_chunks_that_fail_half_way_leave_no_file_of_their_ids(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(stored, "SPILL_IDS", 10)
+    encoder = segments.SegmentEncoder.for_tokenizer(WHOLE, whole)
+    assert encoder is not None
+
+    def chunks() -> Iterator[str]:
+        yield "word " * 200
+        raise ValueError("the template failed")
+
+    with pytest.raises(ValueError, match="the template failed"):
+        encoder.encode_chunks(chunks(), spill=tmp_path / "p.ids")
+    assert not (tmp_path / "p.ids").exists()
+    ids = encoder.encode_chunks(iter(["word " * 200, "<|im_end|>"]), spill=tmp_path / "p.ids")
+    assert isinstance(ids, stored.StoredIds)
+    assert ids.load().tolist() == whole(["word " * 200 + "<|im_end|>"])[0]

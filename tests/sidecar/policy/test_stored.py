@@ -55,3 +55,69 @@ def test_an_extended_copy_of_a_file_cut_short_is_refused(tmp_path: Path) -> None
     whole = stored.StoredIds.write(tmp_path / "c.ids", array("i", range(10)))
     longer = whole.extended(tmp_path / "d" / "e.ids", array("i", [7, 8]))
     assert longer.load().tolist() == [*range(10), 7, 8] and whole.load().tolist() == [*range(10)]
+
+
+@pytest.mark.parametrize("count", [0, 10, 11, 500])
+def test_a_writer_keeps_ids_in_memory_up_to_the_limit_then_in_a_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, count: int
+) -> None:
+    monkeypatch.setattr(stored, "SPILL_IDS", 10)
+    monkeypatch.setattr(stored, "CHUNK", 7)
+    writer = stored.Writer(tmp_path / "sub" / "p.ids")
+    expected = array("i")
+    for start in range(0, count, 3):  # as an encoder adds them: runs, and single IDs
+        writer.extend(array("i", range(start, min(start + 2, count))))
+        expected.extend(range(start, min(start + 2, count)))
+        if start + 2 < count:
+            writer.append(start + 2)
+            expected.append(start + 2)
+        if count > 10 and len(expected) > 10:
+            assert len(writer._held) <= 10  # written as they come, never all held
+    ids = writer.done()
+    assert stored.loaded(ids) == expected
+    assert isinstance(ids, stored.StoredIds) == (count > 10)
+    assert (tmp_path / "sub" / "p.ids").exists() == (count > 10)
+
+
+def test_a_writer_without_a_path_or_discarded_leaves_no_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(stored, "SPILL_IDS", 10)
+    free = stored.Writer(None)
+    free.extend(range(100))
+    assert free.done() == array("i", range(100))
+    dropped = stored.Writer(tmp_path / "p.ids")
+    dropped.extend(range(100))
+    assert (tmp_path / "p.ids").exists()
+    dropped.discard()
+    assert not (tmp_path / "p.ids").exists()
+
+
+def test_a_writer_whose_file_fails_keeps_every_id_in_memory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A file that cannot be made, or that fails after IDs went to it (a full disk), is
+    read back: the IDs are all there, in memory, and the file is gone."""
+    monkeypatch.setattr(stored, "SPILL_IDS", 10)
+    monkeypatch.setattr(stored, "CHUNK", 10)
+    (tmp_path / "dir.ids").mkdir()
+    unmade = stored.Writer(tmp_path / "dir.ids")
+    unmade.extend(range(50))
+    assert unmade.done() == array("i", range(50))
+
+    class Full:
+        def __init__(self, real: object) -> None:
+            self.real = real
+
+        def write(self, data: bytes) -> int:
+            raise OSError(28, "No space left on device")
+
+        def close(self) -> None:
+            self.real.close()  # type: ignore[attr-defined]
+
+    failing = stored.Writer(tmp_path / "p.ids")
+    failing.extend(range(20))  # written
+    failing._handle = Full(failing._handle)  # type: ignore[assignment]
+    failing.extend(range(20, 50))
+    assert failing.done() == array("i", range(50))
+    assert not (tmp_path / "p.ids").exists()

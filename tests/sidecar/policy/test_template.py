@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import http.server
 import json
+from array import array
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,7 +17,7 @@ from hypothesis import strategies as st
 from openforge import chat_template
 from openforge.wire import codecs
 from openforge.wire import conversation as cv
-from openforge_sidecar.policy import template
+from openforge_sidecar.policy import stored, template
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from traced import traced
 
@@ -381,3 +382,25 @@ def test_dict_attribute_lookup_matches_the_stock_sandbox(source: str) -> None:
     message = {"role": "user", "items": "a key named like a method", "nested": {"deep": 1}}
     ours = chat_template.environment().from_string(source).render(m=message)
     assert ours == stock.from_string(source).render(m=message)
+
+
+def test_a_long_prompts_ids_go_to_a_file_as_they_are_made(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With a file to spill to, a long prompt's IDs are never all in memory (a 30 MB
+    prompt's are 25 MB, which the history held beside its messages and the template's
+    text of them): past ``stored.SPILL_IDS``, they are written as they are made."""
+    monkeypatch.setattr(template, "WHOLE_PROMPT_CHARS", 0)
+    turns = [
+        cv.Message(("user", "assistant")[i % 2], (cv.TextPart(f"turn {i} " + "word " * 398),))
+        for i in range(1_001)
+    ]
+    held = traced(lambda: tiny().render_ids(turns, (), add_generation_prompt=True))
+    whole = held.value
+    assert isinstance(whole, array) and len(whole) > 4 * stored.SPILL_IDS // 3
+    path = tmp_path / "prompt.ids"
+    spilled = traced(lambda: tiny().render_ids(turns, (), add_generation_prompt=True, spill=path))
+    ids = spilled.value
+    assert isinstance(ids, stored.StoredIds) and ids.path == path and ids.load() == whole
+    beyond = (len(whole) - stored.SPILL_IDS) * whole.itemsize  # what the file spares
+    assert held.peak - spilled.peak > beyond * 3 / 4, (held.peak, spilled.peak, beyond)

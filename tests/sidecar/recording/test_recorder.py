@@ -117,9 +117,9 @@ def test_a_large_prompt_waits_in_a_file_and_one_that_cannot_stays_in_memory(
     from openforge_sidecar.policy import stored
 
     recording = a_recorder(tmp_path)
-    small = array("i", range(recorder.STASH_BYTES // 4))
+    small = array("i", range(stored.SPILL_IDS))
     assert recording.stash_ids(0, small) is small
-    large = array("i", range(recorder.STASH_BYTES // 4 + 1))
+    large = array("i", range(stored.SPILL_IDS + 1))
     kept = recording.stash_ids(1, large)
     assert isinstance(kept, stored.StoredIds) and kept.load() == large
     (tmp_path / records.STASH_DIRECTORY / "2.ids").mkdir()  # the file cannot be written
