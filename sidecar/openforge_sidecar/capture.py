@@ -525,13 +525,16 @@ class Capture:
             )
             # and their text goes back to the OS before the engine's request is built
             await asyncio.to_thread(memory.return_freed_memory)
-        body = engine.completion_body(
+        build = functools.partial(
+            engine.completion_body,
             model=ctx.options.openforge_engine_model or self._engine_model,
             prompt_ids=plan.prompt_ids,
             sampling=call.request.sampling,
             stop_token_ids=tokenizer.stop_token_ids,
             max_model_len=self._max_model_len,
         )
+        # a large call's in a worker thread: millions of IDs, read from their file
+        body = await asyncio.to_thread(build) if large else build()
         target = urllib.parse.urlsplit(ctx.options.openforge_engine)
         headers = engine.request_headers(flow.request.headers.fields, target.netloc)
         # Without a Host header, setting host and port does not rewrite one (twice) for nothing.
@@ -756,10 +759,11 @@ class Capture:
         except Exception as exc:  # a callback's exception would only reach asyncio's handler
             self.stats["spool_failed"] += 1
             log.exception("spooling call %d failed", call.index)
-            if isinstance(call.request_json, records.Stashed):  # still the call's: not queued
+            # still the call's files (not queued): a large body, a long prompt's IDs
+            if isinstance(call.request_json, records.Stashed):
                 call.request_json.discard()
-                if call.plan is not None and isinstance(call.plan.prompt_ids, stored.StoredIds):
-                    call.plan.prompt_ids.discard()
+            if call.plan is not None and isinstance(call.plan.prompt_ids, stored.StoredIds):
+                call.plan.prompt_ids.discard()
             # Never silently: the call is reported lost, with why.
             try:
                 self._recording().lose(

@@ -493,7 +493,10 @@ def test_a_large_record_whose_segment_is_cut_short_ends_the_session_not_the_expo
             handle.truncate(3000)  # under the spool's feet, after it checked the frame
         e = fast(s, f"127.0.0.1:{port}")
         e.start()
-        await asyncio.sleep(0.5)
+        for _ in range(200):  # until a second session has tried it too
+            if e.stats()["sessions"] >= 2:
+                break
+            await asyncio.sleep(0.05)
         assert e.stats()["sessions"] >= 2 and e.stats()["acked"] == 0
         assert "ends inside the record" in e.last_error
         assert running.store.record_count() == 0

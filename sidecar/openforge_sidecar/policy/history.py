@@ -318,12 +318,15 @@ class TokenHistory:
         except OSError as exc:
             log.error("a conversation's head is lost (%s): its next call starts a segment", exc)
             self._heads = [h for h in self._heads if h is not head]
+            if isinstance(head.token_ids, stored.StoredIds):
+                head.token_ids.discard()
             return None
 
     def _joined(self, ids: stored.Ids, more: array[int], *, name: str) -> stored.Ids:
         """``ids``, then ``more``: past ``stored.SPILL_IDS``, in a file of its own, copied
         from the file of ``ids`` where they have one (a 10 MB prompt's IDs are not read
-        in, and not joined in memory). OSError when the file of ``ids`` is unreadable."""
+        in, and not joined in memory); in memory when that file cannot be written. OSError
+        when the file of ``ids`` is unreadable."""
         path = self._spill_path(name) if len(ids) + len(more) > stored.SPILL_IDS else None
         if path is None:
             return stored.loaded(ids) + more
@@ -334,10 +337,9 @@ class TokenHistory:
         except OSError as exc:
             with contextlib.suppress(OSError):
                 path.unlink(missing_ok=True)
-            if isinstance(ids, stored.StoredIds):
-                raise  # their own file is unreadable: nothing to join
+            joined = stored.loaded(ids) + more  # OSError: their own file is unreadable
             log.warning("token IDs stay in memory (%s)", exc)
-            return ids + more
+            return joined
 
     def _spill_path(self, name: str) -> Path | None:
         """A new file in the spill folder, if there is one."""

@@ -131,12 +131,18 @@ class Writer:
         return StoredIds(self._path, self._written)
 
     def discard(self) -> None:
-        if self._handle is not None:
-            self._handle.close()
-            self._handle = None
+        self._close()
         if self._path is not None:
-            self._path.unlink(missing_ok=True)
+            with contextlib.suppress(OSError):
+                self._path.unlink(missing_ok=True)
         self._held = array("i")
+
+    def _close(self) -> None:
+        """Close the file, whose errors, if any, were seen already (``_write`` flushes)."""
+        if self._handle is not None:
+            with contextlib.suppress(OSError):  # closing flushes again what failed
+                self._handle.close()
+            self._handle = None
 
     def _write(self) -> None:
         assert self._path is not None
@@ -149,9 +155,7 @@ class Writer:
         except OSError as exc:
             log.warning("token IDs stay in memory: %s: %s", self._path, exc)
             written = StoredIds(self._path, self._written)
-            if self._handle is not None:
-                self._handle.close()
-                self._handle = None
+            self._close()
             self._held = (written.load() if self._written else array("i")) + self._held
             with contextlib.suppress(OSError):
                 self._path.unlink(missing_ok=True)

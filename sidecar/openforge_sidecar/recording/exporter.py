@@ -206,8 +206,9 @@ class Exporter:
             acked_before = self._stats["acked"] + self._stats["skipped"]
             try:
                 await self._session()
+            # (OSError: a large record's segment unreadable while its parts are read)
             except (
-                grpc.aio.AioRpcError, _Refused, _StreamEnded, asyncio.InvalidStateError
+                grpc.aio.AioRpcError, _Refused, _StreamEnded, asyncio.InvalidStateError, OSError
             ) as exc:  # fmt: skip
                 self._note_failure(exc)
             except Exception as exc:  # the exporter must outlive any one bad session

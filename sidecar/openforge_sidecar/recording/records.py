@@ -289,7 +289,11 @@ def rollout_of(payload: bytes | memoryview) -> str:
     a large call's record is a copy of its request and its prompt's IDs.
 
     ValueError when the bytes are not a record's wire format."""
-    view = memoryview(payload)
+    with memoryview(payload) as view:  # released even when a traceback keeps this frame
+        return _rollout_of(view)
+
+
+def _rollout_of(view: memoryview) -> str:
     position = 0
     found = ""
     while position < len(view):

@@ -6,6 +6,7 @@ import dataclasses
 import json
 from array import array
 from pathlib import Path
+from typing import Any
 
 import pytest
 import tiny_policy
@@ -434,3 +435,30 @@ def test_a_long_new_prompt_is_planned_into_a_file_of_the_callers(
     plan.prompt_ids.discard()
     head = tokens._heads[-1].token_ids
     assert isinstance(head, stored.StoredIds) and head.load() == expected + array("i", [5])
+
+
+def test_a_continued_prompt_that_cannot_be_written_stays_in_memory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A full disk when the head's file is copied for the next prompt is not a lost
+    history: the prompt is joined in memory. A head whose own file is unreadable is lost,
+    and its file goes with it."""
+    monkeypatch.setattr(stored, "SPILL_IDS", 5)
+    tokens = history.TokenHistory(tiny(), spill=tmp_path / "heads")
+    first = tokens.plan(request(*BASE))
+    tokens.record(request(*BASE), first, reply=REPLY, completion_ids=[5])
+    head = tokens._heads[-1].token_ids
+    assert isinstance(head, stored.StoredIds)
+
+    def full(self: stored.StoredIds, path: Path, more: Any) -> stored.StoredIds:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(stored.StoredIds, "extended", full)
+    turn = request(*BASE, REPLY, result("call_1", "a.txt"))
+    plan = tokens.plan(turn)
+    assert plan.segment_reason == "" and isinstance(plan.prompt_ids, array)
+    assert plan.prompt_ids[: len(head)] == head.load()
+    tokens.finished(plan)
+    head.path.write_bytes(b"\0")  # now cut short
+    lost = tokens.plan(turn)
+    assert lost.segment_reason == "history_lost" and not head.path.exists()

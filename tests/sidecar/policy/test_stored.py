@@ -1,7 +1,9 @@
 from __future__ import annotations
 
+import io
 from array import array
 from pathlib import Path
+from typing import Any
 
 import pytest
 from openforge_sidecar.policy import stored
@@ -105,19 +107,41 @@ def test_a_writer_whose_file_fails_keeps_every_id_in_memory(
     unmade.extend(range(50))
     assert unmade.done() == array("i", range(50))
 
-    class Full:
-        def __init__(self, real: object) -> None:
-            self.real = real
+    class Full(io.RawIOBase):
+        """A file that takes 100 bytes, then fails as a full disk does, every time (so
+        the buffer's flush on close fails again)."""
 
-        def write(self, data: bytes) -> int:
-            raise OSError(28, "No space left on device")
+        def __init__(self, real: io.FileIO, room: int = 100) -> None:
+            self.real, self.room = real, room
+
+        def writable(self) -> bool:
+            return True
+
+        def write(self, data: Any) -> int:
+            if self.room <= 0:
+                raise OSError(28, "No space left on device")
+            taken = self.real.write(bytes(data)[: self.room]) or 0
+            self.room -= taken
+            return taken
 
         def close(self) -> None:
-            self.real.close()  # type: ignore[attr-defined]
+            self.real.close()
+            super().close()
 
-    failing = stored.Writer(tmp_path / "p.ids")
-    failing.extend(range(20))  # written
-    failing._handle = Full(failing._handle)  # type: ignore[assignment]
-    failing.extend(range(20, 50))
-    assert failing.done() == array("i", range(50))
-    assert not (tmp_path / "p.ids").exists()
+    for extra in (5, 30):  # the tail left in the buffer, and a write that fails
+        failing = stored.Writer(tmp_path / "p.ids")
+        failing.extend(range(20))  # 80 bytes, written
+        assert failing._handle is not None
+        raw = io.FileIO(failing._handle.fileno(), "wb", closefd=False)
+        failing._handle.close()
+        failing._handle = io.BufferedWriter(Full(raw), buffer_size=16)
+        failing.extend(range(20, 20 + extra))
+        assert failing.done() == array("i", range(20 + extra))
+        assert not (tmp_path / "p.ids").exists()
+        broken = stored.Writer(tmp_path / "q.ids")
+        broken.extend(range(20))
+        assert broken._handle is not None
+        broken._handle = io.BufferedWriter(Full(io.FileIO(tmp_path / "q.ids", "ab"), 0), 16)
+        broken._handle.write(b"x" * 10)  # held in its buffer, failing when flushed
+        broken.discard()
+        assert not (tmp_path / "q.ids").exists()

@@ -184,3 +184,22 @@ def test_frames_are_the_records_serialized_with_their_sequences(tmp_path: Path) 
         parsed = [trajectory_pb2.Record.FromString(payload) for _, payload in frames]
         assert parsed == list(s.records_after(2))
         assert [r.sequence for r in parsed] == [3, 4, 5]
+
+
+def test_a_large_frame_that_is_no_record_is_a_value_error_and_its_mapping_closes(
+    tmp_path: Path,
+) -> None:
+    """Read through its mapping, a large frame whose bytes are not a record's wire format
+    is the parser's ValueError (the traceback's view of the mapping is released, so
+    closing it is no BufferError)."""
+    from openforge_sidecar.recording import records
+
+    with spool.Spool(tmp_path) as s:
+        s.append([trajectory_pb2.Record(idempotency_key="k", rollout_id="r1")])
+    (segment,) = tmp_path.glob("segment-*")
+    frame = spool.LargeFrame(segment, 8, segment.stat().st_size - 8)
+    with frame.mapped() as view:
+        assert records.rollout_of(view) == "r1"
+    bad = spool.LargeFrame(segment, 0, segment.stat().st_size)  # from the frame's header
+    with pytest.raises(ValueError), bad.mapped() as view:
+        records.rollout_of(view)
