@@ -48,6 +48,15 @@ def fast(s: spool.Spool, target: str, **options: object) -> exporter.Exporter:
     )
 
 
+async def drained(s: spool.Spool, port: int) -> exporter.Exporter:
+    """An exporter of ``s`` run until everything is acknowledged, then stopped."""
+    e = fast(s, f"127.0.0.1:{port}")
+    e.start()
+    assert await e.flush(10)
+    await e.stop()
+    return e
+
+
 def run(
     tmp_path: Path,
     body: Callable[[collector.Collector, int, spool.Spool], Awaitable[None]],
@@ -259,10 +268,7 @@ def test_redelivery_without_watermark_is_acked_as_duplicate(tmp_path: Path) -> N
         await first.stop()
         (tmp_path / "spool" / "acked").unlink()
         with spool.Spool(tmp_path / "spool") as again:
-            second = fast(again, f"127.0.0.1:{port}")
-            second.start()
-            assert await second.flush(10)
-            await second.stop()
+            second = await drained(again, port)
             assert second.stats()["skipped"] == 1  # r0's one record
             assert second.stats()["duplicates"] == 10
             assert_stored_exactly(running, again)
@@ -453,10 +459,7 @@ def test_a_large_record_goes_in_parts_to_a_collector_that_joins_them(
 
     async def body(running: collector.Collector, port: int, s: spool.Spool) -> None:
         s.append(large_records("r1", [10, 999, 1000, 1500, 5000, 20]))
-        e = fast(s, f"127.0.0.1:{port}")
-        e.start()
-        assert await e.flush(10)
-        await e.stop()
+        e = await drained(s, port)
         assert e.stats()["sent"] == 6 and e.stats()["acked"] == 6 and s.acked == 6
         assert_stored_exactly(running, s)
         sizes = [len(payload) for _, payload in s.frames_after(0)]
@@ -469,10 +472,7 @@ def test_a_large_record_goes_in_parts_to_a_collector_that_joins_them(
         # ones' from their heads only, and sends nothing again
         (tmp_path / "spool" / "acked").unlink()
         with spool.Spool(tmp_path / "spool") as again:
-            second = fast(again, f"127.0.0.1:{port}")
-            second.start()
-            assert await second.flush(10)
-            await second.stop()
+            second = await drained(again, port)
             assert second.stats()["skipped"] == 6 and second.stats()["sent"] == 0
 
     run(tmp_path, body)

@@ -4,9 +4,11 @@ recorded, never sent on as it came (mitmproxy forwards a request whose hook rais
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import local_http
 import pytest
@@ -23,6 +25,30 @@ def engine() -> Iterator[str]:
         yield url
 
 
+@contextlib.asynccontextmanager
+async def requested(engine: str, tmp_path: Path, body: bytes) -> AsyncIterator[Any]:
+    """A running capture addon's ``request`` hook given a Chat Completions call of
+    ``body``: (the addon, the flow); the addon is done when the block ends."""
+    addon = capture.Capture()
+    with taddons.context(addon) as tctx:
+        tctx.configure(
+            addon,
+            openforge_engine=engine,
+            openforge_tokenizer=str(tiny_policy.DIR),
+            openforge_spool=str(tmp_path / "spool"),
+        )
+        await addon.running()
+        flow = tflow.tflow(
+            req=tutils.treq(
+                method=b"POST", path=b"/v1/chat/completions", content=body,
+                headers=((b"content-type", b"application/json"),),
+            )
+        )  # fmt: skip
+        await addon.request(flow)
+        yield addon, flow
+        await addon.done()
+
+
 @pytest.mark.parametrize("size", [100, 2 * 1024 * 1024])  # kept in memory, and stashed
 def test_a_request_the_sidecar_cannot_rewrite_is_refused_and_recorded(
     engine: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, size: int
@@ -36,29 +62,13 @@ def test_a_request_the_sidecar_cannot_rewrite_is_refused_and_recorded(
     ).encode()
 
     async def main() -> None:
-        addon = capture.Capture()
-        with taddons.context(addon) as tctx:
-            tctx.configure(
-                addon,
-                openforge_engine=engine,
-                openforge_tokenizer=str(tiny_policy.DIR),
-                openforge_spool=str(tmp_path / "spool"),
-            )
-            await addon.running()
-            flow = tflow.tflow(
-                req=tutils.treq(
-                    method=b"POST", path=b"/v1/chat/completions", content=body,
-                    headers=((b"content-type", b"application/json"),),
-                )
-            )  # fmt: skip
-            await addon.request(flow)
+        async with requested(engine, tmp_path, body) as (addon, flow):
             assert flow.response is not None and flow.response.status_code == 500
             error = json.loads(flow.response.content or b"")["error"]
             assert (
                 "could not rewrite it" in error["message"] and "no body today" in error["message"]
             )
             assert addon.stats["rewrite_failed"] == 1
-            await addon.done()
 
     asyncio.run(main())
     calls = [r.call for r in spool.Spool(tmp_path / "spool").records_after(0) if r.HasField("call")]
@@ -80,28 +90,12 @@ def test_a_large_calls_engine_request_is_sent_as_a_view_of_its_body(
     ).encode()
 
     async def main() -> None:
-        addon = capture.Capture()
-        with taddons.context(addon) as tctx:
-            tctx.configure(
-                addon,
-                openforge_engine=engine,
-                openforge_tokenizer=str(tiny_policy.DIR),
-                openforge_spool=str(tmp_path / "spool"),
-            )
-            await addon.running()
-            flow = tflow.tflow(
-                req=tutils.treq(
-                    method=b"POST", path=b"/v1/chat/completions", content=body,
-                    headers=((b"content-type", b"application/json"),),
-                )
-            )  # fmt: skip
-            await addon.request(flow)
+        async with requested(engine, tmp_path, body) as (_, flow):
             assert flow.response is None  # sent on to the engine
             sent = flow.request.raw_content
             assert isinstance(sent, memoryview if size > 1024 * 1024 else bytes)
             assert flow.request.headers["content-length"] == str(len(sent))
             prompt = json.loads(bytes(sent))["prompt"]
             assert len(prompt) > size // 2  # the prompt's IDs, all of them
-            await addon.done()
 
     asyncio.run(main())
