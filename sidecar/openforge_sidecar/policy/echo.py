@@ -117,7 +117,7 @@ class EchoCutter:
     def __init__(self, sink: Callable[[], Sink] = Collected, *, min_cut: int = MIN_CUT) -> None:
         self._make_sink = sink
         self._min_cut = min_cut
-        self._sink = sink()
+        self._sink: Sink | None = None  # the list being cut's (each list makes its own)
         self._state = _State.SCAN
         self._held = b""  # the end of a read that may start the key, or an ID cut in two
         self._colon = False  # KEY: the ":" has been seen
@@ -228,6 +228,7 @@ class EchoCutter:
             return self._fail(data, (position + problem[0], start), what=problem[1], out=out)
         if end < 0:
             return stop if stop < len(data) else len(data)
+        assert self._sink is not None  # made when the list began
         self._cut.append(self._sink)
         self._state = _State.PASS
         return end  # the "]" and the rest are passed
@@ -248,6 +249,7 @@ class EchoCutter:
                 ids = array("i")
         if len(ids) != len(pieces):  # something is wrong: find the first ID at fault
             return _first_fault(pieces)
+        assert self._sink is not None  # made when the list began
         self._sink.add(ids)
         self._first = self._first and not pieces
         return None
