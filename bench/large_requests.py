@@ -18,8 +18,13 @@ this bench did before 2026-12-05. With ``--shape many`` the body is a conversati
 ~2 KB turns instead of one message (a long agent session: every turn is a new piece
 for the tokenizer, a new message to parse and to render).
 
+A last row per size, "mitmproxy alone (floor)", sends the same body through
+``mitmdump`` with no addon to an upstream that drops it (``--no-floor`` leaves it
+out): what the proxy the sidecar is built on takes before any of its work, read the
+same way.
+
     python bench/large_requests.py [--sizes 1 10 30] [--stream] [--shape one|many]
-        [--no-collector] [--compare PATH] [--json]
+        [--no-collector] [--no-floor] [--compare PATH] [--json]
 """
 
 from __future__ import annotations
@@ -108,6 +113,59 @@ def one(
             exported(sidecar)
         time.sleep(2)
         after = servers.memory_kib(sidecar.process.pid)
+    return _row(body, took, idle, after)
+
+
+#: An upstream that reads a request's body, drops it and answers ``{}``.
+SINK_MAIN = """
+import sys
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+class Sink(BaseHTTPRequestHandler):
+    def do_POST(self):
+        self.rfile.read(int(self.headers["content-length"]))
+        self.send_response(200)
+        self.send_header("content-length", "2")
+        self.end_headers()
+        self.wfile.write(b"{}")
+    def log_message(self, *args):
+        pass
+ThreadingHTTPServer(("127.0.0.1", int(sys.argv[1])), Sink).serve_forever()
+"""
+#: ``mitmdump``, with no addon.
+MITMDUMP_MAIN = "import sys; from mitmproxy.tools.main import mitmdump; sys.exit(mitmdump())"
+
+
+#: The row of :func:`floor`.
+FLOOR = "mitmproxy alone (floor)"
+
+
+def floor(size_mb: float, workdir: Path, *, stream: bool, shape: str = "one") -> dict[str, Any]:
+    """The same call through mitmproxy alone, forwarded to a sink as it came: what the
+    proxy the sidecar is built on costs before any of the sidecar's work."""
+    with servers.Servers(workdir) as procs:
+        port = servers.free_port()
+        sink = procs.start("sink", [sys.executable, "-c", SINK_MAIN, str(port)], port)
+        port = servers.free_port()
+        argv = [sys.executable, "-c", MITMDUMP_MAIN, "-q", "--mode", f"reverse:{sink.url}",
+                "--listen-host", "127.0.0.1", "--listen-port", str(port)]  # fmt: skip
+        proxy = procs.start("mitmdump", argv, port)
+        httpx.post(proxy.url + "/v1/chat/completions", content=b"{}", timeout=120, trust_env=False)
+        time.sleep(1)
+        idle = servers.memory_kib(proxy.process.pid)
+        body = body_of(size_mb, stream=stream, shape=shape)
+        start = time.monotonic()
+        answer = httpx.post(
+            proxy.url + "/v1/chat/completions", content=body, timeout=900, trust_env=False
+        )
+        took = time.monotonic() - start
+        if answer.status_code != 200:
+            raise RuntimeError(f"{answer.status_code}: {answer.text[:300]}")
+        time.sleep(2)
+        after = servers.memory_kib(proxy.process.pid)
+    return _row(body, took, idle, after)
+
+
+def _row(body: bytes, took: float, idle: dict[str, int], after: dict[str, int]) -> dict[str, Any]:
     body_mb = len(body) / MB
     idle_mb, peak_mb, after_mb = idle["VmRSS"] / 1024, after["VmHWM"] / 1024, after["VmRSS"] / 1024
     return {
@@ -150,6 +208,9 @@ def main(argv: list[str]) -> int:
     parser.add_argument(
         "--no-collector", action="store_true", help="spool only: export to no collector"
     )
+    parser.add_argument(
+        "--no-floor", action="store_true", help="leave out the row of mitmproxy alone"
+    )
     parser.add_argument("--json", action="store_true", help="print the results as JSON only")
     args = parser.parse_args(argv)
     trees: list[tuple[str, Path | None]] = [("sidecar", None)] + [
@@ -168,6 +229,12 @@ def main(argv: list[str]) -> int:
                     stream=args.stream,
                     export=not args.no_collector,
                     shape=args.shape,
+                )
+            if not args.no_floor:
+                workdir = Path(scratch) / f"floor-{size}"
+                workdir.mkdir()
+                results.setdefault(FLOOR, {})[f"{size:g} MB"] = floor(
+                    size, workdir, stream=args.stream, shape=args.shape
                 )
     if args.json:
         print(json.dumps(results, indent=1))

@@ -1088,7 +1088,7 @@ def _release(call: _Call) -> bool:
 
 
 #: A call whose request is larger than this is followed by a collection and a trim...
-TRIM_AFTER_BYTES = 1024 * 1024
+TRIM_AFTER_BYTES = memory.LARGE_BYTES
 #: ...this many seconds later.
 TRIM_DELAY_S = 0.5
 

@@ -10,6 +10,13 @@ from __future__ import annotations
 
 import ctypes
 
+#: A request body, a prompt's text or a record from this size up is a large call's: its
+#: body waits in a file, its prompt is rendered and encoded a piece at a time, its record
+#: goes out in parts, and freed memory is handed back around each step. Below it, that
+#: care costs more than it saves; at 1 MiB, a 1 MB call peaked at 6 times its size over
+#: idle, at 256 KiB at under 4 (``bench/large_requests.py``).
+LARGE_BYTES = 256 * 1024
+
 
 def return_freed_memory() -> None:
     """Hand memory freed by the C allocator back to the OS (glibc's ``malloc_trim``).

@@ -25,11 +25,14 @@ def test_a_small_run_reports_memory_and_time_per_size(shape: str) -> None:
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     table, marker, summary = done.stdout.partition("--- json ---\n")
     assert marker and "peak-idle/body" in table
-    rows = json.loads(summary)["sidecar"]
-    assert set(rows) == {"0.2 MB", "1 MB"}
-    for row in rows.values():
-        assert row["seconds"] > 0 and row["idle_mb"] > 10
-        assert row["peak_mb"] >= row["after_mb"] > 0
+    results = json.loads(summary)
+    assert set(results) == {"sidecar", "mitmproxy alone (floor)"}
+    for rows in results.values():
+        assert set(rows) == {"0.2 MB", "1 MB"}
+        for row in rows.values():
+            assert row["seconds"] >= 0 and row["idle_mb"] > 10
+            assert row["peak_mb"] >= row["after_mb"] > 0
+    assert all(row["seconds"] > 0 for row in results["sidecar"].values())
 
 
 def test_the_many_shape_is_a_conversation_of_small_turns_ending_with_the_users() -> None:

@@ -27,6 +27,7 @@ from openforge import chat_template, endpoints
 from openforge.wire import conversation
 from tokenizers import Tokenizer, decoders
 
+from openforge_sidecar import memory
 from openforge_sidecar.policy import segments, stored
 
 IMAGE_PLACEHOLDER = "<image>"
@@ -37,7 +38,7 @@ _FETCH_TIMEOUT_S = 30.0
 
 #: A prompt up to this many characters is rendered whole, then encoded (a few tens of
 #: microseconds sooner than chunk by chunk); a longer one never is (:meth:`render_ids`).
-WHOLE_PROMPT_CHARS = 1024 * 1024
+WHOLE_PROMPT_CHARS = memory.LARGE_BYTES
 
 
 class PolicyTokenizer:

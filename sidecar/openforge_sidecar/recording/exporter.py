@@ -50,13 +50,23 @@ Record = Any  # trajectory_pb2.Record
 BATCH_BYTES = 8 * 1024 * 1024
 #: A frame over this many bytes is a large call's record: freed memory is handed back
 #: before it is sent (see :meth:`Exporter._send`).
-LARGE_RECORD_BYTES = 1024 * 1024
+LARGE_RECORD_BYTES = memory.LARGE_BYTES
 _PUSH = "/{}/Push".format(trajectory_pb2.DESCRIPTOR.services_by_name["TrajectoryService"].full_name)
 
 
 def _as_is(payload: bytes) -> bytes:
     """A Push message's serializer: the spool's frame is the record's serialization."""
     return payload
+
+
+def _part(frame: spool_module.LargeFrame, *, offset: int, sequence: int) -> bytes:
+    """The Push message of ``frame``'s part at ``offset``: its piece, read from the spool,
+    behind the part's head (see ``records.part_head``)."""
+    piece = frame.read(offset, channel.PART_BYTES)
+    head = records.part_head(
+        sequence=sequence, offset=offset, total_bytes=len(frame), size=len(piece)
+    )
+    return head + piece
 
 
 def _ack(data: bytes) -> Any:
@@ -374,12 +384,9 @@ class Exporter:
         OSError (its segment unreadable) ends the session; the collector drops the
         parts it has, and the record is sent again by a later one."""
         for offset in range(0, len(frame), channel.PART_BYTES):
-            piece = await asyncio.to_thread(frame.read, offset, channel.PART_BYTES)
-            part = trajectory_pb2.RecordPart(offset=offset, total_bytes=len(frame), data=piece)
-            await call.write(
-                trajectory_pb2.Record(sequence=sequence, part=part).SerializeToString()
-            )
-            del piece, part
+            message = await asyncio.to_thread(_part, frame, offset=offset, sequence=sequence)
+            await call.write(message)
+            del message
 
     async def _receive(self, call: Any) -> None:
         while True:

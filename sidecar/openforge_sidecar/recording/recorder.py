@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from openforge.trajectory.v1 import trajectory_pb2 as pb
 
+from openforge_sidecar import memory
 from openforge_sidecar.policy import stored
 from openforge_sidecar.recording import records, spool
 from openforge_sidecar.recording import resume as resuming
@@ -37,7 +38,7 @@ if TYPE_CHECKING:  # imported only with a collector, once the proxy serves: gRPC
 log = logging.getLogger("openforge.sidecar")
 
 #: A request body larger than this waits for its record in a file (:meth:`Recorder.stash`).
-STASH_BYTES = 1024 * 1024
+STASH_BYTES = memory.LARGE_BYTES
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -284,6 +284,17 @@ def _fill(target: Any, ids: Sequence[int]) -> None:
         target[start : start + _IDS_PER_EXTEND] = ids[start : start + _IDS_PER_EXTEND]
 
 
+def part_head(*, sequence: int, offset: int, total_bytes: int, size: int) -> bytes:
+    """The bytes of a serialized ``Record`` holding only ``sequence`` and a ``RecordPart``
+    that come before its ``size`` bytes of data, the message's last field: the message
+    is this head and the data, joined once (built as messages and then serialized, the
+    data was copied three times: into the part, into the record, and out)."""
+    part = pb.RecordPart(offset=offset, total_bytes=total_bytes).SerializeToString()
+    part += _key(_PART_DATA) + _varint(size)
+    record = pb.Record(sequence=sequence).SerializeToString()
+    return record + _key(_PART) + _varint(len(part) + size) + part
+
+
 def rollout_of(payload: bytes | memoryview) -> str:
     """The ``rollout_id`` of a serialized record, read without parsing the rest: parsed,
     a large call's record is a copy of its request and its prompt's IDs.
@@ -347,5 +358,8 @@ def _key(field_number: int) -> bytes:
 _CALL = pb.Record.DESCRIPTOR.fields_by_name["call"].number
 _ROLLOUT_ID = pb.Record.DESCRIPTOR.fields_by_name["rollout_id"].number
 _REQUEST_JSON = pb.ModelCall.DESCRIPTOR.fields_by_name["request_json"].number
-#: Token IDs are copied into a message this many at a time.
-_IDS_PER_EXTEND = 64 * 1024
+_PART = pb.Record.DESCRIPTOR.fields_by_name["part"].number
+_PART_DATA = pb.RecordPart.DESCRIPTOR.fields_by_name["data"].number
+#: Token IDs are copied into a message this many at a time: protobuf makes a list of
+#: them first, ~40 bytes an ID (64 Ki of them were 2.5 MB, for a 1 MB call's record).
+_IDS_PER_EXTEND = 8 * 1024
