@@ -106,6 +106,11 @@ class Writer:
                 batch.append(self._queue.get_nowait())
             stop = None in batch
             found = [r for r in batch if r is not None]
+            if any(isinstance(r, records.CallRecord) and r.large for r in found):
+                # what the call freed (its answer's buffers, read whole) goes back to the
+                # OS before its record is written beside it (this thread's wait, not the
+                # event loop's)
+                memory.return_freed_memory()
             if found:
                 self._append(found)
                 with self._durable:

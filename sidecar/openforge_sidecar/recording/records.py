@@ -93,7 +93,7 @@ class Stashed:
         return self.size
 
     def pieces(self) -> Iterator[bytes]:
-        """The body, a megabyte at a time; OSError when the file is not the body."""
+        """The body, a quarter megabyte at a time; OSError when the file is not the body."""
         read = 0
         with self.path.open("rb") as handle:
             while piece := handle.read(_PIECE_BYTES):
@@ -114,7 +114,8 @@ Body = bytes | Stashed
 #: ...in this folder of the spool's directory (with a large call's prompt IDs, and large
 #: conversation heads' IDs in ``heads/``).
 STASH_DIRECTORY = "stash"
-_PIECE_BYTES = 1024 * 1024
+#: A stashed body is read back this much at a time (each piece is written as it is read).
+_PIECE_BYTES = 256 * 1024
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -212,6 +213,13 @@ class CallRecord:
                 yield chunk.SerializeToString()
 
         return total, pieces()
+
+    @property
+    def large(self) -> bool:
+        """Whether its request or its prompt's IDs wait in a file (a large call's)."""
+        return isinstance(self.request_json, Stashed) or isinstance(
+            self.prompt_ids, stored.StoredIds
+        )
 
     def release(self) -> None:
         """The spool took the record, or refused it: what was stashed is not needed again."""

@@ -1,11 +1,13 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections import Counter
 from pathlib import Path
 
 import pytest
 from openforge.wire import conversation
+from openforge_sidecar import memory
 from openforge_sidecar.recording import recorder, records, spool
 
 
@@ -35,6 +37,28 @@ def test_a_large_body_waits_in_a_file_until_its_record_is_spooled(tmp_path: Path
     assert [r.WhichOneof("body") for r in spooled] == ["started", "call"]
     assert spooled[1].call.request_json == large
     assert list(spooled[1].call.prompt_token_ids) == [1, 2, 3]
+
+
+def test_freed_memory_is_handed_back_before_a_large_calls_record_is_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Not before a small call's: only a large call leaves enough freed behind (its
+    answer's buffers) to be worth the trim, which then runs in the writer's thread."""
+    trims: list[str] = []
+    monkeypatch.setattr(memory, "return_freed_memory", lambda: trims.append(thread_name()))
+    stashed = a_recorder(tmp_path / "stash").stash(1, b"y" * (recorder.STASH_BYTES + 1))
+    with spool.Spool(tmp_path / "spool") as store:
+        writer = recorder.Writer(store, on_failed=lambda entry, exc: None)
+        for body in (b"{}", stashed):
+            finished = records.Call(call_index=0, api=conversation.WireApi.OPENAI_CHAT,
+                                    request_json=body, prompt_ids=[1, 2])  # fmt: skip
+            assert writer.wait(writer.put(records.call(job="j", rollout_id="r", finished=finished)))
+            assert trims == ([] if body == b"{}" else ["openforge-spool"])
+        writer.close()
+
+
+def thread_name() -> str:
+    return threading.current_thread().name
 
 
 def test_a_body_an_earlier_sidecar_left_stashed_is_deleted(tmp_path: Path) -> None:
