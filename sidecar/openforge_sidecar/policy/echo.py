@@ -45,7 +45,9 @@ MIN_CUT = 64 * 1024
 #: The most bytes one ID (with the spaces around it) may take.
 _MAX_ID_BYTES = 64
 _ID_RUN = re.compile(rb"[0-9, \t]*")
-_ONE_ID = re.compile(rb"[ \t]*([0-9]+)[ \t]*")
+#: An ID as JSON writes a non-negative integer: no leading zero (``007`` is not JSON).
+_ONE_ID = re.compile(rb"[ \t]*(0|[1-9][0-9]*)[ \t]*")
+_LEADING_ZERO = re.compile(rb"(?:^|[, \t])0[0-9]")
 _MAX_ID = 2**31 - 1
 
 
@@ -242,7 +244,7 @@ class EchoCutter:
         elif self._first and len(pieces) == 1 and not pieces[0].strip(b" \t"):
             return None  # an empty list
         ids: array[int] = array("i")
-        if _ID_RUN.fullmatch(run) is not None:
+        if _ID_RUN.fullmatch(run) is not None and _LEADING_ZERO.search(run) is None:
             try:
                 ids = array("i", map(int, pieces))
             except (ValueError, OverflowError):
@@ -274,6 +276,8 @@ def _first_fault(pieces: list[bytes]) -> tuple[int, str]:
             return offset, "an ID too long"
         if digits is None:
             at = offset + len(piece) - len(piece.lstrip(b" \t"))
+            if piece[at - offset : at - offset + 1] == b"0" and _LEADING_ZERO.search(piece):
+                return at, "an ID with a leading zero"
             while at < offset + len(piece) and piece[at - offset] in b"0123456789":
                 at += 1
             return at, "not a decimal ID"

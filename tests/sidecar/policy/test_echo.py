@@ -122,6 +122,10 @@ def test_a_large_echo_reads_as_json_reads_it_whole_or_in_reads(stream: bytes) ->
         (json.dumps(_IDS)[:-1] + ",]", "]}]}", "an empty element"),
         (json.dumps(_IDS).replace(", ", " ,\n "), "\n", "not a decimal ID"),  # spans lines
         ("[" + "1" * 200 + "]", "1" * 200, "an ID too long"),
+        # JSON has no leading zeros (the JSON parser refuses a short echo with one)
+        (json.dumps(_IDS)[:-1] + ", 007]", "007]", "an ID with a leading zero"),
+        ("[00, 1]", "00, 1]", "an ID with a leading zero"),
+        (json.dumps(_IDS)[:-1] + ", 0 7]", " 7]", "not a decimal ID"),
         ("[" + "1" * 100_000 + "]", "1" * 100_000, "an ID too long"),
     ],
 )
