@@ -131,24 +131,20 @@ class Sink(BaseHTTPRequestHandler):
         pass
 ThreadingHTTPServer(("127.0.0.1", int(sys.argv[1])), Sink).serve_forever()
 """
-#: ``mitmdump``, with no addon.
-MITMDUMP_MAIN = "import sys; from mitmproxy.tools.main import mitmdump; sys.exit(mitmdump())"
-
-
 #: The row of :func:`floor`.
 FLOOR = "mitmproxy alone (floor)"
 
 
 def floor(size_mb: float, workdir: Path, *, stream: bool, shape: str = "one") -> dict[str, Any]:
     """The same call through mitmproxy alone, forwarded to a sink as it came: what the
-    proxy the sidecar is built on costs before any of the sidecar's work."""
+    proxy the sidecar is built on costs before any of the sidecar's work. The sink
+    answers ``{}`` either way, so ``stream`` changes only the request's flag."""
     with servers.Servers(workdir) as procs:
         port = servers.free_port()
         sink = procs.start("sink", [sys.executable, "-c", SINK_MAIN, str(port)], port)
-        port = servers.free_port()
-        argv = [sys.executable, "-c", MITMDUMP_MAIN, "-q", "--mode", f"reverse:{sink.url}",
-                "--listen-host", "127.0.0.1", "--listen-port", str(port)]  # fmt: skip
-        proxy = procs.start("mitmdump", argv, port)
+        # the C allocator's policy the sidecar sets for itself (memory.map_large_buffers)
+        policy = {"MALLOC_MMAP_THRESHOLD_": str(256 * 1024)}
+        proxy = procs.mitmdump(sink, addon=False, env=policy)
         httpx.post(proxy.url + "/v1/chat/completions", content=b"{}", timeout=120, trust_env=False)
         time.sleep(1)
         idle = servers.memory_kib(proxy.process.pid)

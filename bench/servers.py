@@ -98,9 +98,13 @@ class Servers:
         for server in reversed(self.started):
             server.stop()
 
-    def start(self, name: str, argv: list[str], port: int) -> Server:
+    def start(
+        self, name: str, argv: list[str], port: int, *, env: dict[str, str] | None = None
+    ) -> Server:
+        """Start ``argv`` (with ``env`` added to this process's environment) and wait
+        until it listens on ``port``."""
         log = self.workdir / f"{name}.log"
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
         with log.open("ab") as handle:
             process = subprocess.Popen(
                 argv, stdout=handle, stderr=subprocess.STDOUT, env=env, start_new_session=True
@@ -193,21 +197,24 @@ class Servers:
         argv = [sys.executable, str(PROFILE_ADDON), *profile_flags, "--", *flags]
         return self.start("sidecar", argv, port)
 
-    def mitmdump(self, engine: Server) -> Server:
-        """Stock mitmdump in reverse mode with only the trivial tee addon, quiet like the
-        sidecar."""
+    def mitmdump(
+        self, engine: Server, *, addon: bool = True, env: dict[str, str] | None = None
+    ) -> Server:
+        """Stock mitmdump in reverse mode, quiet like the sidecar, with only the trivial
+        tee addon (none without ``addon``), its certificates in the workdir."""
         port = free_port()
         argv = [
             str(Path(sys.executable).with_name("mitmdump")),
             "--mode", f"reverse:{engine.url}",
             "--listen-host", "127.0.0.1",
             "--listen-port", str(port),
-            "-s", str(TEE_ADDON),
+            *(("-s", str(TEE_ADDON)) if addon else ()),
+            "--set", f"confdir={self.workdir / 'mitmproxy'}",
             "--set", "connection_strategy=lazy",
             "--set", "flow_detail=0",
             "--set", "termlog_verbosity=warn",
         ]  # fmt: skip
-        return self.start("mitmdump", argv, port)
+        return self.start("mitmdump", argv, port, env=env)
 
 
 def _exporting(collector: Server | None) -> list[str]:

@@ -505,6 +505,9 @@ class Capture:
             self._fail(flow, call, status=503, message=f"policy tokenizer unavailable: {exc}")
             return False
         assert self._history is not None
+        # A large call is one whose body was stashed: over recorder.STASH_BYTES (that is,
+        # memory.LARGE_BYTES), unless the disk refused the file (then it stays in memory,
+        # and so does the rest of the call).
         large = isinstance(call.request_json, records.Stashed)
         if large:
             # What reading and parsing its body freed goes back to the OS before the
@@ -837,7 +840,8 @@ class Capture:
         def trim() -> None:
             self._trim = None
             gc.collect()
-            memory.return_freed_memory()
+            # the C heap's trim in a worker thread: the loop's streams must not wait for it
+            asyncio.get_running_loop().run_in_executor(None, memory.return_freed_memory)
 
         self._trim = asyncio.get_running_loop().call_later(TRIM_DELAY_S, trim)
 

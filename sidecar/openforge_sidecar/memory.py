@@ -9,13 +9,17 @@ another C library they do nothing) keep it near what is live.
 from __future__ import annotations
 
 import ctypes
+import threading
 
-#: A request body, a prompt's text or a record from this size up is a large call's: its
-#: body waits in a file, its prompt is rendered and encoded a piece at a time, its record
-#: goes out in parts, and freed memory is handed back around each step. Below it, that
-#: care costs more than it saves; at 1 MiB, a 1 MB call peaked at 6 times its size over
-#: idle, at 256 KiB at under 4 (``bench/large_requests.py``).
+#: A request body, a prompt's text (in characters) or a record over this size is a large
+#: call's: its body waits in a file, its prompt is rendered and encoded a piece at a time,
+#: and freed memory is handed back around each step (its record goes out in parts too,
+#: over ``channel.PART_BYTES``, the same size). Below it, that care costs more than it
+#: saves; with 1 MiB here, a 1 MB call peaked at 6-10 times its size over idle, with
+#: 256 KiB at 3.6-4.7 times (``bench/large_requests.py``, docs/benchmarks.md).
 LARGE_BYTES = 256 * 1024
+
+_trimming = threading.Lock()
 
 
 def return_freed_memory() -> None:
@@ -25,12 +29,21 @@ def return_freed_memory() -> None:
     150k-token vocabulary ~104 MB more resident while parsing, of which glibc
     keeps ~56 MB for reuse after the parse, resident, until trimmed. Without
     glibc (musl) there is nothing to call and nothing is done.
+
+    A call while another thread trims returns at once: that trim hands back what
+    was freed, and glibc holds each heap's lock while it trims, so a second trim
+    would only make the threads allocating in it wait longer.
     """
-    try:
-        trim = ctypes.CDLL(None).malloc_trim
-    except (OSError, AttributeError):
+    if not _trimming.acquire(blocking=False):
         return
-    trim(0)
+    try:
+        try:
+            trim = ctypes.CDLL(None).malloc_trim
+        except (OSError, AttributeError):
+            return
+        trim(0)
+    finally:
+        _trimming.release()
 
 
 #: glibc's ``mallopt`` parameter for the size from which an allocation is its own mapping.

@@ -14,7 +14,7 @@ import local_http
 import pytest
 import tiny_policy
 from mitmproxy.test import taddons, tflow, tutils
-from openforge_sidecar import capture
+from openforge_sidecar import capture, memory
 from openforge_sidecar.policy import engine as engine_module
 from openforge_sidecar.recording import spool
 
@@ -77,7 +77,7 @@ def test_a_request_the_sidecar_cannot_rewrite_is_refused_and_recorded(
     assert not list((tmp_path / "spool" / "stash").glob("*.*"))
 
 
-@pytest.mark.parametrize("size", [100, 2 * 1024 * 1024])
+@pytest.mark.parametrize("size", [100, 512 * 1024, 2 * 1024 * 1024])
 def test_a_large_calls_engine_request_is_sent_as_a_view_of_its_body(
     engine: str, tmp_path: Path, size: int
 ) -> None:
@@ -93,7 +93,7 @@ def test_a_large_calls_engine_request_is_sent_as_a_view_of_its_body(
         async with requested(engine, tmp_path, body) as (_, flow):
             assert flow.response is None  # sent on to the engine
             sent = flow.request.raw_content
-            assert isinstance(sent, memoryview if size > 1024 * 1024 else bytes)
+            assert isinstance(sent, memoryview if len(body) > memory.LARGE_BYTES else bytes)
             assert flow.request.headers["content-length"] == str(len(sent))
             prompt = json.loads(bytes(sent))["prompt"]
             assert len(prompt) > size // 2  # the prompt's IDs, all of them

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes
+import threading
 from pathlib import Path
 
 import pytest
@@ -29,3 +30,30 @@ def test_freed_memory_goes_back_to_the_os() -> None:
     memory.return_freed_memory()
     assert before - _rss_mb() > 20, "nothing was returned"
     del pin
+
+
+def test_a_trim_while_another_thread_trims_returns_at_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """glibc holds a heap's lock while it trims it: a second trim would only make the
+    threads allocating there wait twice as long, for nothing more handed back."""
+    started, release = threading.Event(), threading.Event()
+    calls: list[int] = []
+
+    class Libc:
+        def malloc_trim(self, pad: int) -> int:
+            calls.append(pad)
+            started.set()
+            release.wait(10)
+            return 1
+
+    monkeypatch.setattr(memory.ctypes, "CDLL", lambda name: Libc())
+    first = threading.Thread(target=memory.return_freed_memory)
+    first.start()
+    assert started.wait(10)
+    memory.return_freed_memory()  # returns at once, without a trim of its own
+    assert calls == [0]
+    release.set()
+    first.join(10)
+    memory.return_freed_memory()  # the first is done: this one trims
+    assert calls == [0, 0]

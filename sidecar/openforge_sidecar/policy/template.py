@@ -38,6 +38,8 @@ _FETCH_TIMEOUT_S = 30.0
 
 #: A prompt up to this many characters is rendered whole, then encoded (a few tens of
 #: microseconds sooner than chunk by chunk); a longer one never is (:meth:`render_ids`).
+#: A count of characters, as many as a large call's bytes: a prompt this long is about
+#: a body that large.
 WHOLE_PROMPT_CHARS = memory.LARGE_BYTES
 
 

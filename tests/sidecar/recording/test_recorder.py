@@ -44,21 +44,28 @@ def test_freed_memory_is_handed_back_before_a_large_calls_record_is_written(
 ) -> None:
     """Not before a small call's: only a large call leaves enough freed behind (its
     answer's buffers) to be worth the trim, which then runs in the writer's thread."""
-    trims: list[str] = []
-    monkeypatch.setattr(memory, "return_freed_memory", lambda: trims.append(thread_name()))
+    done: list[str] = []
+
+    def trim() -> None:
+        done.append(f"trim in {threading.current_thread().name}")
+
+    monkeypatch.setattr(memory, "return_freed_memory", trim)
     stashed = a_recorder(tmp_path / "stash").stash(1, b"y" * (recorder.STASH_BYTES + 1))
     with spool.Spool(tmp_path / "spool") as store:
+        append = store.append
+
+        def appended(entries: list[spool.Entry]) -> list[int]:
+            done.append("append")
+            return append(entries)
+
+        monkeypatch.setattr(store, "append", appended)
         writer = recorder.Writer(store, on_failed=lambda entry, exc: None)
         for body in (b"{}", stashed):
             finished = records.Call(call_index=0, api=conversation.WireApi.OPENAI_CHAT,
                                     request_json=body, prompt_ids=[1, 2])  # fmt: skip
             assert writer.wait(writer.put(records.call(job="j", rollout_id="r", finished=finished)))
-            assert trims == ([] if body == b"{}" else ["openforge-spool"])
         writer.close()
-
-
-def thread_name() -> str:
-    return threading.current_thread().name
+    assert done == ["append", "trim in openforge-spool", "append"]
 
 
 def test_a_body_an_earlier_sidecar_left_stashed_is_deleted(tmp_path: Path) -> None:
