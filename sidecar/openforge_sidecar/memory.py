@@ -16,7 +16,7 @@ import threading
 #: and freed memory is handed back around each step (its record goes out in parts too,
 #: over ``channel.PART_BYTES``, the same size). Below it, that care costs more than it
 #: saves; with 1 MiB here, a 1 MB call peaked at 6-10 times its size over idle, with
-#: 256 KiB at 3.6-4.7 times (``bench/large_requests.py``, docs/benchmarks.md).
+#: 256 KiB at 3.5-4.4 times (``bench/large_requests.py``, docs/benchmarks.md).
 LARGE_BYTES = 256 * 1024
 
 _trimming = threading.Lock()
