@@ -61,7 +61,9 @@ def _as_is(payload: bytes) -> bytes:
 
 def _part(frame: spool_module.LargeFrame, *, offset: int, sequence: int) -> bytes:
     """The Push message of ``frame``'s part at ``offset``: its piece, read from the spool,
-    behind the part's head (see ``records.part_head``)."""
+    behind the part's head (see ``records.part_head``): two copies of the part at once,
+    since gRPC takes a message only as ``bytes`` (a ``bytearray`` read into in place is
+    refused)."""
     piece = frame.read(offset, channel.PART_BYTES)
     head = records.part_head(
         sequence=sequence, offset=offset, total_bytes=len(frame), size=len(piece)
