@@ -47,7 +47,7 @@ _MAX_ID_BYTES = 64
 _ID_RUN = re.compile(rb"[0-9, \t]*")
 #: An ID as JSON writes a non-negative integer: no leading zero (``007`` is not JSON).
 _ONE_ID = re.compile(rb"[ \t]*(0|[1-9][0-9]*)[ \t]*")
-_LEADING_ZERO = re.compile(rb"(?:^|[, \t])0[0-9]")
+_LEADING_ZERO = re.compile(rb"(?:^|(?<=[, \t]))0[0-9]")
 _MAX_ID = 2**31 - 1
 
 
@@ -276,7 +276,7 @@ def _first_fault(pieces: list[bytes]) -> tuple[int, str]:
             return offset, "an ID too long"
         if digits is None:
             at = offset + len(piece) - len(piece.lstrip(b" \t"))
-            if piece[at - offset : at - offset + 1] == b"0" and _LEADING_ZERO.search(piece):
+            if _LEADING_ZERO.match(piece, at - offset):
                 return at, "an ID with a leading zero"
             while at < offset + len(piece) and piece[at - offset] in b"0123456789":
                 at += 1

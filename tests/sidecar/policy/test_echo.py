@@ -126,6 +126,7 @@ def test_a_large_echo_reads_as_json_reads_it_whole_or_in_reads(stream: bytes) ->
         (json.dumps(_IDS)[:-1] + ", 007]", "007]", "an ID with a leading zero"),
         ("[00, 1]", "00, 1]", "an ID with a leading zero"),
         (json.dumps(_IDS)[:-1] + ", 0 7]", " 7]", "not a decimal ID"),
+        (json.dumps(_IDS)[:-1] + ", 0 07]", " 07]", "not a decimal ID"),  # the first fault
         ("[" + "1" * 100_000 + "]", "1" * 100_000, "an ID too long"),
     ],
 )
