@@ -34,10 +34,12 @@ import json
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import httpx
+from openforge_sidecar import memory
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import servers  # this folder's module, once it is on the path
@@ -93,26 +95,43 @@ def one(
             if tree is None
             else procs.sidecar_of(tree, engine, "other", collector=collector)
         )
-        warm = {"model": "policy", "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]}
-        httpx.post(sidecar.url + "/v1/chat/completions", json=warm, timeout=120, trust_env=False)
-        time.sleep(1)
-        idle = servers.memory_kib(sidecar.process.pid)
-        body = body_of(size_mb, stream=stream, shape=shape)
-        start = time.monotonic()
-        answer = httpx.post(
-            sidecar.url + "/v1/chat/completions",
-            content=body,
-            headers={"content-type": "application/json"},
-            timeout=900,
-            trust_env=False,
+        return _measured(
+            sidecar,
+            body_of(size_mb, stream=stream, shape=shape),
+            streamed=stream,
+            settle=(lambda: exported(sidecar)) if collector is not None else None,
         )
-        took = time.monotonic() - start
-        if answer.status_code != 200 or (stream and b"data: [DONE]" not in answer.content):
-            raise RuntimeError(f"{answer.status_code}: {answer.text[:300]}")
-        if collector is not None:
-            exported(sidecar)
-        time.sleep(2)
-        after = servers.memory_kib(sidecar.process.pid)
+
+
+def _measured(
+    proxy: servers.Server,
+    body: bytes,
+    *,
+    streamed: bool = False,
+    settle: Callable[[], None] | None = None,
+) -> dict[str, Any]:
+    """``body`` through ``proxy`` after one small call (its tokenizer loaded, if any):
+    the time to the answer (a streamed one must end with ``[DONE]``), and the proxy's
+    memory before, at its peak and two seconds after (after ``settle``)."""
+    warm = {"model": "policy", "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]}
+    httpx.post(proxy.url + "/v1/chat/completions", json=warm, timeout=120, trust_env=False)
+    time.sleep(1)
+    idle = servers.memory_kib(proxy.process.pid)
+    start = time.monotonic()
+    answer = httpx.post(
+        proxy.url + "/v1/chat/completions",
+        content=body,
+        headers={"content-type": "application/json"},
+        timeout=900,
+        trust_env=False,
+    )
+    took = time.monotonic() - start
+    if answer.status_code != 200 or (streamed and b"data: [DONE]" not in answer.content):
+        raise RuntimeError(f"{answer.status_code}: {answer.text[:300]}")
+    if settle is not None:
+        settle()
+    time.sleep(2)
+    after = servers.memory_kib(proxy.process.pid)
     return _row(body, took, idle, after)
 
 
@@ -143,22 +162,9 @@ def floor(size_mb: float, workdir: Path, *, stream: bool, shape: str = "one") ->
         port = servers.free_port()
         sink = procs.start("sink", [sys.executable, "-c", SINK_MAIN, str(port)], port)
         # the C allocator's policy the sidecar sets for itself (memory.map_large_buffers)
-        policy = {"MALLOC_MMAP_THRESHOLD_": str(256 * 1024)}
+        policy = {"MALLOC_MMAP_THRESHOLD_": str(memory.MMAP_THRESHOLD_BYTES)}
         proxy = procs.mitmdump(sink, addon=False, env=policy)
-        httpx.post(proxy.url + "/v1/chat/completions", content=b"{}", timeout=120, trust_env=False)
-        time.sleep(1)
-        idle = servers.memory_kib(proxy.process.pid)
-        body = body_of(size_mb, stream=stream, shape=shape)
-        start = time.monotonic()
-        answer = httpx.post(
-            proxy.url + "/v1/chat/completions", content=body, timeout=900, trust_env=False
-        )
-        took = time.monotonic() - start
-        if answer.status_code != 200:
-            raise RuntimeError(f"{answer.status_code}: {answer.text[:300]}")
-        time.sleep(2)
-        after = servers.memory_kib(proxy.process.pid)
-    return _row(body, took, idle, after)
+        return _measured(proxy, body_of(size_mb, stream=stream, shape=shape))
 
 
 def _row(body: bytes, took: float, idle: dict[str, int], after: dict[str, int]) -> dict[str, Any]:
