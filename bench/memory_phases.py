@@ -8,7 +8,8 @@ open ones above it) in a shared page. A thread of this process reads the sidecar
 seen in each phase; "outside" is mitmproxy's own work (reading the body, sending the
 engine's request). Printed: each phase's highest RSS, highest first, and the call's
 idle and peak (VmHWM) as ``large_requests.py`` reports them. "outside" is named by the
-phase it follows ("outside, after Capture.request": sending the engine's request).
+phases that were open just before it, as the probe publishes them ("outside, after
+Capture.request": sending the engine's request), however briefly those were open.
 
     python bench/memory_phases.py [--size 10] [--shape one|many] [--stream] [--json]
 """
@@ -48,7 +49,6 @@ class Sampler(threading.Thread):
         with self._label_path.open("rb") as handle:
             label = mmap.mmap(handle.fileno(), phase_probe.SIZE, access=mmap.ACCESS_READ)
         statm = None
-        last = "nothing"  # the phase before mitmproxy's own work
         while not self.stopping.is_set():
             pid = self._pid_of()
             if pid is None:
@@ -62,10 +62,8 @@ class Sampler(threading.Thread):
             except (OSError, ValueError, IndexError):
                 return
             phase = bytes(label[: phase_probe.SIZE]).split(b"\0")[0].decode(errors="replace")
-            if phase == "outside":
-                phase = f"outside, after {last}"
-            else:
-                last = phase
+            if phase == "outside":  # before any phase
+                phase = "outside, after nothing"
             self.peaks[phase] = max(self.peaks[phase], rss)
             time.sleep(0.0005)
 

@@ -21,15 +21,25 @@ SIZE = 256
 _open: list[str] = []
 
 
-def _published(label: mmap.mmap) -> Callable[[], None]:
-    def publish() -> None:
-        text = ("/".join(_open) or "outside").encode()[: SIZE - 1]
+def _published(label: mmap.mmap) -> Callable[..., None]:
+    def publish(after: str = "") -> None:
+        """The open phases; with none open, "outside, after" the ones just closed
+        (``after``), however briefly they were open alone."""
+        outside = f"outside, after {after}" if after else "outside"
+        text = ("/".join(_open) or outside).encode()[: SIZE - 1]
         label[:SIZE] = text.ljust(SIZE, b"\0")
 
     return publish
 
 
-def _wrap(owner: Any, attr: str, publish: Callable[[], None]) -> None:
+def _closed(name: str, publish: Callable[..., None]) -> None:
+    """``name`` has returned: published with what was open before it did."""
+    before = "/".join(_open)
+    _open.remove(name)
+    publish(after=before)
+
+
+def _wrap(owner: Any, attr: str, publish: Callable[..., None]) -> None:
     function = getattr(owner, attr)
     name = f"{owner.__name__}.{attr}"
     if inspect.iscoroutinefunction(function):
@@ -41,8 +51,7 @@ def _wrap(owner: Any, attr: str, publish: Callable[[], None]) -> None:
             try:
                 return await function(*args, **kwargs)
             finally:
-                _open.remove(name)
-                publish()
+                _closed(name, publish)
 
         setattr(owner, attr, wrapped_async)
         return
@@ -54,8 +63,7 @@ def _wrap(owner: Any, attr: str, publish: Callable[[], None]) -> None:
         try:
             return function(*args, **kwargs)
         finally:
-            _open.remove(name)
-            publish()
+            _closed(name, publish)
 
     setattr(owner, attr, wrapped)
 
