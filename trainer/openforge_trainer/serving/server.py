@@ -45,6 +45,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import signal
 import sys
 import threading
@@ -56,7 +57,7 @@ from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import Any, NoReturn
 from urllib.parse import parse_qs, urlsplit
 
 import torch
@@ -714,7 +715,21 @@ def main(argv: list[str]) -> int:
     finally:
         server.server_close()
         engine.close()
-    return 0
+    _exit_closed(0)
+
+
+def _exit_closed(code: int) -> NoReturn:
+    """Exit, everything the server owns closed, without the interpreter's finalization.
+
+    A thread that ran torch (the scheduler; a handler that loaded weights) can still be
+    tearing down its native thread-locals after ``join`` returned. One that then needs the
+    GIL while the interpreter finalizes is ended by ``pthread_exit`` inside a C++
+    destructor, and the process aborts: "terminate called without an active exception",
+    exit -6 on SIGTERM, seen in CI under load (pytorch/pytorch#38228, #117762).
+    """
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def _interrupt(signum: int, frame: FrameType | None) -> None:
