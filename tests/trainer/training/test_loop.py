@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -786,3 +787,32 @@ def test_without_a_group_size_or_a_batch_a_group_too_small_leaves_later_samples_
     with store.Store(db_path) as db:
         [group] = trainer_loop.select_groups(db, config, state=state, limit=1).groups
     assert sorted(r.rollout_id for r in group.rollouts) == ["t2", "t3"]
+
+
+def test_with_a_group_size_a_sample_skipped_on_an_earlier_poll_still_counts_as_done(
+    tmp_path: Path, model_dir: Path
+) -> None:
+    """Group size 3, the operator's rollouts: task t's three samples are in, one without a
+    reward. The first poll makes t a group of two, but the step waits for a second group,
+    and the trainer keeps the skip of the rewardless sample. Its sample is still done: t
+    stays ready, and is trained with u once u's samples are in (it was never ready again,
+    and u waited for a second group for ever)."""
+    db_path = tmp_path / "store.db"
+    attempt(db_path, "t0", "t", 0, attempt=1, batch="", end="failed")
+    for sample in (1, 2):
+        attempt(db_path, f"t{sample}", "t", sample, attempt=1, batch="", end="succeeded")
+    config = settings(tmp_path, model_dir, group_size=3, groups_per_step=2, steps=1)
+    run = trainer(config)
+    try:
+        waiting = run.wait_for_groups(threading.Event())
+        assert [g.task_id for g in waiting.groups] == ["t@v0"] and not waiting.full
+        assert run.state.skipped == {"t0": "no reward"}
+        again = trainer_loop.select_groups(run.store, config, state=run.state, limit=2)
+        assert [g.task_id for g in again.groups] == ["t@v0"]
+        for sample in (0, 1, 2):
+            attempt(db_path, f"u{sample}", "u", sample, attempt=1, batch="", end="succeeded")
+        assert run.run() == 1
+    finally:
+        run.close()
+    assert run.state.trained_tasks == {"t@v0": 1, "u@v0": 1}
+    assert sorted(run.state.trained) == ["t1", "t2", "u0", "u1", "u2"]

@@ -96,7 +96,7 @@ def select_groups(
     selection = Selection()
     candidates: list[tuple[int, str, list[store_module.Rollout]]] = []
     everything = db.rollouts(config.job)
-    untrained = _untrained_by_task(everything, state)
+    untrained, skipped = _untrained_by_task(everything, state)
     for task, why in [(task, _late(state, task)) for task in untrained]:
         if why:  # its group was decided: a later attempt neither joins it nor holds its batch
             for rollout in untrained.pop(task):
@@ -109,7 +109,10 @@ def select_groups(
     cut_off = _cut_off(everything)
     for task, members in untrained.items():
         complete = [rollout for rollout in members if rollout.complete]
-        if _ready(config, members, cut_off=cut_off.get(task, {}), settled=selection.settled):
+        # with a group size, a sample skipped on an earlier poll (no reward, say) is one of
+        # the group's samples all the same: its latest attempt is done
+        samples = [*members, *skipped.get(task, [])] if config.group_size else members
+        if _ready(config, samples, cut_off=cut_off.get(task, {}), settled=selection.settled):
             oldest = min(rollout.policy_version for rollout in complete)
             candidates.append((oldest, task, complete))
     for _, task, complete in sorted(candidates, key=lambda item: (item[0], item[1])):
@@ -166,17 +169,20 @@ def _newest(
 
 def _untrained_by_task(
     rollouts: list[store_module.Rollout], state: checkpoint.TrainerState
-) -> dict[str, list[store_module.Rollout]]:
+) -> tuple[dict[str, list[store_module.Rollout]], dict[str, list[store_module.Rollout]]]:
+    """Per group, its rollouts still to be decided, and those the trainer skipped (never
+    trained, but their samples are done)."""
     by_task: dict[str, list[store_module.Rollout]] = {}
+    skipped: dict[str, list[store_module.Rollout]] = {}
     for rollout in rollouts:
-        done = rollout.rollout_id in state.trained or rollout.rollout_id in state.skipped
-        if done or rollout.trained_at is not None or not rollout.started:
+        if rollout.rollout_id in state.trained or rollout.trained_at is not None:
             continue
-        if rollout.status == trajectory.STOPPED:
+        if not rollout.started or rollout.status == trajectory.STOPPED:
             # cut off: its sample is tried again as a new attempt, which the group waits for
             continue
-        by_task.setdefault(group_key(rollout), []).append(rollout)
-    return by_task
+        into = skipped if rollout.rollout_id in state.skipped else by_task
+        into.setdefault(group_key(rollout), []).append(rollout)
+    return by_task, skipped
 
 
 def group_key(rollout: store_module.Rollout) -> str:
@@ -223,8 +229,9 @@ def _ready(
     attempt was cut off (``stopped``) is neither: it may be tried again (with a group
     size, its group waits for it by count) or never (a pod deleted at its job's deadline:
     without one, its group goes on without it). With ``group_size``, that many done
-    samples; without, two and none running; in a settled batch, any (its groups are all
-    it will have)."""
+    samples (one whose attempt was skipped as untrainable, say without a reward, is done
+    too); without, two and none running; in a settled batch, any (its groups are all it
+    will have)."""
     latest = _newest(members, key=lambda r: r.sample_index)
     live = {s: r for s, r in latest.items() if cut_off.get(s, -1) < r.attempt}
     done = sum(rollout.complete for rollout in live.values())
