@@ -816,3 +816,103 @@ def test_with_a_group_size_a_sample_skipped_on_an_earlier_poll_still_counts_as_d
         run.close()
     assert run.state.trained_tasks == {"t@v0": 1, "u@v0": 1}
     assert sorted(run.state.trained) == ["t1", "t2", "u0", "u1", "u2"]
+
+
+def test_a_batch_whose_every_group_is_skipped_gets_a_step_that_trains_nothing(
+    tmp_path: Path, model_dir: Path
+) -> None:
+    """`openforge run` waits for a step per iteration. Every rollout of batch 1 failed, so
+    both its groups are skipped whole: the batch still gets its step, the weights unchanged
+    under the next policy version, checkpointed, and batch 2 is trained at step 2. Without
+    it, the trainer waited for batch 2 and the run for the step of batch 1, for ever."""
+    db_path = tmp_path / "store.db"
+    for task in ("t", "u"):
+        for sample in (0, 1):
+            attempt(db_path, f"1-{task}{sample}", task, sample, attempt=1, batch="1/4",
+                    end="failed")  # fmt: skip
+    config = settings(tmp_path, model_dir, group_size=2, groups_per_step=2, steps=2)
+    run = trainer(config)
+    try:
+        before = {k: v.clone() for k, v in run.model.state_dict().items()}
+        empty = run.wait_for_groups(threading.Event())
+        assert empty.empty_batch == "1/4" and empty.full and empty.groups == []
+        assert run.state.step == 0  # deciding is not stepping
+        record = run.skip_step(empty.empty_batch)
+        assert (record["step"], record["policy_version"], record["groups"]) == (1.0, 1.0, 0.0)
+        assert record["groups_skipped"] == 2.0
+        saved = load_file(checkpoint.path_for(config.run_dir, 1) / "model.safetensors")
+        assert all(torch.equal(saved[k], before[k]) for k in saved)
+        kept = checkpoint.load_state(checkpoint.path_for(config.run_dir, 1))
+        assert kept.empty_batches == {"1/4": 1} and len(kept.skipped_tasks) == 2
+        assert run.wait_for_groups(threading.Event()).empty_batch == ""  # owed once
+        for task in ("t", "u"):
+            for sample in (0, 1):
+                attempt(db_path, f"2-{task}{sample}", task, sample, attempt=1, batch="2/4",
+                        end="succeeded")  # fmt: skip
+        assert run.run() == 1
+    finally:
+        run.close()
+    assert (run.state.step, run.state.policy_version) == (2, 2)
+    assert run.state.trained_tasks == {"t@v0#2/4": 2, "u@v0#2/4": 2}
+    assert sorted(run.state.skipped_tasks) == ["t@v0#1/4", "u@v0#1/4"]
+    steps = [r["step"] for r in metrics.read(config.run_dir / metrics.JSONL)]
+    assert steps == [1, 2]
+
+
+def test_a_batch_with_a_step_gets_no_empty_one_when_its_last_groups_are_skipped(
+    tmp_path: Path, model_dir: Path
+) -> None:
+    """One group a step: batch 1's group a is trained at step 1; b, every rollout failed,
+    is skipped whole on the next poll, and batch 1 has had its step: no step that trains
+    nothing."""
+    db_path = tmp_path / "store.db"
+    for sample in (0, 1):
+        attempt(db_path, f"1-a{sample}", "a", sample, attempt=1, batch="1/4", end="succeeded")
+        attempt(db_path, f"1-b{sample}", "b", sample, attempt=1, batch="1/4", end="failed")
+    config = settings(tmp_path, model_dir, group_size=2, groups_per_step=1)
+    run = trainer(config)
+    try:
+        assert run.run() == 1
+        last = trainer_loop.select_groups(run.store, config, state=run.state, limit=1)
+    finally:
+        run.close()
+    assert run.state.step == 1 and run.state.trained_tasks == {"a@v0#1/4": 1}
+    assert sorted(run.state.skipped_tasks) == ["b@v0#1/4"]
+    assert last.empty_batch == "" and last.groups == []
+
+
+def test_a_batch_settled_by_a_late_retry_after_its_groups_were_skipped_gets_its_step(
+    tmp_path: Path, model_dir: Path
+) -> None:
+    """Group size 2. Task t's two samples failed while u's run, and t is skipped whole;
+    then t1 is tried again (its retry is late). u's fail too, and u is skipped, but t1's
+    retry still runs: the batch is not settled. When the retry ends, the batch settles on
+    a poll that decides no group, and it is still owed its step that trains nothing,
+    before batch 2's."""
+    db_path = tmp_path / "store.db"
+    attempt(db_path, "1-t0", "t", 0, attempt=1, batch="1/4", end="failed")
+    attempt(db_path, "1-t1-a1", "t", 1, attempt=1, batch="1/4", end="failed")
+    attempt(db_path, "1-u0", "u", 0, attempt=1, batch="1/4")  # running
+    attempt(db_path, "1-u1", "u", 1, attempt=1, batch="1/4")  # running
+    config = settings(tmp_path, model_dir, group_size=2, groups_per_step=2)
+    run = trainer(config)
+    try:
+        first = run.wait_for_groups(threading.Event())
+        assert list(first.closed) == ["t@v0#1/4"] and not first.settled
+        attempt(db_path, "1-t1-a2", "t", 1, attempt=2, batch="1/4")  # the retry, running
+        attempt(db_path, "1-u0", "u", 0, attempt=1, batch="1/4", end="failed")
+        attempt(db_path, "1-u1", "u", 1, attempt=1, batch="1/4", end="failed")
+        second = run.wait_for_groups(threading.Event())
+        assert list(second.closed) == ["u@v0#1/4"] and not second.settled
+        assert second.empty_batch == ""
+        attempt(db_path, "1-t1-a2", "t", 1, attempt=2, batch="1/4", end="failed")
+        for task in ("t", "u"):
+            for sample in (0, 1):
+                attempt(db_path, f"2-{task}{sample}", task, sample, attempt=1, batch="2/4",
+                        end="succeeded")  # fmt: skip
+        assert run.run() == 2
+    finally:
+        run.close()
+    assert run.state.empty_batches == {"1/4": 1}
+    assert run.state.trained_tasks == {"t@v0#2/4": 2, "u@v0#2/4": 2}
+    assert run.state.skipped["1-t1-a2"].startswith("late: task 't@v0#1/4' was skipped")

@@ -49,6 +49,8 @@ class TrainerState:
     skipped: dict[str, str] = dataclasses.field(default_factory=dict)
     # task id -> why its group was skipped whole (late rollouts of it are skipped too)
     skipped_tasks: dict[str, str] = dataclasses.field(default_factory=dict)
+    # batch -> the step that trained nothing for it (every group of it was skipped)
+    empty_batches: dict[str, int] = dataclasses.field(default_factory=dict)
     base_model: str = ""
 
     def to_json(self) -> str:

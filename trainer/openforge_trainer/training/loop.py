@@ -11,7 +11,9 @@ One step, in order (the order is what makes a crash harmless):
    are never trained, :mod:`outcome`), superseded by a later attempt, a group
    left with fewer than two usable rollouts, or a late rollout of a task whose
    group was already trained or skipped whole. A group is ready by its samples, not
-   its attempts: each sample's latest attempt (:func:`_ready`).
+   its attempts: each sample's latest attempt (:func:`_ready`). A settled batch
+   whose every group was skipped whole gets a step that trains nothing
+   (:meth:`Trainer.skip_step`): the rest of the steps below, the weights unchanged.
 2. **batch** (:mod:`rl_batch`): their rows as one veRL ``DataProto``;
    per-rollout advantages from veRL's estimator (GRPO by default).
 3. **update** (:meth:`Trainer.update`): micro-batches within a token budget;
@@ -79,6 +81,9 @@ class Selection:
     """The groups are all the batch will have: none of its rollouts is still running."""
     full: bool = False
     """A whole step: ``groups_per_step`` groups, or every group of a settled batch."""
+    empty_batch: str = ""
+    """A batch whose step trains nothing, due before any group is trained: every group
+    of it was skipped whole (:func:`_empty_batch`, :meth:`Trainer.skip_step`)."""
 
 
 # -- selection -------------------------------------------------------------------
@@ -102,6 +107,7 @@ def select_groups(
             for rollout in untrained.pop(task):
                 if rollout.complete:
                     selection.skipped[rollout.rollout_id] = why
+    undecided = dict(untrained)
     batches = {rollout.batch for members in untrained.values() for rollout in members}
     batch = min(batches, key=_batch_order) if batches else ""
     untrained = {key: members for key, members in untrained.items() if members[0].batch == batch}
@@ -127,7 +133,41 @@ def select_groups(
             # decided on all the samples it will have: a later attempt of one is late.
             # Without either, later samples may still make a group of their own.
             selection.closed[task] = group
+    pending = {
+        members[0].batch for key, members in undecided.items() if key not in selection.closed
+    }
+    selection.empty_batch = _empty_batch(
+        everything, state, closed=selection.closed, pending=pending
+    )
     return selection
+
+
+def _empty_batch(
+    rollouts: list[store_module.Rollout],
+    state: checkpoint.TrainerState,
+    *,
+    closed: dict[str, str],
+    pending: set[str],
+) -> str:
+    """The oldest batch that is owed a step that trains nothing, or "": one that gives its
+    size, is settled, and whose every group was skipped whole (``closed`` now, or
+    before), so no group of it was or will be trained, and that had no such step yet. It
+    comes before any batch still ``pending`` (with rollouts to decide), so that each
+    batch gets its step in order: ``openforge run`` waits for one per iteration. A
+    batch whose rollouts another trainer marked trained is not owed one."""
+    decided = [*state.skipped_tasks, *closed]
+    stepped = {_batch_of(key) for key in state.trained_tasks} | set(state.empty_batches)
+    owed = {r.batch for r in rollouts if r.batch.partition("/")[2].isdigit()} - stepped - pending
+    first_pending = min((_batch_order(batch) for batch in pending), default=None)
+    for batch in sorted(owed, key=_batch_order):
+        if first_pending is not None and _batch_order(batch) > first_pending:
+            break
+        members = [r for r in rollouts if r.batch == batch]
+        if any(r.trained_at is not None for r in members):
+            continue
+        if any(_batch_of(key) == batch for key in decided) and _settled(rollouts, batch):
+            return batch
+    return ""
 
 
 def _late(state: checkpoint.TrainerState, task: str) -> str:
@@ -195,6 +235,11 @@ def group_key(rollout: store_module.Rollout) -> str:
     """
     key = f"{rollout.task_id}@v{rollout.policy_version}"
     return f"{key}#{rollout.batch}" if rollout.batch else key
+
+
+def _batch_of(key: str) -> str:
+    """The batch of group ``key`` (:func:`group_key`); "" for none."""
+    return key.rpartition("#")[2] if "#" in key else ""
 
 
 def _batch_order(batch: str) -> tuple[int, int, str]:
@@ -487,6 +532,10 @@ class Trainer:
             if self.config.steps is not None and self.state.step >= self.config.steps:
                 break
             selection = self.wait_for_groups(stop)
+            if selection.empty_batch:
+                self.skip_step(selection.empty_batch)
+                trained += 1
+                continue
             if not selection.groups:
                 break
             if stop.is_set() and not selection.full:
@@ -511,12 +560,14 @@ class Trainer:
                 self.store, self.config, state=self.state, limit=self.config.groups_per_step
             )
             self._skip(selection)
-            enough = len(selection.groups) >= self.config.groups_per_step or (
-                selection.settled and bool(selection.groups)
+            enough = (
+                len(selection.groups) >= self.config.groups_per_step
+                or (selection.settled and bool(selection.groups))
+                or bool(selection.empty_batch)
             )
             selection.full = enough
             if enough or time.monotonic() >= deadline or stop.is_set():
-                if not selection.groups and not stop.is_set():
+                if not selection.groups and not selection.empty_batch and not stop.is_set():
                     self.log(
                         f"openforge train: no ready groups after {self.config.wait_for_groups} s"
                     )
@@ -547,6 +598,64 @@ class Trainer:
             skipped=dict(self.state.skipped),
             skipped_tasks=dict(self.state.skipped_tasks),
         )
+        path, checkpoint_seconds = self._save(state)
+        self.store.mark_trained(rollout_ids, str(path))
+        published = self._publish(path, state.policy_version)
+        record = self._record(groups, batch, update=update, published=published)
+        record.update(
+            checkpoint_seconds=checkpoint_seconds, step_seconds=time.monotonic() - started
+        )
+        self.metrics.write(record)
+        self.log(_summary(record))
+        return record
+
+    def skip_step(self, batch: str) -> dict[str, float]:
+        """The step of a batch with nothing to train: each of its groups was skipped whole
+        (too small, stale; no rollout had a reward, say). It gets its step all the same,
+        the weights unchanged under the next policy version, checkpointed and published,
+        so that a producer waiting for a step per batch (``openforge run``'s iterations)
+        goes on; its metrics say it trained nothing."""
+        started = time.monotonic()
+        state = dataclasses.replace(
+            self.state,
+            step=self.state.step + 1,
+            policy_version=self.state.policy_version + 1,
+            skipped=dict(self.state.skipped),
+            skipped_tasks=dict(self.state.skipped_tasks),
+            empty_batches={**self.state.empty_batches, batch: self.state.step + 1},
+        )
+        why = [
+            reason for key, reason in sorted(state.skipped_tasks.items()) if _batch_of(key) == batch
+        ]
+        path, checkpoint_seconds = self._save(state)
+        published = self._publish(path, state.policy_version)
+        record: dict[str, float] = {
+            "step": float(state.step),
+            "policy_version": float(state.policy_version),
+            "groups": 0.0,
+            "rollouts": 0.0,
+            "rows": 0.0,
+            "groups_skipped": float(len(why)),
+            "skipped_total": float(len(state.skipped)),
+            "skipped_stale_total": float(
+                sum(reason.startswith("stale") for reason in state.skipped.values())
+            ),
+            "published_ok": float(sum(result.ok for result in published)),
+            "published_failed": float(sum(not result.ok for result in published)),
+            "checkpoint_seconds": checkpoint_seconds,
+            "step_seconds": time.monotonic() - started,
+        }
+        self.metrics.write(record)
+        self.log(
+            f"step {state.step} (policy v{state.policy_version}): nothing to train in batch "
+            f"{batch!r}, every group skipped ({'; '.join(why)}); the weights are unchanged, "
+            f"published {int(record['published_ok'])}/{len(published)}"
+        )
+        return record
+
+    def _save(self, state: checkpoint.TrainerState) -> tuple[Path, float]:
+        """Checkpoint ``state`` with the current weights, and make it the trainer's; the
+        checkpoint and the seconds it took."""
         saved_at = time.monotonic()
         path = checkpoint.save(
             self.config.run_dir,
@@ -558,16 +667,7 @@ class Trainer:
         )
         self.source = path
         self.state = state
-        checkpoint_seconds = time.monotonic() - saved_at
-        self.store.mark_trained(rollout_ids, str(path))
-        published = self._publish(path, state.policy_version)
-        record = self._record(groups, batch, update=update, published=published)
-        record.update(
-            checkpoint_seconds=checkpoint_seconds, step_seconds=time.monotonic() - started
-        )
-        self.metrics.write(record)
-        self.log(_summary(record))
-        return record
+        return path, time.monotonic() - saved_at
 
     def make_batch(self, groups: Sequence[Group]) -> DataProto:
         """The step's veRL batch, with ``advantages`` and ``old_log_probs`` added."""
