@@ -98,7 +98,9 @@ class Display:
                 str(stats.retried),
                 "-" if reward is None else f"{reward:.3f}",
             )
-        if last:
+        if last.get("groups") == 0:  # a batch whose every group was skipped whole
+            table.caption = f"trainer step {last.get('step', '?')}: nothing to train"
+        elif last:
             table.caption = (
                 f"trainer step {last.get('step', '?')}: reward {_fmt(last.get('reward_mean'))}, "
                 f"pass rate {_fmt(last.get('pass_rate'))}, {_fmt(last.get('tokens_per_s'), 0)} "

@@ -70,3 +70,13 @@ def test_the_live_view_reads_veRLs_metrics_as_openforge_trains(tmp_path: Path) -
         {"step": 1, "reward_mean": 0.25, "tokens_per_s": 620.0},
         {"step": 2, "reward_mean": 0.5, "pass_rate": 0.5, "tokens_per_s": 4000.0},
     ]
+
+
+def test_the_live_view_says_when_a_step_trained_nothing(tmp_path: Path) -> None:
+    path = tmp_path / "metrics.jsonl"
+    path.write_text('{"step": 1, "reward_mean": 0.5, "groups": 2, "tokens_per_s": 900.0}\n')
+    display = progress.Display(job="j", iterations=2, metrics=path)
+    assert display.render().caption == ("trainer step 1: reward 0.500, pass rate -, 900 tokens/s")
+    with open(path, "a") as handle:
+        handle.write('{"step": 2, "groups": 0, "rollouts": 0}\n')
+    assert display.render().caption == "trainer step 2: nothing to train"
