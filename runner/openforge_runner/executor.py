@@ -48,6 +48,9 @@ class Outcome:
     message: str
     calls: int
     seconds: float
+    retried: bool = False
+    """Its finish was reported to its sidecar as tried again: the store, and so the
+    trainer, wait for the sample's next attempt, which the runner must then start."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,8 +149,9 @@ def run_rollout(
                 rollout, "failed", -1, None, INTERRUPTED, "stopped", 0, time.monotonic() - started
             )
         died = None if sidecar.alive() else sidecar.stop()
+        retried = _is_tried_again(rollout, judged, tried_again=tried_again)
         finish = (
-            _finish(sidecar.url, home / CONTROL_TOKEN, judged=judged)
+            _finish(sidecar.url, home / CONTROL_TOKEN, judged=judged, retried=retried)
             if died is None
             else {"acknowledged": False}
         )
@@ -187,6 +191,7 @@ def run_rollout(
         final.message,
         int(finish.get("calls", 0) or 0),
         time.monotonic() - started,
+        retried=died is None and retried,
     )
 
 
@@ -217,10 +222,19 @@ def _closed_as(
 ) -> str:
     """The status an attempt its sidecar never finished is closed with in the store:
     ``stopped`` when it is tried again, else ``failed`` (its sample is done)."""
-    tried = retries.Tried(
-        rollout.attempt, final.status == "succeeded", final.exit_code, final.reason or None
+    return (
+        trajectory.STOPPED if _is_tried_again(rollout, final, tried_again=tried_again) else "failed"
     )
-    return trajectory.STOPPED if tried_again(tried) else "failed"
+
+
+def _is_tried_again(
+    rollout: plan.Rollout, ended: verdict.Verdict, *, tried_again: Callable[[retries.Tried], bool]
+) -> bool:
+    """Whether the failure policy tries ``rollout``'s sample again after this attempt
+    ended so (never after a success)."""
+    if ended.status == "succeeded":
+        return False
+    return tried_again(retries.Tried(rollout.attempt, False, ended.exit_code, ended.reason or None))
 
 
 def drain(
@@ -401,9 +415,12 @@ def _grade(
     return verdict.Graded(stdout=done.stdout, exit_code=retries.exit_code(done.returncode))
 
 
-def _finish(sidecar_url: str, token_file: Path, *, judged: verdict.Verdict) -> dict[str, Any]:
-    """Report the rollout to its sidecar, with the control token it made before it listened."""
-    body = json.dumps(judged.report(FINISH_WAIT_SECONDS).body()).encode()
+def _finish(
+    sidecar_url: str, token_file: Path, *, judged: verdict.Verdict, retried: bool
+) -> dict[str, Any]:
+    """Report the rollout to its sidecar, with the control token it made before it
+    listened, and whether its sample is tried again (the trainer's group waits for it)."""
+    body = json.dumps(judged.report(FINISH_WAIT_SECONDS, retried=retried).body()).encode()
     try:
         request = urllib.request.Request(
             sidecar_url + endpoints.ROLLOUT_FINISH, data=body,

@@ -231,7 +231,9 @@ class Runner:
         decision = self._decide(rollout, tried)
         with self._lock:
             self._tried.setdefault((rollout.iteration, rollout.index), []).append(tried)
-        if decision.state == "retry":
+        # a finish recorded as tried again is kept to (its sample's group waits for the
+        # next attempt), also when the sidecar's answer turned the verdict into another
+        if decision.state == "retry" or outcome.retried:
             self.journal.write({**entry, "event": "retry"})
             with self._lock:
                 stats.retried += 1

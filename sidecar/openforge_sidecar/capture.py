@@ -980,6 +980,7 @@ class Capture:
             reward=report.reward,
             grader_output=report.grader_output,
             status=report.status,
+            retried=report.retried,
         )
         if ticket is not None:
             await asyncio.to_thread(recording.wait, ticket)

@@ -315,6 +315,8 @@ def test_oversized_bodies_are_refused_with_413_and_recorded(procs: Any, tmp_path
         ({"exit_code": 0, "grader_output": ["x"]}, "grader_output must be a string"),
         ({"exit_code": 0, "wait_seconds": 1e9}, "wait_seconds must be a number from 0 to 3600"),
         ({"exit_code": 0, "wait_seconds": False}, "wait_seconds must be a number from 0 to 3600"),
+        ({"exit_code": 1, "retried": 1}, "retried must be true or false"),
+        ({"exit_code": 0, "retried": True}, "retried must be false for a succeeded attempt"),
         ([1, 2], "body must be a JSON object"),
     ],
 )
@@ -450,3 +452,19 @@ def test_a_large_request_waits_for_its_record_in_a_file_and_is_stored_as_it_came
     left = [path.relative_to(bodies).as_posix() for path in bodies.rglob("*.*")]
     # it was stashed, and is gone; what is left is the conversation's head, for its next call
     assert bodies.is_dir() and all(name.startswith("heads/head-") for name in left), left
+
+
+def test_a_finish_tried_again_is_stored_so(procs: Any, tmp_path: Path) -> None:
+    """The runner says the failed attempt is tried again: its record, and the store, say
+    so (the trainer's group waits for the next attempt instead of deciding without it)."""
+    collector = procs.collector()
+    sidecar = procs.sidecar(
+        "--collector", f"127.0.0.1:{collector.port}", "--job", "faults",
+        "--rollout-id", "r-retried", engine=procs.engine(),
+    )  # fmt: skip
+    body = {"exit_code": 3, "status": "failed", "retried": True, "wait_seconds": 20}
+    response = httpx.post(f"{sidecar.url}/openforge/v1/rollout/finish", json=body, timeout=30)
+    assert response.status_code == 200 and response.json()["acknowledged"], response.text
+    rollout, _, _ = stored(tmp_path / "store.db", "r-retried")
+    assert rollout is not None and rollout.finished
+    assert (rollout.status, rollout.exit_code, rollout.retried) == ("failed", 3, True)

@@ -13,6 +13,7 @@ operator ran 12 attempts and ``openforge run`` 2, and ``openforge run`` cut
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import signal
 import threading
@@ -254,3 +255,26 @@ def test_exit_codes_and_failing_codes() -> None:
     assert (
         retries.failing_exit_codes(plain.spec) == frozenset()
     )  # graded data whatever the exit code
+
+
+def test_an_attempt_whose_finish_said_tried_again_is_tried_again(tmp_path: Path) -> None:
+    """The finish went to the store saying the attempt is tried again (the grader failed
+    it, which the policy retries); then the collector did not acknowledge it, and the
+    verdict became SidecarFailed, which this policy gives up on. The store's word is
+    kept: the trainer waits for the next attempt, so the runner runs it."""
+    give_up = [{"action": "FailRollout", "onReasons": ["SidecarFailed"]}]
+
+    class Promised(Scripted):
+        def _run(self, rollout: plan.Rollout) -> executor.Outcome:
+            outcome = super()._run(rollout)
+            return dataclasses.replace(outcome, retried=rollout.attempt == 0)
+
+    ends: Callable[[int], Ending] = lambda n: [("failed", 0, "SidecarFailed"), OK][n]  # noqa: E731
+    promised = Promised(bundle_of(tmp_path, job_body(3, give_up)), tmp_path, ends)
+    promised.run_iteration(0)
+    [finish] = [e for e in promised.journal.entries() if e["event"] == "finish"]
+    assert (promised.ran, finish["status"]) == ([0, 1], "succeeded")
+    (tmp_path / "b").mkdir()
+    unpromised = Scripted(bundle_of(tmp_path / "b", job_body(3, give_up)), tmp_path / "b", ends)
+    unpromised.run_iteration(0)
+    assert unpromised.ran == [0]

@@ -267,6 +267,33 @@ def test_a_sidecar_killed_mid_rollout_is_drained_and_its_attempt_closed(
         assert all(lost.reason.startswith("its sidecar exited with -9") for lost in losses)
 
 
+def test_a_failed_attempt_tried_again_is_stored_as_tried_again(procs: Any, tmp_path: Path) -> None:
+    """The grader fails the first attempt (no reward), and the failure policy tries it
+    again: its finish reaches the store saying so, before the retry starts, so a trainer
+    waits for the retry instead of deciding the group without it. The retry succeeds;
+    its own finish is not tried again."""
+    engine = procs.engine()
+    path = manifest(tmp_path, engine.url, tasks=1, samples=1)
+    grader = f"      - python\n      - {EXAMPLES}/tasks/toy-tools/grade.py\n"
+    text = path.read_text()
+    assert grader in text
+    path.write_text(text.replace(grader, (
+        "      - bash\n      - -c\n"
+        """      - '[ "$OPENFORGE_ATTEMPT" != 0 ] && exec python "$0" "$@"'\n"""
+        f"      - {EXAMPLES}/tasks/toy-tools/grade.py\n"
+    ), 1))  # fmt: skip
+    run_dir = tmp_path / "run"
+    done = run([str(path), "--no-train", "--quiet", "--run-dir", str(run_dir), "--iterations", "1"])
+    assert done.returncode == 0, done.stdout + done.stderr
+    [retry] = [e for e in journal(run_dir) if e["event"] == "retry"]
+    assert (retry["status"], retry["reason"]) == ("failed", "GraderFailed"), retry
+    with store.Store(run_dir / "store.db") as db:
+        tried = {r.rollout_id: r for r in db.rollouts("react-toy")}
+    first, second = tried["react-toy-i0-0-0"], tried["react-toy-i0-0-1"]
+    assert (first.status, first.has_reward, first.retried) == ("failed", False, True)
+    assert (second.status, second.reward, second.retried) == ("succeeded", 1.0, False)
+
+
 def test_a_killed_run_s_unfinished_attempt_is_closed_when_the_run_starts_again(
     procs: Any, tmp_path: Path
 ) -> None:

@@ -59,14 +59,16 @@ class Verdict:
     """A FailureReason name, or "" (success, or a failing exit code)."""
     message: str = ""
 
-    def report(self, wait_seconds: float) -> Report:
-        """What the sidecar is told: this verdict, and how long to wait for the collector."""
+    def report(self, wait_seconds: float, *, retried: bool = False) -> Report:
+        """What the sidecar is told: this verdict, whether the attempt is tried again, and
+        how long to wait for the collector."""
         return Report(
             exit_code=self.exit_code,
             reward=self.reward,
             grader_output=self.grader_output,
             status=self.status,
             wait_seconds=wait_seconds,
+            retried=retried,
         )
 
 
@@ -87,6 +89,9 @@ class Report:
     status: str = "succeeded"
     wait_seconds: float = 0.0
     """How long the sidecar waits for the collector to acknowledge every record (0: not at all)."""
+    retried: bool = False
+    """The attempt failed and its sample is tried again as a new attempt (the failure
+    policy's decision): never trained, its group waits for the new attempt."""
 
     def body(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -119,12 +124,18 @@ class Report:
             raise ValueError(
                 f"wait_seconds must be a number from 0 to {MAX_WAIT_SECONDS:g}, not {wait!r}"
             )
+        retried = body.get("retried", False)
+        if not isinstance(retried, bool):
+            raise ValueError(f"retried must be true or false, not {retried!r}")
+        if retried and status == "succeeded":
+            raise ValueError("retried must be false for a succeeded attempt: it is not tried again")
         return cls(
             exit_code=exit_code,
             reward=None if reward is None else float(reward),
             grader_output=grader,
             status=str(status),
             wait_seconds=float(wait),
+            retried=retried,
         )
 
 

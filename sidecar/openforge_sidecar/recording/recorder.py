@@ -289,7 +289,13 @@ class Recorder:
         return self._lost(f"spooling call {index} failed: {exc}", whole=False, call_index=index)
 
     def finish(
-        self, *, exit_code: int, reward: float | None, grader_output: str, status: str
+        self,
+        *,
+        exit_code: int,
+        reward: float | None,
+        grader_output: str,
+        status: str,
+        retried: bool = False,
     ) -> int | None:
         """Spool the rollout's finished record, once: its writer ticket, None when it was
         finished already."""
@@ -305,6 +311,7 @@ class Recorder:
                 grader_output=grader_output,
                 call_count=self._next_call,
                 status=status,
+                retried=retried,
             )
         )
 

@@ -53,6 +53,7 @@ def finished(
     grader_output: str,
     call_count: int,
     status: str,
+    retried: bool = False,
 ) -> pb.Record:
     return pb.Record(
         idempotency_key=f"{rollout_id}/finished",
@@ -66,6 +67,7 @@ def finished(
             call_count=call_count,
             finished_unix_nanos=time.time_ns(),
             status=status,
+            retried=retried,
         ),
     )
 

@@ -306,3 +306,22 @@ def test_a_store_from_before_closed_reasons_gains_the_column(tmp_path: Path) -> 
             and closed.status == "stopped"
             and "attempt 1" in closed.closed_reason
         )
+
+
+def test_a_finish_tried_again_is_read_back_so_and_an_old_store_gains_the_column(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "old.db"
+    with store.Store(path) as db:
+        db.put(attempt("r-0", 0))
+    with sqlite3.connect(path) as raw:  # as a store made before retries were recorded
+        raw.execute("ALTER TABLE rollouts DROP COLUMN retried")
+    with store.Store(path) as db:
+        kept = db.rollout("r-0")
+        assert kept is not None and not kept.retried
+        records = attempt("r-1", 1, finished=True)
+        records[-1].finished.status = "failed"
+        records[-1].finished.retried = True
+        db.put(records)
+        retried = db.rollout("r-1")
+        assert retried is not None and retried.complete and retried.retried

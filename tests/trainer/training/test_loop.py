@@ -663,8 +663,8 @@ def test_two_batches_at_one_policy_version_are_two_groups_trained_a_batch_a_step
 
 def attempt(db_path: Path, rollout: str, task: str, sample: int, **how: Any) -> None:
     """One attempt of ``task``'s ``sample`` in batch ``how["batch"]``: started only
-    (``end`` None: still running), or ended ``succeeded`` (a reward), ``failed`` (none) or
-    ``stopped`` (cut off)."""
+    (``end`` None: still running), or ended ``succeeded`` (a reward), ``failed`` (none;
+    ``retried``: tried again) or ``stopped`` (cut off)."""
     call = {
         "call_index": 0,
         "prompt_token_ids": [1, 11, 12],
@@ -687,6 +687,7 @@ def attempt(db_path: Path, rollout: str, task: str, sample: int, **how: Any) -> 
             record(
                 rollout, task, sample, body="finished", call_count=1, status=end,
                 has_reward=end == "succeeded", reward=float(sample % 2),
+                retried=how.get("retried", False),
             ),
         ]  # fmt: skip
     put(db_path, rollout, records)
@@ -916,3 +917,33 @@ def test_a_batch_settled_by_a_late_retry_after_its_groups_were_skipped_gets_its_
     assert run.state.empty_batches == {"1/4": 1}
     assert run.state.trained_tasks == {"t@v0#2/4": 2, "u@v0#2/4": 2}
     assert run.state.skipped["1-t1-a2"].startswith("late: task 't@v0#1/4' was skipped")
+
+
+@pytest.mark.parametrize("group_size", [2, 0])
+def test_a_failed_attempt_tried_again_holds_its_group_until_the_next_attempt(
+    tmp_path: Path, model_dir: Path, group_size: int
+) -> None:
+    """Task t's sample 1 failed, and its finish says it is tried again. Until the next
+    attempt is in, the sample is still running: t is not decided without it (it was, as a
+    group too small, and the retry came late and was wasted). Then t is trained with the
+    retry, and the failed attempt is skipped, saying it was tried again."""
+    db_path = tmp_path / "store.db"
+    attempt(db_path, "t0", "t", 0, attempt=1, batch="", end="succeeded")
+    attempt(db_path, "t1-a1", "t", 1, attempt=1, batch="", end="failed", retried=True)
+    for sample in (0, 1):
+        attempt(db_path, f"u{sample}", "u", sample, attempt=1, batch="", end="succeeded")
+    config = settings(tmp_path, model_dir, group_size=group_size, groups_per_step=2, steps=1)
+    run = trainer(config)
+    try:
+        waiting = run.wait_for_groups(threading.Event())
+        assert [g.task_id for g in waiting.groups] == ["u@v0"] and waiting.closed == {}
+        assert "t1-a1" not in run.state.skipped
+        attempt(db_path, "t1-a2", "t", 1, attempt=2, batch="", end="succeeded")
+        assert run.run() == 1
+    finally:
+        run.close()
+    assert run.state.trained_tasks == {"t@v0": 1, "u@v0": 1}
+    assert sorted(run.state.trained) == ["t0", "t1-a2", "u0", "u1"]
+    with store.Store(db_path) as db:
+        late = trainer_loop.select_groups(db, config, state=run.state, limit=2)
+    assert late.skipped == {"t1-a1": "failed, and tried again as a new attempt"}

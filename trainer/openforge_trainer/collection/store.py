@@ -75,7 +75,8 @@ CREATE TABLE IF NOT EXISTS rollouts (
     trained_at REAL,
     trained_checkpoint TEXT,
     batch TEXT NOT NULL DEFAULT '',
-    closed_reason TEXT NOT NULL DEFAULT ''
+    closed_reason TEXT NOT NULL DEFAULT '',
+    retried INTEGER NOT NULL DEFAULT 0
 );
 CREATE INDEX IF NOT EXISTS rollouts_by_job ON rollouts (job, task_id, sample_index);
 CREATE TABLE IF NOT EXISTS job_owners (
@@ -89,6 +90,7 @@ _ROLLOUT_COLUMNS = (
     "r.rollout_id, r.job, r.task_id, r.sample_index, r.attempt, r.harness, r.policy_version,"
     " r.started, r.status, r.exit_code, r.reward, r.has_reward, r.call_count_expected,"
     " r.calls_stored, r.finished, r.trained_at, r.trained_checkpoint, r.batch, r.closed_reason,"
+    " r.retried,"
     " (SELECT COUNT(DISTINCT c.call_index) FROM records c"
     "   WHERE c.rollout_id = r.rollout_id AND c.kind IN ('call', 'lost')"
     "   AND c.call_index < r.call_count_expected) AS calls_present"
@@ -125,6 +127,9 @@ class Rollout:
     """The batch it was started in (its started record's ``openforge.dev/batch`` label)."""
     closed_reason: str = ""
     """Why the store closed it (``stopped``) without a finish of its own, or ""."""
+    retried: bool = False
+    """Its finish says its sample is tried again as a new attempt (never trained; its
+    group waits for the new attempt)."""
 
     @property
     def complete(self) -> bool:
@@ -210,11 +215,14 @@ class Store:
         self._db.execute("PRAGMA synchronous=FULL")
         self._db.executescript(_SCHEMA)
         columns = {row[1] for row in self._db.execute("PRAGMA table_info(rollouts)")}
-        for column in ("batch", "closed_reason"):  # a store made before they were recorded
+        added = {  # columns a store made before they were recorded lacks
+            "batch": "TEXT NOT NULL DEFAULT ''",
+            "closed_reason": "TEXT NOT NULL DEFAULT ''",
+            "retried": "INTEGER NOT NULL DEFAULT 0",
+        }
+        for column, declared in added.items():
             if column not in columns:
-                self._db.execute(
-                    f"ALTER TABLE rollouts ADD COLUMN {column} TEXT NOT NULL DEFAULT ''"
-                )
+                self._db.execute(f"ALTER TABLE rollouts ADD COLUMN {column} {declared}")
 
     def close(self) -> None:
         with self._lock:
@@ -333,13 +341,15 @@ class Store:
     def _apply_finished(self, rollout_id: str, finished: Any) -> None:
         self._db.execute(
             "UPDATE rollouts SET status = ?, exit_code = ?, reward = ?, has_reward = ?,"
-            " call_count_expected = ?, finished = 1, closed_reason = '' WHERE rollout_id = ?",
+            " call_count_expected = ?, finished = 1, closed_reason = '', retried = ?"
+            " WHERE rollout_id = ?",
             (
                 finished.status,
                 int(finished.exit_code),
                 float(finished.reward),
                 int(finished.has_reward),
                 int(finished.call_count),
+                int(finished.retried),
                 rollout_id,
             ),
         )
@@ -519,7 +529,7 @@ def _rollout(row: tuple[Any, ...]) -> Rollout:
     (
         rollout_id, job, task_id, sample_index, attempt, harness, policy_version, started,
         status, exit_code, reward, has_reward, expected, calls_stored, finished, trained_at,
-        trained_checkpoint, batch, closed_reason, calls_present,
+        trained_checkpoint, batch, closed_reason, retried, calls_present,
     ) = row  # fmt: skip
     return Rollout(
         rollout_id=rollout_id,
@@ -542,4 +552,5 @@ def _rollout(row: tuple[Any, ...]) -> Rollout:
         calls_present=calls_present,
         batch=batch,
         closed_reason=closed_reason,
+        retried=bool(retried),
     )

@@ -106,7 +106,9 @@ def select_groups(
         if why:  # its group was decided: a later attempt neither joins it nor holds its batch
             for rollout in untrained.pop(task):
                 if rollout.complete:
-                    selection.skipped[rollout.rollout_id] = why
+                    selection.skipped[rollout.rollout_id] = (
+                        "failed, and tried again as a new attempt" if rollout.retried else why
+                    )
     undecided = dict(untrained)
     batches = {rollout.batch for members in untrained.values() for rollout in members}
     batch = min(batches, key=_batch_order) if batches else ""
@@ -114,11 +116,13 @@ def select_groups(
     selection.settled = _settled(everything, batch)
     cut_off = _cut_off(everything)
     for task, members in untrained.items():
-        complete = [rollout for rollout in members if rollout.complete]
+        # an attempt tried again is its sample's until the next one starts, never trained
+        complete = [rollout for rollout in members if rollout.complete and not rollout.retried]
         # with a group size, a sample skipped on an earlier poll (no reward, say) is one of
         # the group's samples all the same: its latest attempt is done
         samples = [*members, *skipped.get(task, [])] if config.group_size else members
-        if _ready(config, samples, cut_off=cut_off.get(task, {}), settled=selection.settled):
+        ready = _ready(config, samples, cut_off=cut_off.get(task, {}), settled=selection.settled)
+        if ready and complete:
             oldest = min(rollout.policy_version for rollout in complete)
             candidates.append((oldest, task, complete))
     for _, task, complete in sorted(candidates, key=lambda item: (item[0], item[1])):
@@ -191,7 +195,11 @@ def _settled(rollouts: list[store_module.Rollout], batch: str) -> bool:
     latest = _newest(
         (r for r in rollouts if r.batch == batch), key=lambda r: (r.task_id, r.sample_index)
     )
-    done = [r for r in latest.values() if r.complete and r.status != trajectory.STOPPED]
+    done = [
+        r
+        for r in latest.values()
+        if r.complete and r.status != trajectory.STOPPED and not r.retried
+    ]
     return len(done) >= int(size)
 
 
@@ -279,7 +287,7 @@ def _ready(
     will have)."""
     latest = _newest(members, key=lambda r: r.sample_index)
     live = {s: r for s, r in latest.items() if cut_off.get(s, -1) < r.attempt}
-    done = sum(rollout.complete for rollout in live.values())
+    done = sum(rollout.complete and not rollout.retried for rollout in live.values())
     if settled:
         return done > 0
     if config.group_size:

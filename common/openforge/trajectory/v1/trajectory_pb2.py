@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n(openforge/trajectory/v1/trajectory.proto\x12\x17openforge.trajectory.v1\"X\n\x07Timings\x12\x1b\n\x13received_unix_nanos\x18\x01 \x01(\x03\x12\x1e\n\x16time_to_first_token_ms\x18\x02 \x01(\x01\x12\x10\n\x08total_ms\x18\x03 \x01(\x01\"\x9e\x05\n\tModelCall\x12\x12\n\ncall_index\x18\x01 \x01(\r\x12\x32\n\x08wire_api\x18\x02 \x01(\x0e\x32 .openforge.trajectory.v1.WireApi\x12:\n\x0c\x63\x61pture_mode\x18\x03 \x01(\x0e\x32$.openforge.trajectory.v1.CaptureMode\x12\x0e\n\x06stream\x18\x04 \x01(\x08\x12\r\n\x05model\x18\x05 \x01(\t\x12\x14\n\x0crequest_json\x18\x06 \x01(\x0c\x12\x15\n\rresponse_json\x18\x07 \x01(\x0c\x12\x13\n\x0bhttp_status\x18\x08 \x01(\x05\x12O\n\x0frequest_headers\x18\t \x03(\x0b\x32\x36.openforge.trajectory.v1.ModelCall.RequestHeadersEntry\x12\x18\n\x10prompt_token_ids\x18\n \x03(\r\x12\x1c\n\x14\x63ompletion_token_ids\x18\x0b \x03(\r\x12\x1b\n\x13\x63ompletion_logprobs\x18\x0c \x03(\x02\x12\x15\n\rfinish_reason\x18\r \x01(\t\x12\x15\n\rsegment_index\x18\x0e \x01(\r\x12\x16\n\x0esegment_reason\x18\x0f \x01(\t\x12\x1a\n\x12prefix_token_count\x18\x10 \x01(\r\x12\x16\n\x0epolicy_version\x18\x11 \x01(\x03\x12\x31\n\x07timings\x18\x12 \x01(\x0b\x32 .openforge.trajectory.v1.Timings\x12\r\n\x05\x65rror\x18\x13 \x01(\t\x12\x13\n\x0btoken_exact\x18\x14 \x01(\x08\x1a\x35\n\x13RequestHeadersEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\x81\x02\n\x0eRolloutStarted\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\x14\n\x0csample_index\x18\x02 \x01(\r\x12\x0f\n\x07\x61ttempt\x18\x03 \x01(\r\x12\x0f\n\x07harness\x18\x04 \x01(\t\x12\x16\n\x0epolicy_version\x18\x05 \x01(\x03\x12\x1a\n\x12started_unix_nanos\x18\x06 \x01(\x03\x12\x43\n\x06labels\x18\x07 \x03(\x0b\x32\x33.openforge.trajectory.v1.RolloutStarted.LabelsEntry\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xa0\x01\n\x0fRolloutFinished\x12\x11\n\texit_code\x18\x01 \x01(\x05\x12\x12\n\nhas_reward\x18\x02 \x01(\x08\x12\x0e\n\x06reward\x18\x03 \x01(\x01\x12\x15\n\rgrader_output\x18\x04 \x01(\t\x12\x12\n\ncall_count\x18\x05 \x01(\r\x12\x1b\n\x13\x66inished_unix_nanos\x18\x06 \x01(\x03\x12\x0e\n\x06status\x18\x07 \x01(\t\"A\n\x04Lost\x12\x0e\n\x06reason\x18\x01 \x01(\t\x12\x12\n\ncall_index\x18\x02 \x01(\r\x12\x15\n\rwhole_rollout\x18\x03 \x01(\x08\"?\n\nRecordPart\x12\x0e\n\x06offset\x18\x01 \x01(\x04\x12\x13\n\x0btotal_bytes\x18\x02 \x01(\x04\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\"\xee\x02\n\x06Record\x12\x17\n\x0fidempotency_key\x18\x01 \x01(\t\x12\x10\n\x08sequence\x18\x02 \x01(\x04\x12\x0b\n\x03job\x18\x03 \x01(\t\x12\x12\n\nrollout_id\x18\x04 \x01(\t\x12:\n\x07started\x18\n \x01(\x0b\x32\'.openforge.trajectory.v1.RolloutStartedH\x00\x12\x32\n\x04\x63\x61ll\x18\x0b \x01(\x0b\x32\".openforge.trajectory.v1.ModelCallH\x00\x12<\n\x08\x66inished\x18\x0c \x01(\x0b\x32(.openforge.trajectory.v1.RolloutFinishedH\x00\x12-\n\x04lost\x18\r \x01(\x0b\x32\x1d.openforge.trajectory.v1.LostH\x00\x12\x33\n\x04part\x18\x0e \x01(\x0b\x32#.openforge.trajectory.v1.RecordPartH\x00\x42\x06\n\x04\x62ody\"R\n\x03\x41\x63k\x12\x17\n\x0fidempotency_key\x18\x01 \x01(\t\x12\x10\n\x08sequence\x18\x02 \x01(\x04\x12\x11\n\tduplicate\x18\x03 \x01(\x08\x12\r\n\x05\x65rror\x18\x04 \x01(\t\"&\n\x10WatermarkRequest\x12\x12\n\nrollout_id\x18\x01 \x01(\t\"7\n\tWatermark\x12\x1b\n\x13\x63ontiguous_sequence\x18\x01 \x01(\x04\x12\r\n\x05known\x18\x02 \x01(\x08*\x92\x01\n\x07WireApi\x12\x18\n\x14WIRE_API_UNSPECIFIED\x10\x00\x12\x18\n\x14WIRE_API_OPENAI_CHAT\x10\x01\x12\x1d\n\x19WIRE_API_OPENAI_RESPONSES\x10\x02\x12\x1f\n\x1bWIRE_API_ANTHROPIC_MESSAGES\x10\x03\x12\x13\n\x0fWIRE_API_GEMINI\x10\x04*b\n\x0b\x43\x61ptureMode\x12\x1c\n\x18\x43\x41PTURE_MODE_UNSPECIFIED\x10\x00\x12\x17\n\x13\x43\x41PTURE_MODE_TOKENS\x10\x01\x12\x1c\n\x18\x43\x41PTURE_MODE_PASSTHROUGH\x10\x02\x32\xbd\x01\n\x11TrajectoryService\x12I\n\x04Push\x12\x1f.openforge.trajectory.v1.Record\x1a\x1c.openforge.trajectory.v1.Ack(\x01\x30\x01\x12]\n\x0cGetWatermark\x12).openforge.trajectory.v1.WatermarkRequest\x1a\".openforge.trajectory.v1.Watermarkb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n(openforge/trajectory/v1/trajectory.proto\x12\x17openforge.trajectory.v1\"X\n\x07Timings\x12\x1b\n\x13received_unix_nanos\x18\x01 \x01(\x03\x12\x1e\n\x16time_to_first_token_ms\x18\x02 \x01(\x01\x12\x10\n\x08total_ms\x18\x03 \x01(\x01\"\x9e\x05\n\tModelCall\x12\x12\n\ncall_index\x18\x01 \x01(\r\x12\x32\n\x08wire_api\x18\x02 \x01(\x0e\x32 .openforge.trajectory.v1.WireApi\x12:\n\x0c\x63\x61pture_mode\x18\x03 \x01(\x0e\x32$.openforge.trajectory.v1.CaptureMode\x12\x0e\n\x06stream\x18\x04 \x01(\x08\x12\r\n\x05model\x18\x05 \x01(\t\x12\x14\n\x0crequest_json\x18\x06 \x01(\x0c\x12\x15\n\rresponse_json\x18\x07 \x01(\x0c\x12\x13\n\x0bhttp_status\x18\x08 \x01(\x05\x12O\n\x0frequest_headers\x18\t \x03(\x0b\x32\x36.openforge.trajectory.v1.ModelCall.RequestHeadersEntry\x12\x18\n\x10prompt_token_ids\x18\n \x03(\r\x12\x1c\n\x14\x63ompletion_token_ids\x18\x0b \x03(\r\x12\x1b\n\x13\x63ompletion_logprobs\x18\x0c \x03(\x02\x12\x15\n\rfinish_reason\x18\r \x01(\t\x12\x15\n\rsegment_index\x18\x0e \x01(\r\x12\x16\n\x0esegment_reason\x18\x0f \x01(\t\x12\x1a\n\x12prefix_token_count\x18\x10 \x01(\r\x12\x16\n\x0epolicy_version\x18\x11 \x01(\x03\x12\x31\n\x07timings\x18\x12 \x01(\x0b\x32 .openforge.trajectory.v1.Timings\x12\r\n\x05\x65rror\x18\x13 \x01(\t\x12\x13\n\x0btoken_exact\x18\x14 \x01(\x08\x1a\x35\n\x13RequestHeadersEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\x81\x02\n\x0eRolloutStarted\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\x14\n\x0csample_index\x18\x02 \x01(\r\x12\x0f\n\x07\x61ttempt\x18\x03 \x01(\r\x12\x0f\n\x07harness\x18\x04 \x01(\t\x12\x16\n\x0epolicy_version\x18\x05 \x01(\x03\x12\x1a\n\x12started_unix_nanos\x18\x06 \x01(\x03\x12\x43\n\x06labels\x18\x07 \x03(\x0b\x32\x33.openforge.trajectory.v1.RolloutStarted.LabelsEntry\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xb1\x01\n\x0fRolloutFinished\x12\x11\n\texit_code\x18\x01 \x01(\x05\x12\x12\n\nhas_reward\x18\x02 \x01(\x08\x12\x0e\n\x06reward\x18\x03 \x01(\x01\x12\x15\n\rgrader_output\x18\x04 \x01(\t\x12\x12\n\ncall_count\x18\x05 \x01(\r\x12\x1b\n\x13\x66inished_unix_nanos\x18\x06 \x01(\x03\x12\x0e\n\x06status\x18\x07 \x01(\t\x12\x0f\n\x07retried\x18\x08 \x01(\x08\"A\n\x04Lost\x12\x0e\n\x06reason\x18\x01 \x01(\t\x12\x12\n\ncall_index\x18\x02 \x01(\r\x12\x15\n\rwhole_rollout\x18\x03 \x01(\x08\"?\n\nRecordPart\x12\x0e\n\x06offset\x18\x01 \x01(\x04\x12\x13\n\x0btotal_bytes\x18\x02 \x01(\x04\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\"\xee\x02\n\x06Record\x12\x17\n\x0fidempotency_key\x18\x01 \x01(\t\x12\x10\n\x08sequence\x18\x02 \x01(\x04\x12\x0b\n\x03job\x18\x03 \x01(\t\x12\x12\n\nrollout_id\x18\x04 \x01(\t\x12:\n\x07started\x18\n \x01(\x0b\x32\'.openforge.trajectory.v1.RolloutStartedH\x00\x12\x32\n\x04\x63\x61ll\x18\x0b \x01(\x0b\x32\".openforge.trajectory.v1.ModelCallH\x00\x12<\n\x08\x66inished\x18\x0c \x01(\x0b\x32(.openforge.trajectory.v1.RolloutFinishedH\x00\x12-\n\x04lost\x18\r \x01(\x0b\x32\x1d.openforge.trajectory.v1.LostH\x00\x12\x33\n\x04part\x18\x0e \x01(\x0b\x32#.openforge.trajectory.v1.RecordPartH\x00\x42\x06\n\x04\x62ody\"R\n\x03\x41\x63k\x12\x17\n\x0fidempotency_key\x18\x01 \x01(\t\x12\x10\n\x08sequence\x18\x02 \x01(\x04\x12\x11\n\tduplicate\x18\x03 \x01(\x08\x12\r\n\x05\x65rror\x18\x04 \x01(\t\"&\n\x10WatermarkRequest\x12\x12\n\nrollout_id\x18\x01 \x01(\t\"7\n\tWatermark\x12\x1b\n\x13\x63ontiguous_sequence\x18\x01 \x01(\x04\x12\r\n\x05known\x18\x02 \x01(\x08*\x92\x01\n\x07WireApi\x12\x18\n\x14WIRE_API_UNSPECIFIED\x10\x00\x12\x18\n\x14WIRE_API_OPENAI_CHAT\x10\x01\x12\x1d\n\x19WIRE_API_OPENAI_RESPONSES\x10\x02\x12\x1f\n\x1bWIRE_API_ANTHROPIC_MESSAGES\x10\x03\x12\x13\n\x0fWIRE_API_GEMINI\x10\x04*b\n\x0b\x43\x61ptureMode\x12\x1c\n\x18\x43\x41PTURE_MODE_UNSPECIFIED\x10\x00\x12\x17\n\x13\x43\x41PTURE_MODE_TOKENS\x10\x01\x12\x1c\n\x18\x43\x41PTURE_MODE_PASSTHROUGH\x10\x02\x32\xbd\x01\n\x11TrajectoryService\x12I\n\x04Push\x12\x1f.openforge.trajectory.v1.Record\x1a\x1c.openforge.trajectory.v1.Ack(\x01\x30\x01\x12]\n\x0cGetWatermark\x12).openforge.trajectory.v1.WatermarkRequest\x1a\".openforge.trajectory.v1.Watermarkb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -35,10 +35,10 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_MODELCALL_REQUESTHEADERSENTRY']._serialized_options = b'8\001'
   _globals['_ROLLOUTSTARTED_LABELSENTRY']._loaded_options = None
   _globals['_ROLLOUTSTARTED_LABELSENTRY']._serialized_options = b'8\001'
-  _globals['_WIREAPI']._serialized_start=1938
-  _globals['_WIREAPI']._serialized_end=2084
-  _globals['_CAPTUREMODE']._serialized_start=2086
-  _globals['_CAPTUREMODE']._serialized_end=2184
+  _globals['_WIREAPI']._serialized_start=1955
+  _globals['_WIREAPI']._serialized_end=2101
+  _globals['_CAPTUREMODE']._serialized_start=2103
+  _globals['_CAPTUREMODE']._serialized_end=2201
   _globals['_TIMINGS']._serialized_start=69
   _globals['_TIMINGS']._serialized_end=157
   _globals['_MODELCALL']._serialized_start=160
@@ -50,19 +50,19 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_ROLLOUTSTARTED_LABELSENTRY']._serialized_start=1045
   _globals['_ROLLOUTSTARTED_LABELSENTRY']._serialized_end=1090
   _globals['_ROLLOUTFINISHED']._serialized_start=1093
-  _globals['_ROLLOUTFINISHED']._serialized_end=1253
-  _globals['_LOST']._serialized_start=1255
-  _globals['_LOST']._serialized_end=1320
-  _globals['_RECORDPART']._serialized_start=1322
-  _globals['_RECORDPART']._serialized_end=1385
-  _globals['_RECORD']._serialized_start=1388
-  _globals['_RECORD']._serialized_end=1754
-  _globals['_ACK']._serialized_start=1756
-  _globals['_ACK']._serialized_end=1838
-  _globals['_WATERMARKREQUEST']._serialized_start=1840
-  _globals['_WATERMARKREQUEST']._serialized_end=1878
-  _globals['_WATERMARK']._serialized_start=1880
-  _globals['_WATERMARK']._serialized_end=1935
-  _globals['_TRAJECTORYSERVICE']._serialized_start=2187
-  _globals['_TRAJECTORYSERVICE']._serialized_end=2376
+  _globals['_ROLLOUTFINISHED']._serialized_end=1270
+  _globals['_LOST']._serialized_start=1272
+  _globals['_LOST']._serialized_end=1337
+  _globals['_RECORDPART']._serialized_start=1339
+  _globals['_RECORDPART']._serialized_end=1402
+  _globals['_RECORD']._serialized_start=1405
+  _globals['_RECORD']._serialized_end=1771
+  _globals['_ACK']._serialized_start=1773
+  _globals['_ACK']._serialized_end=1855
+  _globals['_WATERMARKREQUEST']._serialized_start=1857
+  _globals['_WATERMARKREQUEST']._serialized_end=1895
+  _globals['_WATERMARK']._serialized_start=1897
+  _globals['_WATERMARK']._serialized_end=1952
+  _globals['_TRAJECTORYSERVICE']._serialized_start=2204
+  _globals['_TRAJECTORYSERVICE']._serialized_end=2393
 # @@protoc_insertion_point(module_scope)

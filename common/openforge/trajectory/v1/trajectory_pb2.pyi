@@ -116,7 +116,7 @@ class RolloutStarted(_message.Message):
     def __init__(self, task_id: _Optional[str] = ..., sample_index: _Optional[int] = ..., attempt: _Optional[int] = ..., harness: _Optional[str] = ..., policy_version: _Optional[int] = ..., started_unix_nanos: _Optional[int] = ..., labels: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class RolloutFinished(_message.Message):
-    __slots__ = ("exit_code", "has_reward", "reward", "grader_output", "call_count", "finished_unix_nanos", "status")
+    __slots__ = ("exit_code", "has_reward", "reward", "grader_output", "call_count", "finished_unix_nanos", "status", "retried")
     EXIT_CODE_FIELD_NUMBER: _ClassVar[int]
     HAS_REWARD_FIELD_NUMBER: _ClassVar[int]
     REWARD_FIELD_NUMBER: _ClassVar[int]
@@ -124,6 +124,7 @@ class RolloutFinished(_message.Message):
     CALL_COUNT_FIELD_NUMBER: _ClassVar[int]
     FINISHED_UNIX_NANOS_FIELD_NUMBER: _ClassVar[int]
     STATUS_FIELD_NUMBER: _ClassVar[int]
+    RETRIED_FIELD_NUMBER: _ClassVar[int]
     exit_code: int
     has_reward: bool
     reward: float
@@ -131,7 +132,8 @@ class RolloutFinished(_message.Message):
     call_count: int
     finished_unix_nanos: int
     status: str
-    def __init__(self, exit_code: _Optional[int] = ..., has_reward: _Optional[bool] = ..., reward: _Optional[float] = ..., grader_output: _Optional[str] = ..., call_count: _Optional[int] = ..., finished_unix_nanos: _Optional[int] = ..., status: _Optional[str] = ...) -> None: ...
+    retried: bool
+    def __init__(self, exit_code: _Optional[int] = ..., has_reward: _Optional[bool] = ..., reward: _Optional[float] = ..., grader_output: _Optional[str] = ..., call_count: _Optional[int] = ..., finished_unix_nanos: _Optional[int] = ..., status: _Optional[str] = ..., retried: _Optional[bool] = ...) -> None: ...
 
 class Lost(_message.Message):
     __slots__ = ("reason", "call_index", "whole_rollout")
