@@ -66,11 +66,26 @@ CONTROL_TOKEN = control.FILENAME
 """The sidecar's control token, beside its spool: only the runner reports the rollout."""
 
 
+def _started(bundle: plan.Bundle, rollout: plan.Rollout, *, endpoints: Endpoints) -> dict[str, Any]:
+    """The attempt's start as its sidecar records it (``openforge drain --started``)."""
+    return {
+        "job": bundle.name,
+        "rollout_id": rollout.rollout_id,
+        "task_id": rollout.task_id,
+        "sample_index": rollout.sample,
+        "attempt": rollout.attempt,
+        "harness": bundle.env.metadata.name or "",
+        "policy_version": endpoints.policy_version,
+        "labels": {trajectory.BATCH_LABEL: plan.batch_label(bundle, rollout.iteration)},
+    }
+
+
 def sidecar_args(
     bundle: plan.Bundle, rollout: plan.Rollout, *, endpoints: Endpoints, home: Path, port: int
 ) -> list[str]:
     """The ``openforge`` arguments of one attempt's sidecar, listening on ``port`` and
     keeping its spool and control token in ``home``."""
+    start = _started(bundle, rollout, endpoints=endpoints)
     return [
         "sidecar",
         "--listen",
@@ -82,28 +97,27 @@ def sidecar_args(
         "--collector",
         endpoints.collector,
         "--job",
-        bundle.name,
+        start["job"],
         "--rollout-id",
-        rollout.rollout_id,
+        start["rollout_id"],
         "--task-id",
-        rollout.task_id,
+        start["task_id"],
         "--sample-index",
-        str(rollout.sample),
+        str(start["sample_index"]),
         "--attempt",
-        str(rollout.attempt),
+        str(start["attempt"]),
         "--harness",
-        bundle.env.metadata.name or "",
+        start["harness"],
         "--api",
         bundle.env.spec.api,
         "--policy-version",
-        str(endpoints.policy_version),
+        str(start["policy_version"]),
         "--control-token-file",
         str(home / CONTROL_TOKEN),
         "--flush-timeout",
         str(SIDECAR_FLUSH_SECONDS),
         "--finish-on-stop",
-        "--label",
-        f"{trajectory.BATCH_LABEL}={plan.batch_label(bundle, rollout.iteration)}",
+        *(arg for key, value in start["labels"].items() for arg in ("--label", f"{key}={value}")),
         *(["--tokenizer", endpoints.tokenizer] if endpoints.tokenizer else []),
     ]
 
@@ -138,9 +152,20 @@ def run_rollout(
     try:
         sidecar.start(timeout=60)
     except processes.ServiceError as exc:
-        return Outcome(
-            rollout, "failed", -1, None, "SidecarFailed", str(exc), 0, time.monotonic() - started
+        # record the attempt all the same, closed: a trainer waits for each sample's
+        # newest attempt, and an earlier one's finish may have said this one would come
+        failed = verdict.Verdict(-1, None, "", "failed", "SidecarFailed", str(exc))
+        drained = drain(
+            [home / "spool"],
+            collector=endpoints.collector,
+            reason=f"its sidecar did not start: {exc}",
+            status=_closed_as(rollout, failed, tried_again=tried_again),
+            started=_started(bundle, rollout, endpoints=endpoints),
         )
+        return Outcome(
+            rollout, "failed", -1, None, "SidecarFailed", f"{exc}; {drained.summary()}", 0,
+            time.monotonic() - started,
+        )  # fmt: skip
     died: int | None = None
     try:
         judged = attempt(bundle, rollout, sidecar_url=sidecar.url, home=home, stop=stop)
@@ -244,11 +269,14 @@ def drain(
     reason: str,
     timeout: float = DRAIN_SECONDS,
     status: str = trajectory.STOPPED,
+    started: dict[str, Any] | None = None,
 ) -> Drained:
     """Run ``openforge drain --close`` over stopped sidecars' spools: deliver their records,
     close their rollouts if never finished (as ``status``: ``stopped`` when they are tried
-    again, ``failed`` when not). Never raises: what it could not do is counted."""
-    present = [str(s) for s in spools if s.is_dir()]
+    again, ``failed`` when not); with ``started``, the one spool's rollout is recorded as
+    started first if it was not (the spool is made if missing). Never raises: what it
+    could not do is counted."""
+    present = [str(s) for s in spools if s.is_dir() or started is not None]
     if not present:
         return Drained()
     argv = processes.openforge(
@@ -263,6 +291,7 @@ def drain(
         status,
         "--timeout",
         str(timeout),
+        *(["--started", json.dumps(started)] if started is not None else []),
     )
     try:
         done = subprocess.run(

@@ -132,3 +132,45 @@ def test_a_finished_spool_is_only_delivered(tmp_path: Path, procs: Any) -> None:
         rollout = db.rollout(ROLLOUT)
         assert rollout is not None and (rollout.status, rollout.reward) == ("succeeded", 1.0)
         assert db.lost(JOB) == []
+
+
+def test_an_attempt_whose_sidecar_never_started_is_recorded_started_and_closed(
+    tmp_path: Path, procs: Any
+) -> None:
+    """``--started``: no spool at all (the sidecar never got that far), or one without a
+    started record, gets the rollout's start, then its close, so the store holds the
+    attempt as the trainer must see it: ``failed`` (its sample is done) with ``--status
+    failed``. A spool that holds a start keeps its own."""
+    start = {
+        "job": JOB, "rollout_id": "job-0-1", "task_id": "t", "sample_index": 0, "attempt": 1,
+        "harness": "h", "policy_version": 0, "labels": {"openforge.dev/batch": "0/1"},
+    }  # fmt: skip
+    port = procs.collector().port
+    argv = ["drain", str(tmp_path / "never"), "--collector", f"127.0.0.1:{port}", "--close"]
+    argv += ["--status", "failed", "--reason", "its sidecar did not start"]
+    done = subprocess.run(
+        openforge(*argv, "--started", json.dumps(start)), capture_output=True, text=True,
+        timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    [report] = [json.loads(line) for line in done.stdout.splitlines()]
+    assert (report["rollout_id"], report["closed"], report["unacked"]) == ("job-0-1", True, 0)
+    killed_sidecar_spool(tmp_path / "own", begun=0, spooled=0)
+    done = subprocess.run(
+        openforge(*argv[:1], str(tmp_path / "own"), *argv[2:], "--started", json.dumps(start)),
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    with store_module.Store(tmp_path / "store.db") as db:
+        never = db.rollout("job-0-1")
+        assert never is not None and never.complete
+        assert (never.attempt, never.batch, never.status, never.has_reward) == (
+            1, "0/1", "failed", False,
+        )  # fmt: skip
+        own = db.rollout(ROLLOUT)
+        assert own is not None and (own.attempt, own.status) == (0, "failed")
+    bad = subprocess.run(
+        openforge(*argv, "--started", json.dumps({**start, "attempt": "1"})),
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert bad.returncode == 2 and "attempt must be a JSON int" in bad.stderr

@@ -14,6 +14,11 @@ done, without serving anything:
 - it streams every unacknowledged record to the collector and waits (at
   most ``timeout``) for the acknowledgements.
 
+With ``started`` (the fields of a ``RolloutStarted``, and ``job`` and ``rollout_id``),
+a spool that holds no started record gets one first, made if it does not exist: an
+attempt whose sidecar never started (or died before it recorded the start) is still
+recorded, and closed, so that a trainer never waits for it.
+
 Drain is idempotent: the records it adds carry the same idempotency keys a
 second drain would give them (the loss indexes continue the spool's), the
 collector acknowledges redelivered records as duplicates, and a spool with
@@ -63,14 +68,20 @@ def drain(
     close: bool,
     timeout: float,
     status: str = trajectory.STOPPED,
+    started: dict[str, Any] | None = None,
 ) -> Drained:
-    """Close (with ``close``) and deliver the spool in ``directory``."""
-    if not (directory.is_dir() and any(directory.iterdir())):
+    """Close (with ``close``) and deliver the spool in ``directory``; with ``started``,
+    record the rollout's start first when the spool does not hold it."""
+    if started is None and not (directory.is_dir() and any(directory.iterdir())):
         return Drained(str(directory), "", False, 0, 0, 0, "no spool")
+    directory.mkdir(parents=True, exist_ok=True)
     # a dead sidecar's stashed request bodies: their calls are reported lost below
     shutil.rmtree(directory / records.STASH_DIRECTORY, ignore_errors=True)
     with spool.Spool(directory) as store:
         found = resume.resume(store, directory / resume.INFLIGHT_JOURNAL)
+        if started is not None and not found.started:
+            store.append([records.started(**started)])
+            found = resume.resume(store, directory / resume.INFLIGHT_JOURNAL)
         added = _closing(found, reason=reason, status=status) if close and found.rollout_id else []
         if added:
             store.append(added)
@@ -174,6 +185,13 @@ def main(argv: list[str]) -> int:
         default=30.0,
         help="seconds to wait for each spool's acknowledgements",
     )
+    parser.add_argument(
+        "--started",
+        type=_started,
+        help="JSON object: the rollout's start (job, rollout_id, task_id, sample_index, "
+        "attempt, harness, policy_version, labels), recorded first in a spool that lacks it "
+        "(made if missing): for an attempt whose sidecar never started",
+    )
     ns = parser.parse_args(argv)
     token = Path(ns.collector_token_file).read_text().strip() if ns.collector_token_file else None
     kept = 0
@@ -186,7 +204,33 @@ def main(argv: list[str]) -> int:
             close=ns.close,
             timeout=ns.timeout,
             status=ns.status,
+            started=ns.started,
         )
         kept += done.unacked
         print(json.dumps(done.to_dict()), flush=True)
     return 1 if kept else 0
+
+
+_STARTED_FIELDS = {
+    "job": str, "rollout_id": str, "task_id": str, "sample_index": int, "attempt": int,
+    "harness": str, "policy_version": int, "labels": dict,
+}  # fmt: skip
+
+
+def _started(text: str) -> dict[str, Any]:
+    """``--started``'s value: a JSON object with every field of :data:`_STARTED_FIELDS`."""
+    import argparse
+    import json
+
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"not JSON: {exc}") from exc
+    if not isinstance(value, dict) or set(value) != set(_STARTED_FIELDS):
+        raise argparse.ArgumentTypeError(
+            f"must be a JSON object with exactly the keys {', '.join(_STARTED_FIELDS)}"
+        )
+    for key, kind in _STARTED_FIELDS.items():
+        if not isinstance(value[key], kind) or isinstance(value[key], bool):
+            raise argparse.ArgumentTypeError(f"{key} must be a JSON {kind.__name__}")
+    return value

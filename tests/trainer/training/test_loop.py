@@ -944,6 +944,40 @@ def test_a_failed_attempt_tried_again_holds_its_group_until_the_next_attempt(
         run.close()
     assert run.state.trained_tasks == {"t@v0": 1, "u@v0": 1}
     assert sorted(run.state.trained) == ["t0", "t1-a2", "u0", "u1"]
-    with store.Store(db_path) as db:
-        late = trainer_loop.select_groups(db, config, state=run.state, limit=2)
-    assert late.skipped == {"t1-a1": "failed, and tried again as a new attempt"}
+    assert run.state.skipped == {"t1-a1": "failed, and tried again as attempt 2"}
+
+
+def test_attempts_tried_again_at_another_policy_version_never_hold_their_batch(
+    tmp_path: Path, model_dir: Path
+) -> None:
+    """Both of task t's samples failed at v0 and were tried again; the new attempts ran at
+    v1, a group of their own. The v0 group is left with attempts tried again only: each is
+    skipped once its next attempt has started, instead of waiting for ever and holding
+    batch 1, so batch 2 is trained too."""
+    db_path = tmp_path / "store.db"
+    for sample in (0, 1):
+        attempt(db_path, f"t{sample}-a1", "t", sample, attempt=1, batch="1/4", end="failed",
+                retried=True)  # fmt: skip
+        attempt(db_path, f"u{sample}", "u", sample, attempt=1, batch="1/4", end="succeeded")
+        attempt(db_path, f"n{sample}", "n", sample, attempt=1, batch="2/2", end="succeeded")
+    for sample in (0, 1):  # the new attempts, sampled by policy v1
+        put(db_path, f"t{sample}-a2", [
+            record(f"t{sample}-a2", "t", sample, body="started", attempt=2, policy_version=1,
+                   labels={trajectory.BATCH_LABEL: "1/4"}),
+            record(f"t{sample}-a2", "t", sample, body="call", call_index=0,
+                   prompt_token_ids=[1, 11, 12], completion_token_ids=[13 + sample, 2],
+                   completion_logprobs=[-0.5, -0.5], http_status=200, finish_reason="stop"),
+            record(f"t{sample}-a2", "t", sample, body="finished", call_count=1,
+                   status="succeeded", has_reward=True, reward=float(sample)),
+        ])  # fmt: skip
+    config = settings(tmp_path, model_dir, group_size=2, groups_per_step=2)
+    run = trainer(config)
+    try:
+        assert run.run() == 2
+    finally:
+        run.close()
+    assert run.state.trained_tasks == {"t@v1#1/4": 1, "u@v0#1/4": 1, "n@v0#2/2": 2}
+    assert run.state.skipped == {
+        "t0-a1": "failed, and tried again as attempt 2",
+        "t1-a1": "failed, and tried again as attempt 2",
+    }

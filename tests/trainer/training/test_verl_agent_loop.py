@@ -326,3 +326,20 @@ def test_with_veRLs_own_servers_the_loop_says_where_they_are(
     loop.server_manager = None  # veRL's external rollout gives no balancer
     with pytest.raises(verl_agent_loop.RolloutUnavailable, match="no load balancer"):
         asyncio.run(loop.run({}, session_id=0, global_steps=5, **sample))
+
+
+def test_an_attempt_tried_again_is_waited_for_not_given_to_verl(tmp_path: Path) -> None:
+    """The sample's latest attempt failed and its finish says it is tried again: the
+    session waits (None) for the next attempt, which it then gets."""
+    retried = call_outcomes.records("a1", call_outcomes.MIXED)
+    retried[-1].finished.status, retried[-1].finished.retried = "failed", True
+    session = verl_agent_loop.SessionRef(task_id="t", sample_index=0, batch="")
+    with store.Store(tmp_path / "store.db") as db:
+        db.put(retried)
+        assert verl_agent_loop.captured_outputs(db, session, job="job") is None
+        again = call_outcomes.records("a2", call_outcomes.MIXED)
+        again[0].started.attempt = 2
+        db.put(again)
+        outputs = verl_agent_loop.captured_outputs(db, session, job="job")
+    assert outputs is not None
+    assert {o.extra_fields[verl_agent_loop.ROLLOUT_KEY] for o in outputs} == {"a2"}

@@ -109,6 +109,7 @@ def select_groups(
                     selection.skipped[rollout.rollout_id] = (
                         "failed, and tried again as a new attempt" if rollout.retried else why
                     )
+    _drop_tried_again(untrained, everything, skipped=selection.skipped)
     undecided = dict(untrained)
     batches = {rollout.batch for members in untrained.values() for rollout in members}
     batch = min(batches, key=_batch_order) if batches else ""
@@ -172,6 +173,34 @@ def _empty_batch(
         if any(_batch_of(key) == batch for key in decided) and _settled(rollouts, batch):
             return batch
     return ""
+
+
+def _drop_tried_again(
+    untrained: dict[str, list[store_module.Rollout]],
+    rollouts: list[store_module.Rollout],
+    *,
+    skipped: dict[str, str],
+) -> None:
+    """Skip each attempt tried again whose next attempt has started: it is its sample's
+    no longer. That attempt may be in another group (sampled at a newer policy version),
+    and a group left with only such attempts could never be decided, holding its batch."""
+    newest: dict[tuple[str, int, str], int] = {}
+    for rollout in rollouts:
+        if rollout.started:
+            key = (rollout.task_id, rollout.sample_index, rollout.batch)
+            newest[key] = max(newest.get(key, -1), rollout.attempt)
+    for task in list(untrained):
+        kept = []
+        for rollout in untrained[task]:
+            later = newest[(rollout.task_id, rollout.sample_index, rollout.batch)]
+            if rollout.retried and rollout.complete and later > rollout.attempt:
+                skipped[rollout.rollout_id] = f"failed, and tried again as attempt {later}"
+            else:
+                kept.append(rollout)
+        if kept:
+            untrained[task] = kept
+        else:
+            del untrained[task]
 
 
 def _late(state: checkpoint.TrainerState, task: str) -> str:

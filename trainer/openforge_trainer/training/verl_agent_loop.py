@@ -280,9 +280,10 @@ def captured_outputs(
     job: str = "",
 ) -> list[AgentLoopOutput] | None:
     """The session's outputs, one per segment, if its rollout is complete in the store, else
-    None."""
+    None (also while its latest attempt is one its producer tries again: the next one is
+    the session's)."""
     rollout = find_rollout(db, ref, job=job)
-    if rollout is None or not rollout.complete:
+    if rollout is None or not rollout.complete or rollout.retried:
         return None
     if job and rollout.job != job:
         raise RolloutUnavailable(
