@@ -819,6 +819,15 @@ def test_with_a_group_size_a_sample_skipped_on_an_earlier_poll_still_counts_as_d
     assert sorted(run.state.trained) == ["t1", "t2", "u0", "u1", "u2"]
 
 
+def succeeded_batch(db_path: Path, batch: str) -> None:
+    """Batch ``batch`` (number/size): tasks t and u, two samples each, every one succeeded."""
+    number = batch.partition("/")[0]
+    for task in ("t", "u"):
+        for sample in (0, 1):
+            attempt(db_path, f"{number}-{task}{sample}", task, sample, attempt=1, batch=batch,
+                    end="succeeded")  # fmt: skip
+
+
 def test_a_batch_whose_every_group_is_skipped_gets_a_step_that_trains_nothing(
     tmp_path: Path, model_dir: Path
 ) -> None:
@@ -846,10 +855,7 @@ def test_a_batch_whose_every_group_is_skipped_gets_a_step_that_trains_nothing(
         kept = checkpoint.load_state(checkpoint.path_for(config.run_dir, 1))
         assert kept.empty_batches == {"1/4": 1} and len(kept.skipped_tasks) == 2
         assert run.wait_for_groups(threading.Event()).empty_batch == ""  # owed once
-        for task in ("t", "u"):
-            for sample in (0, 1):
-                attempt(db_path, f"2-{task}{sample}", task, sample, attempt=1, batch="2/4",
-                        end="succeeded")  # fmt: skip
+        succeeded_batch(db_path, "2/4")
         assert run.run() == 1
     finally:
         run.close()
@@ -907,10 +913,7 @@ def test_a_batch_settled_by_a_late_retry_after_its_groups_were_skipped_gets_its_
         assert list(second.closed) == ["u@v0#1/4"] and not second.settled
         assert second.empty_batch == ""
         attempt(db_path, "1-t1-a2", "t", 1, attempt=2, batch="1/4", end="failed")
-        for task in ("t", "u"):
-            for sample in (0, 1):
-                attempt(db_path, f"2-{task}{sample}", task, sample, attempt=1, batch="2/4",
-                        end="succeeded")  # fmt: skip
+        succeeded_batch(db_path, "2/4")
         assert run.run() == 2
     finally:
         run.close()
