@@ -3,6 +3,8 @@ tests/runner/test_verdict_parity.py runs both runners' real processes through it
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 from openforge.api import verdict
 
@@ -77,7 +79,11 @@ def test_the_report_body_and_its_settling() -> None:
         "grader_output": '{"reward": 0.5}',
         "status": "succeeded",
         "wait_seconds": 60,
+        "retried": False,
     }
+    failed = dataclasses.replace(judged, status="failed")
+    sent = failed.report(60, retried=True).body()
+    assert sent["retried"] is True and verdict.Report.parse(sent).retried
     assert verdict.settle(judged, {"acknowledged": True, "calls": 2}) == verdict.Settled(
         judged, True, 2
     )
