@@ -184,15 +184,15 @@ def _drop_tried_again(
     """Skip each attempt tried again whose next attempt has started: it is its sample's
     no longer. That attempt may be in another group (sampled at a newer policy version),
     and a group left with only such attempts could never be decided, holding its batch."""
-    newest: dict[tuple[str, int, str], int] = {}
-    for rollout in rollouts:
-        if rollout.started:
-            key = (rollout.task_id, rollout.sample_index, rollout.batch)
-            newest[key] = max(newest.get(key, -1), rollout.attempt)
+
+    def sample(rollout: store_module.Rollout) -> tuple[str, int, str]:
+        return (rollout.task_id, rollout.sample_index, rollout.batch)
+
+    newest = _newest((r for r in rollouts if r.started), key=sample)
     for task in list(untrained):
         kept = []
         for rollout in untrained[task]:
-            later = newest[(rollout.task_id, rollout.sample_index, rollout.batch)]
+            later = newest[sample(rollout)].attempt
             if rollout.retried and rollout.complete and later > rollout.attempt:
                 skipped[rollout.rollout_id] = f"failed, and tried again as attempt {later}"
             else:
@@ -673,12 +673,7 @@ class Trainer:
             "rollouts": 0.0,
             "rows": 0.0,
             "groups_skipped": float(len(why)),
-            "skipped_total": float(len(state.skipped)),
-            "skipped_stale_total": float(
-                sum(reason.startswith("stale") for reason in state.skipped.values())
-            ),
-            "published_ok": float(sum(result.ok for result in published)),
-            "published_failed": float(sum(not result.ok for result in published)),
+            **self._skips_and_publishing(published),
             "checkpoint_seconds": checkpoint_seconds,
             "step_seconds": time.monotonic() - started,
         }
@@ -689,6 +684,18 @@ class Trainer:
             f"published {int(record['published_ok'])}/{len(published)}"
         )
         return record
+
+    def _skips_and_publishing(self, published: Sequence[publish.PublishResult]) -> dict[str, float]:
+        """The metrics every step has, trained or not: rollouts skipped so far, and where
+        its checkpoint was published."""
+        return {
+            "skipped_total": float(len(self.state.skipped)),
+            "skipped_stale_total": float(
+                sum(reason.startswith("stale") for reason in self.state.skipped.values())
+            ),
+            "published_ok": float(sum(result.ok for result in published)),
+            "published_failed": float(sum(not result.ok for result in published)),
+        }
 
     def _save(self, state: checkpoint.TrainerState) -> tuple[Path, float]:
         """Checkpoint ``state`` with the current weights, and make it the trainer's; the
@@ -941,12 +948,7 @@ class Trainer:
             "advantage_abs_mean": float(np.abs(batch.meta_info["rollout_advantages"]).mean()),
             "staleness_mean": float(np.mean(staleness)),
             "staleness_max": float(max(staleness)),
-            "skipped_total": float(len(self.state.skipped)),
-            "skipped_stale_total": float(
-                sum(reason.startswith("stale") for reason in self.state.skipped.values())
-            ),
-            "published_ok": float(sum(result.ok for result in published)),
-            "published_failed": float(sum(not result.ok for result in published)),
+            **self._skips_and_publishing(published),
         }
         record.update(update)
         record["step"] = float(self.state.step)
